@@ -1,0 +1,116 @@
+"""The physical block pool: ref counts, the LRU free queue and the prefix-cache map."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
+from .kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+
+
+class BlockPool:
+    """Owns every ``KVCacheBlock``. Every state change appends one event to ``events``.
+
+    A free block may still be cached (ref 0, hash kept): it stays reusable until it is
+    handed out again, at which point its hash is dropped (eviction). Handing out from
+    the head of the free queue makes eviction "least recently freed first".
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached: dict[BlockHash, KVCacheBlock] = {}
+        self.events: list[Event] = []
+        self.step = 0  # stamped into last_access
+        self.num_evictions = 0
+
+    # -- queries ----------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVCacheBlock | None:
+        b = self.cached.get(block_hash)
+        # A hash collision must never serve wrong KV: compare the tokens too.
+        if b is None or b.token_ids != token_ids:
+            return None
+        return b
+
+    # -- state changes ------------------------------------------------------------
+    def get_new_blocks(self, n: int, request_id: str) -> list[KVCacheBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot get {n} blocks, only {self.num_free_blocks} free")
+        out = []
+        for _ in range(n):
+            b = self.free_queue.popleft()
+            self._evict(b)
+            assert b.ref_cnt == 0
+            b.ref_cnt = 1
+            b.last_access = self.step
+            b.last_owner = request_id
+            self.events.append(BlockAllocated(b.block_id, request_id))
+            out.append(b)
+        return out
+
+    def _evict(self, b: KVCacheBlock) -> None:
+        if b.block_hash is None:
+            return
+        if self.cached.get(b.block_hash) is b:
+            del self.cached[b.block_hash]
+        self.events.append(BlockEvicted(b.block_id, b.block_hash.hex()))
+        b.block_hash, b.token_ids = None, ()
+        self.num_evictions += 1
+
+    def touch(self, blocks: Iterable[KVCacheBlock], request_id: str) -> None:
+        """Take one more reference on each block (a prefix hit or a fork)."""
+        for b in blocks:
+            if b.ref_cnt == 0:
+                self.free_queue.remove(b)
+            b.ref_cnt += 1
+            b.last_access = self.step
+            b.last_owner = request_id
+            self.events.append(BlockTouched(b.block_id, request_id, b.ref_cnt))
+
+    def free_blocks(self, ordered: Iterable[KVCacheBlock], request_id: str) -> None:
+        """Drop one reference on each block; at ref 0 it joins the free queue tail.
+
+        Callers pass a request's blocks tail-first, so the end of a prefix chain is
+        evicted before its start (the start is the part other requests share).
+        """
+        for b in ordered:
+            assert b.ref_cnt > 0, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
+            b.ref_cnt -= 1
+            b.last_access = self.step
+            self.events.append(BlockFreed(b.block_id, request_id, b.ref_cnt))
+            if b.ref_cnt == 0:
+                self.free_queue.append(b)
+
+    def cache_block(self, b: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...],
+                    request_id: str) -> None:
+        """Publish a full block under its chained hash (first writer wins)."""
+        if not self.enable_caching or b.block_hash is not None or block_hash in self.cached:
+            return
+        b.block_hash, b.token_ids = block_hash, token_ids
+        self.cached[block_hash] = b
+        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id))
+
+    def reset_prefix_cache(self) -> None:
+        used = self.num_blocks - self.num_free_blocks
+        if used:
+            raise RuntimeError(
+                f"cannot reset the prefix cache while {used} block(s) are in use; "
+                "finish or abort the running requests first")
+        for b in self.blocks:
+            b.block_hash, b.token_ids = None, ()
+        self.cached.clear()
+        self.events.append(CacheReset(self.num_blocks))
+
+    def drain_events(self) -> list[Event]:
+        ev, self.events = self.events, []
+        return ev

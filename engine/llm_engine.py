@@ -1,0 +1,268 @@
+"""``LLMEngine``: the step-level API (add_request, step, abort, snapshot, audit)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+
+import numpy as np
+import torch
+
+from .audit import AuditReport, audit_pool
+from .block_pool import BlockPool
+from .config import EngineConfig, SamplingParams
+from .inputs import PromptType, to_token_ids
+from .kv_cache_manager import KVCacheManager, cdiv
+from .model_runner import ModelRunner
+from .models.loader import ModelSource, load_hf_model, resolve_model
+from .outputs import CompletionOutput, RequestOutput, StepOutput
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+from .snapshot import BlockState, KVSnapshot, RequestInfo
+
+logger = logging.getLogger("engine")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for, but CUDA is not available here "
+                           f"(torch {torch.__version__}); use --device cpu")
+    return dev
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
+        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
+        config.validate()
+        device = resolve_device(config.device)
+        source = resolve_model(config.model)
+        t0 = time.perf_counter()
+        hf_model, tokenizer = load_hf_model(source, config.dtype, device)
+        self._setup(config, device, source, hf_model, tokenizer)
+        self.load_seconds = time.perf_counter() - t0
+
+    @classmethod
+    def from_hf_model(cls, hf_model, tokenizer=None, config: EngineConfig | None = None,
+                      name: str = "in-memory model", **kwargs) -> LLMEngine:
+        """Serve a transformers model that is already loaded (a notebook's, a test's).
+
+        The engine reads its weights (fusing q/k/v and gate/up into new tensors) and
+        leaves the model itself untouched.
+        """
+        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
+        config.validate()
+        self = cls.__new__(cls)
+        device = next(hf_model.parameters()).device
+        self._setup(config, device, ModelSource(name, None, name), hf_model, tokenizer)
+        self.load_seconds = 0.0
+        return self
+
+    def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer) -> None:
+        self.config = config
+        self.device = device
+        self.source = source
+        self.tokenizer = tokenizer
+        hf_config = hf_model.config
+        ctx = getattr(hf_config, "max_position_embeddings", None) or 2048
+        self.max_model_len = min(ctx, config.max_model_len or ctx)
+        self.runner = ModelRunner(config, hf_model, device, self.max_model_len)
+        self.eos_token_ids = self._eos_ids(hf_config)
+        self.vocab_size = self.runner.vocab_size
+        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)
+        tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
+        self.kv = KVCacheManager(self.pool, config.block_size,
+                                 extra_keys=(source.identity, tok_id, self.vocab_size),
+                                 hash_algo=config.hash_algo)
+        self.scheduler = Scheduler(config, self.kv)
+        self.requests: dict[str, Request] = {}  # unfinished, plus finished ones until reported
+        self.finished_log: list[Request] = []  # every finished request, for snapshots
+        self.step_count = 0
+        self._ids = itertools.count()
+        self.num_generated_tokens = 0
+        self.num_prompt_tokens_computed = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.source.name
+
+    def _eos_ids(self, hf_config) -> frozenset[int]:
+        ids: set[int] = set()
+        for src in (hf_config, getattr(self, "tokenizer", None)):
+            v = getattr(src, "eos_token_id", None)
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(v)
+        return frozenset(ids)
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
+                    request_id: str | None = None, cache_salt: str | None = None) -> str:
+        """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input."""
+        params = params or SamplingParams()
+        params.validate()
+        ids, text = to_token_ids(prompt, self.tokenizer, self.vocab_size)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is "
+                             f"{self.max_model_len} tokens (one more is needed to generate)")
+        total = min(len(ids) + params.max_tokens, self.max_model_len)
+        need = cdiv(total, self.config.block_size)
+        if need > self.pool.num_blocks:
+            raise ValueError(
+                f"this request can never fit: {len(ids)} prompt + {params.max_tokens} output tokens need "
+                f"{need} blocks of {self.config.block_size}, but the whole pool has {self.pool.num_blocks}")
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+        req = Request(rid, len(self.finished_log) + len(self.requests), ids, params, prompt=text,
+                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, generator=gen)
+        self.requests[rid] = req
+        self.scheduler.add_request(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return False
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        self.scheduler.finish_request(req, status)
+        self.finished_log.append(req)
+
+    # -- the step ----------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        self.step_count += 1
+        self.pool.step = self.step_count
+        sched = self.scheduler.schedule()
+        touched: list[Request] = []
+        error = None
+        sampled: dict[str, int] = {}
+        if sched.scheduled:
+            try:
+                sampled = self.runner.execute(sched)
+            except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
+                error = f"{type(e).__name__}: {e}"
+                logger.exception("model step %d failed", self.step_count)
+                self._fail_step(sched, error)
+        if error is None:
+            for s in sched.scheduled:
+                req = s.request
+                req.num_computed_tokens += s.num_new_tokens
+                if req.num_computed_tokens <= req.num_prompt_tokens:
+                    self.num_prompt_tokens_computed += s.num_new_tokens
+                tok = sampled.get(req.request_id)
+                if tok is None:
+                    continue
+                self._append_token(req, tok)
+                touched.append(req)
+        else:
+            touched = [s.request for s in sched.scheduled]
+        outputs = [self._output(r) for r in touched]
+        for r in touched:
+            if r.is_finished:
+                self.requests.pop(r.request_id, None)
+        return StepOutput(self.step_count, outputs, self.pool.drain_events(),
+                          sched.num_scheduled_tokens, sampled, error)
+
+    def _fail_step(self, sched, error: str) -> None:
+        # KV of this step may be half written: unpublish the blocks it cached.
+        for s in sched.scheduled:
+            req = s.request
+            req.error = error
+            for b in self.kv.req_to_blocks.get(req.request_id, []):
+                if b.ref_cnt == 1 and b.block_hash is not None and b.last_access == self.step_count:
+                    self.pool.cached.pop(b.block_hash, None)
+                    b.block_hash, b.token_ids = None, ()
+            self._finish(req, RequestStatus.FINISHED_ERROR)
+
+    def _append_token(self, req: Request, tok: int) -> None:
+        p = req.sampling_params
+        req.output_token_ids.append(tok)
+        self.num_generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        if self.tokenizer is not None:
+            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        status = None
+        if not p.ignore_eos and tok in req.eos_token_ids:
+            status = RequestStatus.FINISHED_STOPPED
+        elif tok in p.stop_token_ids:
+            status = RequestStatus.FINISHED_STOPPED
+        elif p.stop and any(s in req.output_text for s in p.stop):
+            cut = min(req.output_text.find(s) for s in p.stop if s in req.output_text)
+            req.output_text = req.output_text[:cut]
+            status = RequestStatus.FINISHED_STOPPED
+        elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None:
+            self._finish(req, status)
+
+    def _output(self, req: Request) -> RequestOutput:
+        comp = CompletionOutput(0, req.output_text, list(req.output_token_ids), req.status.finish_reason)
+        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), [comp], req.is_finished,
+                             max(req.num_cached_tokens, 0), req.error)
+
+    # -- inspection ------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        kv = self.kv
+        return {
+            "kv_cache_usage_perc": self.pool.usage(),
+            "prefix_cache_queries": kv.prefix_cache_queries,
+            "prefix_cache_hits": kv.prefix_cache_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_requests_running": len(self.scheduler.running),
+            "num_requests_waiting": len(self.scheduler.waiting),
+            "num_free_blocks": self.pool.num_free_blocks,
+            "num_cached_blocks": len(self.pool.cached),
+            "num_blocks": self.pool.num_blocks,
+            "evictions": self.pool.num_evictions,
+            "generation_tokens": self.num_generated_tokens,
+            "prompt_tokens": self.num_prompt_tokens_computed,
+            "step": self.step_count,
+        }
+
+    def audit(self) -> AuditReport:
+        return audit_pool(self.pool, self.kv.req_to_blocks)
+
+    def snapshot(self, max_finished: int = 64) -> KVSnapshot:
+        pool, bs = self.pool, self.config.block_size
+        n = pool.num_blocks
+        ref = np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n)
+        has_hash = np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n)
+        state = np.where(ref > 1, BlockState.SHARED, np.where(ref == 1, BlockState.USED,
+                         np.where(has_hash, BlockState.CACHED, BlockState.FREE))).astype(np.uint8)
+        owner = np.full(n, -1, np.int32)
+        filled = np.where(has_hash, bs, 0).astype(np.int16)
+        infos = []
+        live = [r for r in self.requests.values() if not r.is_finished]
+        shown = live + [r for r in self.finished_log[-max_finished:] if r.request_id not in self.requests]
+        for r in sorted(shown, key=lambda r: r.index):
+            ids = tuple(self.kv.get_block_ids(r.request_id))
+            for i, b in enumerate(ids):
+                if owner[b] < 0:
+                    owner[b] = r.index
+                filled[b] = max(filled[b], min(bs, max(r.num_computed_tokens - i * bs, 0)))
+            infos.append(RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens,
+                                     len(r.output_token_ids), max(r.num_cached_tokens, 0), r.num_computed_tokens,
+                                     ids, r.output_text, tuple(r.all_token_ids), r.error))
+        cached = {b.block_id: b.token_ids for b in pool.cached.values()}
+        hashes = {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
+        return KVSnapshot(
+            step=self.step_count, block_size=bs, num_blocks=n, state=state, ref_cnt=ref, owner=owner,
+            has_hash=has_hash, last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
+            filled=filled, free_queue=np.array(pool.free_queue.ids(), np.int32), requests=tuple(infos),
+            cached_tokens=cached, block_hashes=hashes, counters=self.metrics(),
+            block_bytes=self.runner.block_bytes, model_name=self.model_name)
+
+    def reset_prefix_cache(self) -> None:
+        self.kv.reset_prefix_cache()

@@ -1,0 +1,155 @@
+"""Owns the model and the KV tensors; turns a scheduled step into sampled tokens."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .attention import torch_ref
+from .attention.metadata import AttentionMetadata
+from .config import EngineConfig
+from .kv_cache_manager import cdiv
+from .models.llama import LlamaForCausalLM
+from .sampler import sample
+from .scheduler import SchedulerOutput
+
+logger = logging.getLogger("engine")
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int) -> None:
+        self.config = config
+        self.device = device
+        self.model = LlamaForCausalLM(hf_model)
+        self.dtype = self.model.embed_tokens.weight.dtype
+        self.vocab_size = self.model.lm_head.weight.shape[0]
+        self.max_model_len = max_model_len
+        self.kv_dtype = self.dtype
+        self.block_size = config.block_size
+        self.attention, self.store = self._select_backend()
+        self.num_blocks = self._num_blocks()
+        shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
+        # zeros() on the CPU maps pages lazily: a 2 GiB pool costs nothing until used.
+        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=device),
+                           torch.zeros(shape, dtype=self.kv_dtype, device=device))
+                          for _ in range(self.model.num_layers)]
+        self.default_generator = torch.Generator(device="cpu").manual_seed(config.seed)
+
+    # -- sizing --------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        m = self.model
+        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_size(self.kv_dtype) * self.block_size
+
+    def _num_blocks(self) -> int:
+        c = self.config
+        if c.num_gpu_blocks is not None:
+            n, why = c.num_gpu_blocks, "--num-gpu-blocks"
+        elif c.kv_cache_memory_bytes is not None:
+            n, why = c.kv_cache_memory_bytes // self.block_bytes, f"kv_cache_memory_bytes={c.kv_cache_memory_bytes}"
+        elif self.device.type == "cuda":
+            n, why = self._profile_cuda_blocks(), f"gpu_memory_utilization={c.gpu_memory_utilization}"
+        else:
+            # Enough for every sequence at full length, but never more than the CPU budget.
+            want = c.max_num_seqs * cdiv(self.max_model_len, self.block_size)
+            n = min(want, c.cpu_kv_cache_bytes // self.block_bytes)
+            why = f"CPU default (at most {c.cpu_kv_cache_bytes / 2**30:.1f} GiB)"
+        if n < 1:
+            raise ValueError(f"the KV pool would hold 0 blocks ({why}, block bytes {self.block_bytes})")
+        logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.3f GiB (%s)", n, self.block_size,
+                    n * self.block_size, n * self.block_bytes / 2**30, why)
+        return n
+
+    def _profile_cuda_blocks(self) -> int:
+        """vLLM's rule: total x utilization - weights - peak activations, after a profiling forward."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        n = min(self.config.max_num_batched_tokens, self.max_model_len)
+        dummy_shape = (cdiv(n, self.block_size) + 1, self.block_size, self.model.num_kv_heads, self.model.head_dim)
+        kc = torch.zeros(dummy_shape, dtype=self.kv_dtype, device=self.device)
+        caches = [(kc, kc)] * self.model.num_layers
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device)
+        meta = self._metadata_for([(0, n, list(range(dummy_shape[0])))], pos)
+        h = self.model(ids, pos, caches, meta, self.attention, self.store)
+        self.model.compute_logits(h[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del kc, caches, h
+        torch.cuda.empty_cache()
+        weights = base
+        budget = total * self.config.gpu_memory_utilization - weights - peak - (total - free - base)
+        logger.info("CUDA memory: total %.2f GiB, weights %.2f GiB, activation peak %.2f GiB, KV budget %.2f GiB",
+                    total / 2**30, weights / 2**30, peak / 2**30, max(budget, 0) / 2**30)
+        return int(max(budget, 0) // self.block_bytes)
+
+    def _select_backend(self):
+        backend = self.config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
+        if backend == "triton":
+            from .attention import triton_paged
+            return triton_paged.paged_attention, triton_paged.store_kv
+        return torch_ref.paged_attention, torch_ref.store_kv
+
+    # -- one step --------------------------------------------------------------------
+    def _metadata_for(self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor) -> AttentionMetadata:
+        """``seqs``: (num_computed_tokens, num_new_tokens, block_ids) for each sequence."""
+        bs = self.block_size
+        qsl, seq_lens, slots = [0], [], []
+        for computed, new, block_ids in seqs:
+            qsl.append(qsl[-1] + new)
+            seq_lens.append(computed + new)
+            for p in range(computed, computed + new):
+                slots.append(block_ids[p // bs] * bs + p % bs)
+        max_blocks = max(len(b) for _, _, b in seqs)
+        tables = torch.tensor([b + [0] * (max_blocks - len(b)) for _, _, b in seqs], dtype=torch.long)
+        decode = [i for i, (_, new, _) in enumerate(seqs) if new == 1]
+        dev = self.device
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev),
+            block_tables=tables.to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long).to(dev),
+            query_start_loc=qsl,
+            seq_lens_host=seq_lens,
+            block_size=bs,
+            decode_seqs=torch.tensor(decode, dtype=torch.long).to(dev),
+            decode_tokens=torch.tensor([qsl[i] for i in decode], dtype=torch.long).to(dev),
+            prefill_seqs=[i for i, (_, new, _) in enumerate(seqs) if new != 1],
+        )
+
+    def execute(self, sched: SchedulerOutput) -> dict[str, int]:
+        """Run one forward over every scheduled token; sample where a request reached its end."""
+        seqs, ids, pos = [], [], []
+        for s in sched.scheduled:
+            c, n = s.num_computed_tokens, s.num_new_tokens
+            seqs.append((c, n, s.block_ids))
+            ids.extend(s.request.token_slice(c, c + n))
+            pos.extend(range(c, c + n))
+        positions = torch.tensor(pos, dtype=torch.long).to(self.device)
+        meta = self._metadata_for(seqs, positions)
+        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
+        rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
+        if not rows:
+            return {}
+        last = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in rows], device=self.device)
+        logits = self.model.compute_logits(hidden[last]).cpu()
+        reqs = [sched.scheduled[i].request for i in rows]
+        tokens = sample(logits, [r.sampling_params for r in reqs],
+                        [r.generator or self.default_generator for r in reqs])
+        return {r.request_id: t for r, t in zip(reqs, tokens)}
+
+
+def _triton_available() -> bool:
+    try:
+        from .attention import triton_paged  # noqa: F401
+    except ImportError:
+        return False
+    return True

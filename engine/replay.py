@@ -1,0 +1,52 @@
+"""Rebuild the block pool's state from its event stream alone (no model, no engine)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from .events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
+
+
+class PoolReplayer:
+    """Applies events in order; every rule here mirrors one in ``BlockPool``."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_cnt = np.zeros(num_blocks, np.int32)
+        self.block_hash: list[str | None] = [None] * num_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.owners: list[list[str]] = [[] for _ in range(num_blocks)]
+
+    def apply(self, ev: Event) -> None:
+        if isinstance(ev, BlockAllocated):
+            head = next(iter(self.free_queue), None)
+            if head != ev.block_id:
+                raise ValueError(f"allocated block {ev.block_id} but the free queue head is {head}")
+            del self.free_queue[ev.block_id]
+            self.ref_cnt[ev.block_id] = 1
+            self.owners[ev.block_id] = [ev.request_id]
+        elif isinstance(ev, BlockTouched):
+            if self.ref_cnt[ev.block_id] == 0:
+                del self.free_queue[ev.block_id]
+            self.ref_cnt[ev.block_id] += 1
+            self.owners[ev.block_id].append(ev.request_id)
+        elif isinstance(ev, BlockFreed):
+            self.ref_cnt[ev.block_id] -= 1
+            owners = self.owners[ev.block_id]
+            if ev.request_id in owners:
+                owners.remove(ev.request_id)
+            if self.ref_cnt[ev.block_id] == 0:
+                self.free_queue[ev.block_id] = None
+        elif isinstance(ev, BlockStored):
+            self.block_hash[ev.block_id] = ev.block_hash
+        elif isinstance(ev, BlockEvicted):
+            self.block_hash[ev.block_id] = None
+        elif isinstance(ev, CacheReset):
+            self.block_hash = [None] * self.num_blocks
+
+    def apply_all(self, events: Iterable[Event]) -> PoolReplayer:
+        for ev in events:
+            self.apply(ev)
+        return self

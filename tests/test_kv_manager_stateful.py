@@ -1,0 +1,83 @@
+"""Hypothesis state machine over the KV cache manager: add, allocate, decode, free, hit."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.audit import audit_pool
+from engine.block_pool import BlockPool
+from engine.config import SamplingParams
+from engine.kv_cache_manager import KVCacheManager
+from engine.replay import PoolReplayer
+from engine.request import Request
+
+BS, NB = 4, 12
+# Few distinct prefixes, so that hits and shared blocks are common.
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7]]
+
+
+class KVMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(BlockPool(NB), BS)
+        self.live: dict[str, Request] = {}
+        self.n = 0
+        self.events = []
+
+    @rule(prefix=st.sampled_from(range(len(PREFIXES))), tail=st.lists(st.integers(0, 30), max_size=9))
+    def add(self, prefix, tail):
+        r = Request(str(self.n), self.n, PREFIXES[prefix] + tail, SamplingParams())
+        self.n += 1
+        hits, n_hit = self.kv.get_computed_blocks(r)
+        assert n_hit < r.num_tokens
+        for i, b in enumerate(hits):
+            assert b.token_ids == tuple(r.token_slice(i * BS, (i + 1) * BS))
+        before = [b.ref_cnt for b in self.kv.pool.blocks]
+        if self.kv.allocate_slots(r, r.num_tokens - n_hit, hits) is None:
+            assert [b.ref_cnt for b in self.kv.pool.blocks] == before
+            return
+        r.num_computed_tokens = r.num_tokens
+        self.live[r.request_id] = r
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), tok=st.integers(0, 30))
+    def decode(self, data, tok):
+        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        r.output_token_ids.append(tok)
+        if self.kv.allocate_slots(r, 1) is None:
+            r.output_token_ids.pop()
+        else:
+            r.num_computed_tokens += 1
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        r = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        self.kv.free(r)
+
+    @precondition(lambda self: not self.live)
+    @rule()
+    def reset(self):
+        self.kv.reset_prefix_cache()
+
+    @invariant()
+    def audit_clean_and_replay_matches(self):
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
+        self.events += self.kv.pool.drain_events()
+        rp = PoolReplayer(NB).apply_all(self.events)
+        pool = self.kv.pool
+        assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
+        assert list(rp.free_queue) == pool.free_queue.ids()
+        assert rp.block_hash == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
+
+    def teardown(self):
+        for r in list(self.live.values()):
+            self.kv.free(r)
+        assert self.kv.pool.num_free_blocks == NB
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
+
+
+TestKVManager = KVMachine.TestCase
+TestKVManager.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                  suppress_health_check=[HealthCheck.too_slow])
