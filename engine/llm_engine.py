@@ -78,7 +78,7 @@ class LLMEngine:
                                  extra_keys=(source.identity, tok_id, self.vocab_size),
                                  hash_algo=config.hash_algo)
         self.scheduler = Scheduler(config, self.kv)
-        self.requests: dict[str, Request] = {}  # unfinished, plus finished ones until reported
+        self.requests: dict[str, Request] = {}  # the unfinished ones
         self.finished_log: list[Request] = []  # every finished request, for snapshots
         self.step_count = 0
         self._ids = itertools.count()
@@ -137,6 +137,7 @@ class LLMEngine:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.finish_request(req, status)
+        self.requests.pop(req.request_id, None)
         self.finished_log.append(req)
 
     # -- the step ----------------------------------------------------------------------
@@ -168,9 +169,6 @@ class LLMEngine:
         else:
             touched = [s.request for s in sched.scheduled]
         outputs = [self._output(r) for r in touched]
-        for r in touched:
-            if r.is_finished:
-                self.requests.pop(r.request_id, None)
         return StepOutput(self.step_count, outputs, self.pool.drain_events(),
                           sched.num_scheduled_tokens, sampled, error)
 
@@ -244,8 +242,7 @@ class LLMEngine:
         owner = np.full(n, -1, np.int32)
         filled = np.where(has_hash, bs, 0).astype(np.int16)
         infos = []
-        live = [r for r in self.requests.values() if not r.is_finished]
-        shown = live + [r for r in self.finished_log[-max_finished:] if r.request_id not in self.requests]
+        shown = list(self.requests.values()) + self.finished_log[-max_finished:]
         for r in sorted(shown, key=lambda r: r.index):
             ids = tuple(self.kv.get_block_ids(r.request_id))
             for i, b in enumerate(ids):

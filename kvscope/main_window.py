@@ -1,0 +1,364 @@
+"""The main window: only wiring. Views live in ``views/``, the engine on the worker thread."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import LLMEngine
+
+from .history import RunHistory
+from .views.block_grid import BlockGridView
+from .views.event_log import EventLogView
+from .views.inject_dialog import InjectDialog
+from .views.plots import PlotsPanel
+from .views.request_panel import RequestPanel
+from .worker import EngineInfo, EngineWorker, InjectSpec, StepResult
+
+SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
+REDRAW_MS = 33  # coalesce: at most ~30 redraws per second, however fast the engine steps
+
+
+class MainWindow(QMainWindow):
+    # commands to the worker (queued: they run on the worker's thread)
+    sig_load = Signal()
+    sig_step = Signal(int)
+    sig_run = Signal()
+    sig_pause = Signal()
+    sig_interval = Signal(int)
+    sig_inject = Signal(object)
+    sig_abort = Signal(str)
+    sig_reset_cache = Signal()
+    sig_audit = Signal(bool)
+    sig_shutdown = Signal()
+
+    def __init__(self, engine_factory: Callable[[], LLMEngine], settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("kvscope")
+        self.settings = settings or QSettings("kvscope", "kvscope")
+        self.history = RunHistory()
+        self.info: EngineInfo | None = None
+        self.latest: StepResult | None = None
+        self.errors: list[str] = []
+        self.running = False
+        self._dirty = False
+        self._view_step: int | None = None  # None: follow the live run
+        self.tokenizer_decode = None
+
+        self._build_views()
+        self._build_toolbar()
+        self._build_status()
+        self._start_worker(engine_factory)
+        self._redraw_timer = QTimer(self)
+        self._redraw_timer.setInterval(REDRAW_MS)
+        self._redraw_timer.timeout.connect(self.flush)
+        self._redraw_timer.start()
+        self._restore_settings()
+
+    def start(self) -> None:
+        """Load the model on the worker (connect to the worker's signals before calling this)."""
+        self.sig_load.emit()
+
+    # -- construction ------------------------------------------------------------------
+    def _build_views(self) -> None:
+        self.grid = BlockGridView("GPU block pool")
+        self.requests = RequestPanel()
+        self.plots = PlotsPanel()
+        self.events = EventLogView()
+        self.banner = QLabel()
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet("background:#b71c1c;color:white;padding:4px;font-weight:bold")
+        self.banner.hide()
+        self.timeline = QSlider(Qt.Orientation.Horizontal)
+        self.timeline.setRange(0, 0)
+        self.timeline.valueChanged.connect(self._on_timeline)
+        self.timeline_label = QLabel("live")
+        self.live_button = QPushButton("Live")
+        self.live_button.clicked.connect(self.follow_live)
+        tl = QHBoxLayout()
+        tl.addWidget(QLabel("timeline"))
+        tl.addWidget(self.timeline, 1)
+        tl.addWidget(self.timeline_label)
+        tl.addWidget(self.live_button)
+        centre = QWidget()
+        cl = QVBoxLayout(centre)
+        cl.setContentsMargins(4, 4, 4, 4)
+        cl.addWidget(self.banner)
+        cl.addWidget(self.grid, 1)
+        cl.addLayout(tl)
+        self.setCentralWidget(centre)
+        for title, widget, area, name in (
+                ("Requests", self.requests, Qt.DockWidgetArea.RightDockWidgetArea, "requests"),
+                ("Plots", self.plots, Qt.DockWidgetArea.RightDockWidgetArea, "plots"),
+                ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events")):
+            dock = QDockWidget(title, self)
+            dock.setObjectName(name)
+            dock.setWidget(widget)
+            self.addDockWidget(area, dock)
+        # The right-hand docks span the full height; the event log sits under the grid.
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.grid.block_clicked.connect(self.on_block_clicked)
+        self.requests.request_selected.connect(self.on_request_selected)
+        self.events.event_activated.connect(self.on_event_activated)
+        self.resize(1500, 950)
+
+    def _action(self, bar: QToolBar, text: str, slot, shortcut: str | None = None) -> QAction:
+        act = QAction(text, self)
+        if shortcut:
+            act.setShortcut(QKeySequence(shortcut))
+            act.setToolTip(f"{text} ({shortcut})")
+        act.triggered.connect(slot)
+        bar.addAction(act)
+        return act
+
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("controls")
+        bar.setObjectName("controls")
+        self.addToolBar(bar)
+        self.act_step = self._action(bar, "Step", self.step, "F10")
+        self.step_n = QSpinBox()
+        self.step_n.setRange(1, 100_000)
+        self.step_n.setValue(10)
+        self.act_step_n = self._action(bar, "Step N", lambda: self.step(self.step_n.value()))
+        bar.addWidget(self.step_n)
+        self.act_run = self._action(bar, "Run", self.toggle_run, "F5")
+        self.speed = QComboBox()
+        self.speed.addItems(list(SPEEDS))
+        self.speed.currentTextChanged.connect(lambda t: self.sig_interval.emit(SPEEDS[t]))
+        bar.addWidget(self.speed)
+        bar.addSeparator()
+        self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I")
+        self.act_abort = self._action(bar, "Abort selected", self.abort_selected, "Del")
+        self.act_reset = self._action(bar, "Reset prefix cache", self.sig_reset_cache.emit)
+        bar.addSeparator()
+        self.audit_box = QCheckBox("Audit every step")
+        self.audit_box.toggled.connect(self.sig_audit.emit)
+        bar.addWidget(self.audit_box)
+        self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort, self.act_reset]
+        for a in self.controls:
+            a.setEnabled(False)
+
+    def _build_status(self) -> None:
+        sb = self.statusBar()
+        self.status_label = QLabel("starting…")
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)  # indeterminate while the model loads
+        self.busy.setMaximumWidth(160)
+        sb.addWidget(self.status_label, 1)
+        sb.addPermanentWidget(self.busy)
+
+    def _start_worker(self, factory) -> None:
+        self.thread_ = QThread(self)
+        self.thread_.setObjectName("engine")
+        self.worker = EngineWorker(factory)
+        self.worker.moveToThread(self.thread_)
+        for sig, slot in ((self.sig_load, self.worker.load), (self.sig_step, self.worker.step),
+                          (self.sig_run, self.worker.run), (self.sig_pause, self.worker.pause),
+                          (self.sig_interval, self.worker.set_interval), (self.sig_inject, self.worker.inject),
+                          (self.sig_abort, self.worker.abort), (self.sig_reset_cache, self.worker.reset_prefix_cache),
+                          (self.sig_audit, self.worker.set_audit)):
+            sig.connect(slot)
+        self.sig_shutdown.connect(self.worker.shutdown, Qt.ConnectionType.BlockingQueuedConnection)
+        # Bound methods of this (GUI-thread) object: these run on the GUI thread.
+        self.worker.loaded.connect(self.on_loaded)
+        self.worker.load_failed.connect(self.on_load_failed)
+        self.worker.progress.connect(self.on_progress)
+        self.worker.stepped.connect(self.on_stepped)
+        self.worker.error.connect(self.on_error)
+        self.worker.running_changed.connect(self.on_running_changed)
+        self.thread_.start()
+
+    # -- commands -------------------------------------------------------------------
+    def step(self, n: int = 1) -> None:
+        self.sig_step.emit(int(n))
+
+    def toggle_run(self) -> None:
+        (self.sig_pause if self.running else self.sig_run).emit()
+
+    def inject(self, specs: list[InjectSpec]) -> None:
+        for s in specs:
+            self.sig_inject.emit(s)
+
+    def open_inject(self) -> None:
+        dlg = InjectDialog(self, self.settings)
+        if dlg.exec():
+            try:
+                self.inject(dlg.specs())
+            except ValueError as e:
+                self.on_error(str(e))
+
+    def abort_selected(self) -> None:
+        rows = self.requests.table.selectionModel().selectedRows()
+        for idx in rows:
+            self.sig_abort.emit(self.requests.model.rows[idx.row()].request_id)
+
+    # -- worker signals -----------------------------------------------------------------
+    @Slot(object)
+    def on_loaded(self, info: EngineInfo) -> None:
+        self.info = info
+        self.grid.token_text = info.decode
+        self.busy.hide()
+        for a in self.controls:
+            a.setEnabled(True)
+        self.grid.title.setText(f"{info.model_name} · {info.num_blocks} blocks × {info.block_size} tokens "
+                                f"· {info.block_bytes / 1024:.0f} KiB/block · {info.device} {info.dtype}")
+
+    @Slot(str)
+    def on_load_failed(self, message: str) -> None:
+        self.busy.hide()
+        self.on_error(f"could not load the model: {message}")
+        self.status_label.setText("no model loaded")
+
+    @Slot(str)
+    def on_progress(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    @Slot(object)
+    def on_stepped(self, result: StepResult) -> None:
+        self.latest = result
+        self.history.record(result.snapshot, result.step_seconds, result.memory)
+        self.events.append(result.step, result.events)
+        self._dirty = True
+
+    @Slot(str)
+    def on_error(self, message: str) -> None:
+        self.errors.append(message)
+        self.banner.setText(f"⚠ {message}")
+        self.banner.show()
+        self.statusBar().showMessage(message, 10_000)
+
+    @Slot(bool)
+    def on_running_changed(self, running: bool) -> None:
+        self.running = running
+        self.act_run.setText("Pause" if running else "Run")
+
+    # -- drawing --------------------------------------------------------------------
+    @Slot()
+    def flush(self) -> None:
+        """Apply the newest snapshot to every view (called at ~30 Hz, and by tests)."""
+        if not self._dirty or self.latest is None:
+            return
+        self._dirty = False
+        steps = self.history.steps
+        self.timeline.blockSignals(True)
+        self.timeline.setRange(0, max(len(steps) - 1, 0))
+        if self._view_step is None:
+            self.timeline.setValue(len(steps) - 1)
+        self.timeline.blockSignals(False)
+        if self._view_step is None:
+            self._show(self.latest.snapshot, self.latest.audit)
+        self.plots.update_from(self.history, self.latest.memory)
+        self._update_status()
+
+    def _show(self, snap, audit=None) -> None:
+        leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
+        self.grid.set_snapshot(snap, leaked)
+        self.requests.set_snapshot(snap)
+        if self.requests.selected_id:
+            self.grid.set_highlight(list(self.requests.selected_block_ids()))
+
+    def _update_status(self) -> None:
+        r = self.latest
+        if r is None:
+            return
+        c = r.snapshot.counters
+        q = c["prefix_cache_queries"]
+        hit = f"{100 * c['prefix_cache_hits'] / q:.0f}%" if q else "–"
+        cap = ""
+        if self.info:
+            i = self.info
+            cap = f" · {i.block_bytes / 1024:.0f} KiB/block, capacity {i.num_blocks * i.block_size} tokens"
+        self.status_label.setText(
+            f"step {r.step} · free {c['num_free_blocks']}/{c['num_blocks']} blocks · usage "
+            f"{100 * c['kv_cache_usage_perc']:.1f}% · cached {c['num_cached_blocks']} · hit rate {hit} · "
+            f"running {c['num_requests_running']} waiting {c['num_requests_waiting']} · "
+            f"preemptions {c['num_preemptions']}{cap}")
+
+    def _on_timeline(self, pos: int) -> None:
+        steps = self.history.steps
+        if not steps:
+            return
+        live = pos >= len(steps) - 1
+        self._view_step = None if live else steps[pos]
+        snap = self.history.latest if live else self.history.at(steps[pos])
+        self.timeline_label.setText("live" if live else f"step {steps[pos]}")
+        if snap is not None:
+            self._show(snap, self.latest.audit if live and self.latest else None)
+
+    def follow_live(self) -> None:
+        self._view_step = None
+        self._dirty = True
+        self.flush()
+
+    # -- selection -----------------------------------------------------------------------
+    def on_block_clicked(self, block_id: int) -> None:
+        snap = self.grid.snapshot
+        owners = snap.owners_of(block_id) if snap else []
+        self.requests.select(owners)
+        self.grid.set_highlight([block_id])
+
+    def on_request_selected(self, request_id: str) -> None:
+        self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
+
+    def on_event_activated(self, ev) -> None:
+        bid = getattr(ev, "block_id", None)
+        rid = getattr(ev, "request_id", None)
+        if bid is not None and bid >= 0:
+            self.on_block_clicked(bid)
+        elif rid is not None:
+            self.requests.select([rid])
+
+    # -- persistence and shutdown -------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        s = self.settings
+        if s.value("geometry") is not None:
+            self.restoreGeometry(s.value("geometry"))
+        if s.value("state") is not None:
+            self.restoreState(s.value("state"))
+        for key, box in (("colour_mode", self.grid.mode_box), ("speed", self.speed)):
+            v = s.value(key)
+            if v is not None and box.findText(str(v)) >= 0:
+                box.setCurrentText(str(v))
+        if s.value("step_n") is not None:
+            self.step_n.setValue(int(s.value("step_n")))
+        self.sig_interval.emit(SPEEDS[self.speed.currentText()])
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("geometry", self.saveGeometry())
+        s.setValue("state", self.saveState())
+        s.setValue("colour_mode", self.grid.mode)
+        s.setValue("speed", self.speed.currentText())
+        s.setValue("step_n", self.step_n.value())
+        s.sync()
+
+    def shutdown(self) -> None:
+        """Stop the worker and wait for its thread (a QThread destroyed while running aborts)."""
+        if not self.thread_.isRunning():
+            return
+        self._redraw_timer.stop()
+        self.sig_shutdown.emit()
+        self.thread_.quit()
+        self.thread_.wait()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.save_settings()
+        self.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,138 @@
+"""Qt item models over snapshots and events (no widgets here)."""
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
+
+from engine.events import Event
+from engine.snapshot import KVSnapshot, RequestInfo
+
+_ROOT = QModelIndex()  # the invisible root: these models are flat tables
+
+
+class RequestTableModel(QAbstractTableModel):
+    HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "text")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[RequestInfo] = []
+
+    def set_snapshot(self, snap: KVSnapshot) -> None:
+        rows = list(snap.requests)
+        if [r.request_id for r in rows] == [r.request_id for r in self.rows]:
+            self.rows = rows  # same rows: refresh cells, keep the selection
+            if rows:
+                self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(self.HEADERS) - 1))
+            return
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def rowCount(self, parent=_ROOT) -> int:  # noqa: N802 - Qt's name
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=_ROOT) -> int:  # noqa: N802
+        return len(self.HEADERS)
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        r = self.rows[index.row()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return (r.request_id, r.status.lower(), r.num_prompt_tokens, r.num_output_tokens,
+                    r.num_cached_tokens, len(r.block_ids), r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return r.error or r.text
+        if role == Qt.ItemDataRole.UserRole:
+            return r.request_id
+        return None
+
+    def row_of(self, request_id: str) -> int:
+        return next((i for i, r in enumerate(self.rows) if r.request_id == request_id), -1)
+
+
+def describe(ev: Event) -> str:
+    d = ev.to_dict()
+    d.pop("kind")
+    return ", ".join(f"{k}={v[:12] if k == 'block_hash' else v}" for k, v in d.items())
+
+
+class EventLogModel(QAbstractTableModel):
+    """Every event of every step; append-only, capped so a long run stays light."""
+
+    HEADERS = ("step", "kind", "details")
+    KIND_ROLE = Qt.ItemDataRole.UserRole + 1
+    EVENT_ROLE = Qt.ItemDataRole.UserRole + 2
+
+    def __init__(self, max_rows: int = 200_000) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, Event, str]] = []
+        self.max_rows = max_rows
+
+    def append(self, step: int, events: list[Event]) -> None:
+        if not events:
+            return
+        drop = max(0, len(self.rows) + len(events) - self.max_rows)
+        if drop:
+            self.beginRemoveRows(QModelIndex(), 0, drop - 1)
+            del self.rows[:drop]
+            self.endRemoveRows()
+        n = len(self.rows)
+        self.beginInsertRows(QModelIndex(), n, n + len(events) - 1)
+        self.rows.extend((step, e, describe(e)) for e in events)
+        self.endInsertRows()
+
+    def clear(self) -> None:
+        self.beginResetModel()
+        self.rows.clear()
+        self.endResetModel()
+
+    def rowCount(self, parent=_ROOT) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=_ROOT) -> int:  # noqa: N802
+        return 3
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        step, ev, text = self.rows[index.row()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return (step, ev.kind, text)[index.column()]
+        if role == self.KIND_ROLE:
+            return ev.kind
+        if role == self.EVENT_ROLE:
+            return ev
+        return None
+
+
+class EventFilterProxy(QSortFilterProxyModel):
+    """Filter by a set of kinds (empty: all) and a case-insensitive search over the details."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: set[str] = set()
+        self.text = ""
+
+    def set_kinds(self, kinds: set[str]) -> None:
+        self.kinds = set(kinds)
+        self.invalidateFilter()
+
+    def set_text(self, text: str) -> None:
+        self.text = text.lower().strip()
+        self.invalidateFilter()
+
+    def filterAcceptsRow(self, row, parent) -> bool:  # noqa: N802
+        step, ev, text = self.sourceModel().rows[row]
+        if self.kinds and ev.kind not in self.kinds:
+            return False
+        return not self.text or self.text in f"{step} {ev.kind} {text}".lower()

@@ -1,0 +1,55 @@
+"""Memory readings for the plots: nvml (when a driver answers), torch CUDA, and the process."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    nvml_used: int | None = None
+    nvml_total: int | None = None
+    nvml_status: str = "no NVIDIA driver"
+    torch_allocated: int | None = None
+    torch_reserved: int | None = None
+    process_rss: int = 0
+
+
+def process_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemoryProbe:
+    """Call from the engine's thread (torch.cuda memory is per thread's current device)."""
+
+    def __init__(self, device_index: int | None) -> None:
+        self.device_index = device_index
+        self._handle = None
+        self.status = "no NVIDIA driver"
+        try:
+            import pynvml  # provided by nvidia-ml-py
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index or 0)
+            self.status = pynvml.nvmlDeviceGetName(self._handle)
+            if isinstance(self.status, bytes):
+                self.status = self.status.decode()
+        except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound and friends
+            self._handle = None
+            self.status = "no NVIDIA driver" if "NotFound" in type(e).__name__ else f"nvml: {e}"
+
+    def read(self) -> MemoryReading:
+        used = total = alloc = reserved = None
+        if self._handle is not None:
+            import pynvml
+            info = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+            used, total = int(info.used), int(info.total)
+        if self.device_index is not None:
+            import torch
+            alloc = torch.cuda.memory_allocated(self.device_index)
+            reserved = torch.cuda.memory_reserved(self.device_index)
+        return MemoryReading(used, total, self.status, alloc, reserved, process_rss())

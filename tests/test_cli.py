@@ -1,0 +1,75 @@
+"""The command line: help, no display, bad devices and settings, headless, the --screenshot mode."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kvscope(*args: str, env_drop=(), timeout=300, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in env_drop}
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "kvscope", *args], cwd=ROOT, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_help_explains_every_engine_setting():
+    out = kvscope("--help").stdout
+    for opt in ("--block-size", "--num-gpu-blocks", "--kv-cache-memory-bytes", "--gpu-memory-utilization",
+                "--max-num-seqs", "--max-num-batched-tokens", "--no-prefix-caching", "--device", "--dtype",
+                "--model", "--headless", "--screenshot"):
+        assert opt in out
+
+
+def test_no_display_is_one_line_with_the_way_out():
+    r = kvscope(env_drop=("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no display" in lines[0]
+    assert "--headless" in lines[0] and "xvfb-run" in lines[0] and "QT_QPA_PLATFORM=offscreen" in lines[0]
+
+
+def test_block_size_zero_is_refused():
+    r = kvscope("--headless", "--block-size", "0")
+    assert r.returncode == 2 and "block_size must be >= 1" in r.stderr
+
+
+def test_cuda_without_cuda_is_one_clear_line():
+    r = kvscope("--headless", "--device", "cuda", CUDA_VISIBLE_DEVICES="")  # hides any GPU
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("kvscope: --device cuda was asked for")
+
+
+def test_unknown_model_is_one_clear_line():
+    r = kvscope("--headless", "--model", "no-such-model-xyz")
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("kvscope: cannot find model 'no-such-model-xyz'; tried:")
+
+
+def test_headless_json_on_a_tiny_model(tiny_dir):
+    r = kvscope("--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4",
+                "--inject", "hello")
+    # The tiny model has no tokenizer: a text prompt is refused with a clear message.
+    assert r.returncode == 2 and "no tokenizer" in r.stderr
+
+
+@pytest.mark.slow
+def test_screenshot_mode_on_the_embedded_model(tmp_path):
+    path = tmp_path / "window.png"
+    r = kvscope("--screenshot", str(path), "--steps", "4", "--num-gpu-blocks", "128", "--max-tokens", "8",
+                timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert path.stat().st_size > 20_000
+    r = kvscope("--headless", "--json", "--num-gpu-blocks", "64", "--max-tokens", "6",
+                "--inject", "The capital of France is", "--inject", "The capital of France is")
+    summary = json.loads(r.stdout)
+    assert summary["prefix_cache_hits"] == 0 or summary["prefix_cache_hits"] % 16 == 0
+    assert [q["output_tokens"] for q in summary["requests"]] == [6, 6]
+    assert summary["leaked_blocks"] == 0
