@@ -14,10 +14,10 @@ class AuditProblem:
     problem: str  # leaked | use_after_free | ref_mismatch | double_free | not_in_free_queue | hash_map
     expected_ref: int
     actual_ref: int
-    last_owner: str = ""
+    last_owner: str = ""  # the request to blame (see _culprit)
 
     def __str__(self) -> str:
-        owner = f", last owned by request {self.last_owner}" if self.last_owner else ""
+        owner = f", request {self.last_owner}" if self.last_owner else ""
         return (f"block {self.block_id}: {self.problem} (ref count {self.actual_ref}, "
                 f"tables hold {self.expected_ref}{owner})")
 
@@ -42,11 +42,21 @@ class AuditReport:
         return "audit clean" if self.ok else "\n".join(map(str, self.problems))
 
 
+def _culprit(b: KVCacheBlock, mapped_by: set[str], too_many: bool) -> str:
+    """The request to blame: a holder whose table lost the block (a leak), else the last releaser."""
+    if too_many:
+        stray = [h for h in b.holders if h not in mapped_by]
+        return stray[-1] if stray else b.last_owner
+    return b.last_released_by or b.last_owner
+
+
 def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditReport:
     expected: Counter[int] = Counter()
-    for blocks in tables.values():
+    mapped_by: dict[int, set[str]] = {}
+    for rid, blocks in tables.items():
         for b in blocks:
             expected[b.block_id] += 1
+            mapped_by.setdefault(b.block_id, set()).add(rid)
     problems: list[AuditProblem] = []
     seen: Counter[int] = Counter()
     for b in pool.free_queue:
@@ -57,8 +67,11 @@ def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditR
     for b in pool.blocks:
         exp, ref = expected[b.block_id], b.ref_cnt
         if ref != exp:
-            kind = ("leaked" if exp == 0 else "use_after_free" if ref == 0 else "ref_mismatch")
-            problems.append(AuditProblem(b.block_id, kind, exp, ref, b.last_owner))
+            # Too many references: one will never be dropped (a leak). Too few: the block can be
+            # handed out while a table still reads it (use after free). Negative: freed twice.
+            kind = "double_free" if ref < 0 else "leaked" if ref > exp else "use_after_free"
+            problems.append(AuditProblem(b.block_id, kind, exp, ref,
+                                         _culprit(b, mapped_by.get(b.block_id, set()), ref > exp)))
         queued = seen[b.block_id] > 0
         if ref == 0 and not queued:
             problems.append(AuditProblem(b.block_id, "not_in_free_queue", exp, ref, b.last_owner))

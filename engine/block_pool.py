@@ -26,6 +26,7 @@ class BlockPool:
         self.events: list[Event] = []
         self.step = 0  # stamped into last_access
         self.num_evictions = 0
+        self.tolerate_faults = False  # set when EngineConfig.fault injects a bug on purpose
 
     # -- queries ----------------------------------------------------------------
     @property
@@ -54,6 +55,7 @@ class BlockPool:
             b.ref_cnt = 1
             b.last_access = self.step
             b.last_owner = request_id
+            b.holders = [request_id]
             self.events.append(BlockAllocated(b.block_id, request_id))
             out.append(b)
         return out
@@ -75,6 +77,7 @@ class BlockPool:
             b.ref_cnt += 1
             b.last_access = self.step
             b.last_owner = request_id
+            b.holders.append(request_id)
             self.events.append(BlockTouched(b.block_id, request_id, b.ref_cnt))
 
     def free_blocks(self, ordered: Iterable[KVCacheBlock], request_id: str) -> None:
@@ -84,9 +87,15 @@ class BlockPool:
         evicted before its start (the start is the part other requests share).
         """
         for b in ordered:
-            assert b.ref_cnt > 0, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
+            if b.ref_cnt <= 0:
+                # Only a deliberate fault (double-free) gets here; audit() reports it.
+                assert self.tolerate_faults, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
+                continue
             b.ref_cnt -= 1
             b.last_access = self.step
+            b.last_released_by = request_id
+            if request_id in b.holders:
+                b.holders.remove(request_id)
             self.events.append(BlockFreed(b.block_id, request_id, b.ref_cnt))
             if b.ref_cnt == 0:
                 self.free_queue.append(b)
@@ -98,7 +107,7 @@ class BlockPool:
             return
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
-        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id))
+        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id, token_ids))
 
     def reset_prefix_cache(self) -> None:
         used = self.num_blocks - self.num_free_blocks

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+FAULTS = (None, "abort-leak", "cow-leak", "double-free")  # see KVCacheManager and LLMEngine.abort
 
 
 @dataclass(slots=True)
@@ -21,6 +22,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 2 << 30  # default pool on the CPU: 2 GiB
     swap_space: float = 4.0  # GiB of CPU pool for swap preemption
+    num_cpu_blocks: int | None = None  # overrides swap_space
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -30,7 +32,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # torch | triton | auto
     hash_algo: str = "sha256"
     seed: int = 0
-    fault: str | None = None
+    fault: str | None = None  # a deliberate bug for leak-hunting practice: see FAULTS
 
     def validate(self) -> None:
         if self.block_size < 1:
@@ -51,6 +53,10 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {', '.join(f for f in FAULTS if f)} or None, got {self.fault!r}")
+        if self.swap_space < 0 or (self.num_cpu_blocks is not None and self.num_cpu_blocks < 0):
+            raise ValueError("swap_space and num_cpu_blocks must be >= 0")
         if self.hash_algo not in ("sha256", "builtin"):
             raise ValueError(f"hash_algo must be sha256 or builtin, got {self.hash_algo!r}")
 

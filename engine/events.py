@@ -55,7 +55,39 @@ class BlockStored(Event):
     block_id: int
     block_hash: str  # hex
     request_id: str
+    token_ids: tuple[int, ...] = ()
     kind = "stored"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopied(Event):
+    """Copy-on-write: ``request_id`` was about to write into shared block ``src``; it now owns ``dst``.
+
+    ``dst`` was allocated (its own event) and ``src`` lost one reference (a freed event).
+    """
+    src_block_id: int
+    dst_block_id: int
+    request_id: str
+    num_slots: int  # filled slots copied
+    kind = "cow"
+
+
+@dataclass(frozen=True, slots=True)
+class SwappedOut(Event):
+    """A preempted request's KV was copied to the CPU pool; its device blocks were freed."""
+    request_id: str
+    block_ids: tuple[int, ...]
+    cpu_block_ids: tuple[int, ...]
+    kind = "swap_out"
+
+
+@dataclass(frozen=True, slots=True)
+class SwappedIn(Event):
+    """The KV came back from the CPU pool into (possibly different) device blocks."""
+    request_id: str
+    cpu_block_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    kind = "swap_in"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +113,15 @@ class RequestAdmitted(Event):
     num_prompt_tokens: int
     num_cached_tokens: int
     kind = "admitted"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestForked(Event):
+    """``child_id`` now shares every block of ``parent_id`` (each block's ref count + 1)."""
+    parent_id: str
+    child_id: str
+    block_ids: tuple[int, ...]
+    kind = "forked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +154,9 @@ class LeakFound(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, CacheReset,
-                RequestAdmitted, RequestPreempted, RequestFinished, RequestAborted, LeakFound)
+    for cls in (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockCopied, CacheReset,
+                SwappedOut, SwappedIn, RequestAdmitted, RequestForked, RequestPreempted, RequestFinished,
+                RequestAborted, LeakFound)
 }
 
 
@@ -126,6 +168,6 @@ def event_from_dict(d: dict) -> Event:
         raise ValueError(f"unknown event kind {kind!r}")
     names = {f.name for f in fields(cls)}
     try:
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
     except TypeError as e:
         raise ValueError(f"bad {kind} event: {e}") from None

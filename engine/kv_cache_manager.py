@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from .block_pool import BlockPool
+from .cpu_pool import CpuBlockPool
+from .events import BlockCopied, RequestForked, SwappedIn, SwappedOut
 from .kv_cache_utils import KVCacheBlock, hash_block_tokens
 from .request import Request
 
@@ -12,8 +14,18 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, pool: BlockPool, block_size: int, extra_keys: tuple = (),
-                 hash_algo: str = "sha256") -> None:
+                 hash_algo: str = "sha256", cpu_pool: CpuBlockPool | None = None, fault: str | None = None) -> None:
         self.pool = pool
+        self.cpu_pool = cpu_pool or CpuBlockPool(0)
+        self.fault = fault
+        pool.tolerate_faults = fault is not None
+        # Device work the model runner does before the next forward, in this order.
+        self.pending_swap_out: list[tuple[int, int]] = []  # (device block, cpu block)
+        self.pending_swap_in: list[tuple[int, int]] = []  # (cpu block, device block)
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst)
+        self.num_cow_copies = 0
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
         self.block_size = block_size
         self.enable_caching = pool.enable_caching
         self.extra_keys = extra_keys
@@ -71,11 +83,14 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(req.request_id, [])
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
         need = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        cow = self._shared_tail(req, blocks) if num_new_tokens > 0 and not new_computed_blocks else None
         # Touching a cached free block takes it off the free queue too.
         reclaimed = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if max(need, 0) > self.pool.num_free_blocks - reclaimed:
+        if max(need, 0) + (cow is not None) > self.pool.num_free_blocks - reclaimed:
             return None
         blocks = self.req_to_blocks.setdefault(req.request_id, blocks)
+        if cow is not None:
+            self._copy_on_write(req, blocks, cow)
         # Touch the hits first, so that they cannot be evicted for this very request.
         self.pool.touch(new_computed_blocks, req.request_id)
         blocks.extend(new_computed_blocks)
@@ -83,6 +98,68 @@ class KVCacheManager:
         blocks.extend(new)
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return new
+
+    # -- copy-on-write and fork ---------------------------------------------------------------
+    def _shared_tail(self, req: Request, blocks: list[KVCacheBlock]) -> int | None:
+        """Index of the partly filled block the next token lands in, if another sequence shares it."""
+        i, offset = divmod(req.num_computed_tokens, self.block_size)
+        if offset and i < len(blocks) and blocks[i].ref_cnt > 1:
+            return i
+        return None
+
+    def _copy_on_write(self, req: Request, blocks: list[KVCacheBlock], i: int) -> None:
+        src = blocks[i]
+        (dst,) = self.pool.get_new_blocks(1, req.request_id)
+        n = req.num_computed_tokens % self.block_size
+        self.pending_copies.append((src.block_id, dst.block_id))
+        self.pool.events.append(BlockCopied(src.block_id, dst.block_id, req.request_id, n))
+        self.num_cow_copies += 1
+        blocks[i] = dst
+        if self.fault != "cow-leak":  # the fault: forget to drop the reference on the source
+            self.pool.free_blocks([src], req.request_id)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every block of the parent (ref + 1 each); writes diverge by CoW."""
+        blocks = list(self.req_to_blocks.get(parent.request_id, []))
+        self.pool.touch(blocks, child.request_id)
+        self.req_to_blocks[child.request_id] = blocks
+        self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
+        child.block_hashes = list(parent.block_hashes)
+        self.pool.events.append(RequestForked(parent.request_id, child.request_id,
+                                              tuple(b.block_id for b in blocks)))
+
+    # -- swap -------------------------------------------------------------------------
+    def swap_out(self, req: Request) -> bool:
+        """Copy the request's blocks to the CPU pool and free them on the device; False if it is full."""
+        blocks = self.req_to_blocks.get(req.request_id, [])
+        cpu = self.cpu_pool.allocate(len(blocks), req.request_id)
+        if cpu is None:
+            return False
+        self.pending_swap_out += [(b.block_id, c) for b, c in zip(blocks, cpu)]
+        self.pool.events.append(SwappedOut(req.request_id, tuple(b.block_id for b in blocks), tuple(cpu)))
+        self.num_swap_outs += 1
+        self.free(req)
+        req.cpu_block_ids = cpu  # after free(), which would release them
+        return True
+
+    def can_swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        return cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) <= self.pool.num_free_blocks
+
+    def swap_in(self, req: Request) -> None:
+        cpu = req.cpu_block_ids
+        blocks = self.pool.get_new_blocks(len(cpu), req.request_id)
+        self.pending_swap_in += [(c, b.block_id) for c, b in zip(cpu, blocks)]
+        self.cpu_pool.release(cpu)
+        req.cpu_block_ids = []
+        self.req_to_blocks[req.request_id] = blocks
+        self.num_cached_blocks[req.request_id] = 0  # new ids: publish them again
+        self.pool.events.append(SwappedIn(req.request_id, tuple(cpu), tuple(b.block_id for b in blocks)))
+        self.num_swap_ins += 1
+
+    def take_device_work(self) -> tuple[list, list, list]:
+        work = (self.pending_swap_out, self.pending_swap_in, self.pending_copies)
+        self.pending_swap_out, self.pending_swap_in, self.pending_copies = [], [], []
+        return work
 
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Publish every block that will be full once this step's KV is written.
@@ -108,7 +185,19 @@ class KVCacheManager:
         """Release the request's blocks, tail first (see ``BlockPool.free_blocks``)."""
         blocks = self.req_to_blocks.pop(req.request_id, [])
         self.num_cached_blocks.pop(req.request_id, None)
+        if req.cpu_block_ids:
+            self.cpu_pool.release(req.cpu_block_ids)
+            req.cpu_block_ids = []
+        if self.fault == "double-free" and len(blocks) > 1 and blocks[0].ref_cnt > 1:
+            # The fault: a shared prefix block is released twice, so it can be handed out
+            # while its other owner still reads it (a use-after-free that audit() reports).
+            blocks = blocks + [blocks[0]]
         self.pool.free_blocks(reversed(blocks), req.request_id)
+
+    def forget(self, req: Request) -> None:
+        """The ``abort-leak`` fault: drop the table but keep every reference (a leak)."""
+        self.req_to_blocks.pop(req.request_id, None)
+        self.num_cached_blocks.pop(req.request_id, None)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

@@ -38,7 +38,9 @@ class KVCacheBlock:
     block_hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()  # stored with the hash: a hit compares them
     last_access: int = 0  # engine step of the last allocation / hit / free
-    last_owner: str = ""  # the request that last took a reference (named by audits)
+    last_owner: str = ""  # the request that last took a reference
+    holders: list[str] = field(default_factory=list, repr=False)  # who holds a reference now (audits name them)
+    last_released_by: str = ""
     prev_free: KVCacheBlock | None = field(default=None, repr=False)
     next_free: KVCacheBlock | None = field(default=None, repr=False)
     in_free_queue: bool = False

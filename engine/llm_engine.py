@@ -12,6 +12,8 @@ import torch
 from .audit import AuditReport, audit_pool
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
+from .cpu_pool import CpuBlockPool
+from .events import LeakFound
 from .inputs import PromptType, to_token_ids
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model_runner import ModelRunner
@@ -19,7 +21,7 @@ from .models.loader import ModelSource, load_hf_model, resolve_model
 from .outputs import CompletionOutput, RequestOutput, StepOutput
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
-from .snapshot import BlockState, KVSnapshot, RequestInfo
+from .snapshot import KVSnapshot, RequestInfo, assemble_snapshot
 
 logger = logging.getLogger("engine")
 
@@ -76,9 +78,12 @@ class LLMEngine:
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
         self.kv = KVCacheManager(self.pool, config.block_size,
                                  extra_keys=(source.identity, tok_id, self.vocab_size),
-                                 hash_algo=config.hash_algo)
+                                 hash_algo=config.hash_algo, cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
+                                 fault=config.fault)
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, Request] = {}  # the unfinished ones
+        self.groups: dict[str, list[Request]] = {}  # user request id -> its samples (n > 1) and forks
+        self.reported_problems: set[tuple[int, str]] = set()
         self.finished_log: list[Request] = []  # every finished request, for snapshots
         self.step_count = 0
         self._ids = itertools.count()
@@ -116,21 +121,59 @@ class LLMEngine:
                 f"this request can never fit: {len(ids)} prompt + {params.max_tokens} output tokens need "
                 f"{need} blocks of {self.config.block_size}, but the whole pool has {self.pool.num_blocks}")
         rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self.requests:
+        if rid in self.requests or rid in self.groups:
             raise ValueError(f"request id {rid!r} is already in use")
-        gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
-        req = Request(rid, len(self.finished_log) + len(self.requests), ids, params, prompt=text,
-                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, generator=gen)
+        req = Request(rid, self._next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
+                      cache_salt=cache_salt, generator=_generator(params.seed, 0), pending_forks=params.n - 1)
         self.requests[rid] = req
+        self.groups[rid] = [req]
         self.scheduler.add_request(req)
         return rid
 
+    def _next_index(self) -> int:
+        return len(self.finished_log) + len(self.requests)
+
+    def fork(self, request_id: str) -> str:
+        """Fork a running sequence on demand: the copy shares every block until it writes (CoW)."""
+        parent = self.requests.get(request_id)
+        if parent is None or parent.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {request_id} is not running: only a running sequence can fork")
+        if parent.num_computed_tokens < parent.num_prompt_tokens:
+            raise ValueError(f"request {request_id} is still prefilling its prompt")
+        parent.num_forks += 1
+        child = self._spawn(parent, f"{request_id}+{parent.num_forks}", group_id=None, sample_index=0)
+        child.output_token_ids = list(parent.output_token_ids)
+        child.output_text = parent.output_text
+        self.groups[child.request_id] = [child]
+        return child.request_id
+
+    def _spawn(self, parent: Request, child_id: str, group_id: str | None, sample_index: int) -> Request:
+        seed = parent.sampling_params.seed
+        child = Request(child_id, self._next_index(), list(parent.prompt_token_ids), parent.sampling_params,
+                        prompt=parent.prompt, eos_token_ids=parent.eos_token_ids, cache_salt=parent.cache_salt,
+                        generator=_generator(seed, sample_index or len(child_id)), group_id=group_id or "",
+                        sample_index=sample_index, parent_id=parent.request_id)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = RequestStatus.RUNNING
+        self.kv.fork(parent, child)
+        self.requests[child.request_id] = child
+        self.scheduler.running.append(child)
+        return child
+
     def abort(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None or req.is_finished:
-            return False
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
-        return True
+        """Abort one sequence, or every sequence of a user request (its n samples)."""
+        if request_id in self.requests:
+            targets = [self.requests[request_id]]
+            if self.requests[request_id].group_id == request_id:
+                targets = self.groups.get(request_id, targets)
+        else:
+            targets = self.groups.get(request_id, [])
+        live = [r for r in targets if not r.is_finished]
+        for r in live:
+            r.pending_forks = 0
+            self._finish(r, RequestStatus.FINISHED_ABORTED)
+        return bool(live)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -148,13 +191,15 @@ class LLMEngine:
         touched: list[Request] = []
         error = None
         sampled: dict[str, int] = {}
-        if sched.scheduled:
-            try:
-                sampled = self.runner.execute(sched)
-            except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
-                error = f"{type(e).__name__}: {e}"
-                logger.exception("model step %d failed", self.step_count)
-                self._fail_step(sched, error)
+        forking: dict[str, torch.Tensor] = {}
+        try:
+            self.runner.apply_device_work(sched)
+            if sched.scheduled:
+                sampled, forking = self.runner.execute(sched)
+        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
+            error = f"{type(e).__name__}: {e}"
+            logger.exception("model step %d failed", self.step_count)
+            self._fail_step(sched, error)
         if error is None:
             for s in sched.scheduled:
                 req = s.request
@@ -164,13 +209,26 @@ class LLMEngine:
                 tok = sampled.get(req.request_id)
                 if tok is None:
                     continue
+                if req.request_id in forking:
+                    touched += self._fork_samples(req, forking[req.request_id])
                 self._append_token(req, tok)
                 touched.append(req)
         else:
             touched = [s.request for s in sched.scheduled]
-        outputs = [self._output(r) for r in touched]
+        outputs = list({r.group_id: self._output(r) for r in touched}.values())
         return StepOutput(self.step_count, outputs, self.pool.drain_events(),
                           sched.num_scheduled_tokens, sampled, error)
+
+    def _fork_samples(self, parent: Request, logits: torch.Tensor) -> list[Request]:
+        """n > 1: after the prompt's prefill, the other n - 1 samples share its blocks (ref count n)."""
+        children = [self._spawn(parent, f"{parent.request_id}#{i}", parent.group_id, i)
+                    for i in range(1, parent.pending_forks + 1)]
+        parent.pending_forks = 0
+        self.groups[parent.group_id] += children
+        tokens = self.runner.sample(logits.expand(len(children), -1), children)
+        for child, tok in zip(children, tokens):
+            self._append_token(child, tok)
+        return children
 
     def _fail_step(self, sched, error: str) -> None:
         # KV of this step may be half written: unpublish the blocks it cached.
@@ -206,9 +264,14 @@ class LLMEngine:
             self._finish(req, status)
 
     def _output(self, req: Request) -> RequestOutput:
-        comp = CompletionOutput(0, req.output_text, list(req.output_token_ids), req.status.finish_reason)
-        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), [comp], req.is_finished,
-                             max(req.num_cached_tokens, 0), req.error)
+        """The user-visible output of the request's group: one completion per sample."""
+        members = self.groups.get(req.group_id, [req])
+        head = members[0]
+        comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids), r.status.finish_reason)
+                 for r in sorted(members, key=lambda r: r.sample_index)]
+        done = all(r.is_finished for r in members) and not head.pending_forks
+        return RequestOutput(head.group_id, head.prompt, list(head.prompt_token_ids), comps, done,
+                             max(head.num_cached_tokens, 0), next((r.error for r in members if r.error), None))
 
     # -- inspection ------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -224,42 +287,57 @@ class LLMEngine:
             "num_cached_blocks": len(self.pool.cached),
             "num_blocks": self.pool.num_blocks,
             "evictions": self.pool.num_evictions,
+            "cow_copies": kv.num_cow_copies,
+            "swap_outs": kv.num_swap_outs,
+            "swap_ins": kv.num_swap_ins,
+            "num_requests_swapped": len(self.scheduler.swapped),
+            "num_cpu_blocks": kv.cpu_pool.num_blocks,
+            "num_free_cpu_blocks": kv.cpu_pool.num_free_blocks,
             "generation_tokens": self.num_generated_tokens,
             "prompt_tokens": self.num_prompt_tokens_computed,
             "step": self.step_count,
         }
 
-    def audit(self) -> AuditReport:
-        return audit_pool(self.pool, self.kv.req_to_blocks)
+    def audit(self, emit_events: bool = False) -> AuditReport:
+        """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event."""
+        report = audit_pool(self.pool, self.kv.req_to_blocks)
+        if emit_events:
+            for p in report.problems:
+                key = (p.block_id, p.problem)
+                if key not in self.reported_problems:
+                    self.reported_problems.add(key)
+                    self.pool.events.append(LeakFound(p.block_id, str(p)))
+        return report
 
     def snapshot(self, max_finished: int = 64) -> KVSnapshot:
-        pool, bs = self.pool, self.config.block_size
+        """A copy of the pool and of the live (and last ``max_finished`` finished) requests."""
+        pool = self.pool
         n = pool.num_blocks
-        ref = np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n)
-        has_hash = np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n)
-        state = np.where(ref > 1, BlockState.SHARED, np.where(ref == 1, BlockState.USED,
-                         np.where(has_hash, BlockState.CACHED, BlockState.FREE))).astype(np.uint8)
-        owner = np.full(n, -1, np.int32)
-        filled = np.where(has_hash, bs, 0).astype(np.int16)
-        infos = []
         shown = list(self.requests.values()) + self.finished_log[-max_finished:]
-        for r in sorted(shown, key=lambda r: r.index):
-            ids = tuple(self.kv.get_block_ids(r.request_id))
-            for i, b in enumerate(ids):
-                if owner[b] < 0:
-                    owner[b] = r.index
-                filled[b] = max(filled[b], min(bs, max(r.num_computed_tokens - i * bs, 0)))
-            infos.append(RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens,
-                                     len(r.output_token_ids), max(r.num_cached_tokens, 0), r.num_computed_tokens,
-                                     ids, r.output_text, tuple(r.all_token_ids), r.error))
-        cached = {b.block_id: b.token_ids for b in pool.cached.values()}
-        hashes = {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
-        return KVSnapshot(
-            step=self.step_count, block_size=bs, num_blocks=n, state=state, ref_cnt=ref, owner=owner,
-            has_hash=has_hash, last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
-            filled=filled, free_queue=np.array(pool.free_queue.ids(), np.int32), requests=tuple(infos),
-            cached_tokens=cached, block_hashes=hashes, counters=self.metrics(),
+        infos = [self.request_info(r) for r in shown]
+        return assemble_snapshot(
+            self.step_count, self.config.block_size,
+            ref_cnt=np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n),
+            has_hash=np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n),
+            last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
+            free_queue=np.array(pool.free_queue.ids(), np.int32), requests=infos,
+            cached_tokens={b.block_id: b.token_ids for b in pool.cached.values()},
+            block_hashes={b.block_id: b.block_hash.hex() for b in pool.cached.values()},
+            counters=self.metrics(), num_cpu_blocks=self.kv.cpu_pool.num_blocks,
             block_bytes=self.runner.block_bytes, model_name=self.model_name)
+
+    def request_info(self, r: Request) -> RequestInfo:
+        return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
+                           max(r.num_cached_tokens, 0), r.num_computed_tokens,
+                           tuple(self.kv.get_block_ids(r.request_id)), r.output_text, tuple(r.all_token_ids),
+                           r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids))
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
+
+
+def _generator(seed: int | None, index: int) -> torch.Generator | None:
+    """Per-sequence generator: sample i of a seeded request draws from its own stream."""
+    if seed is None:
+        return None
+    return torch.Generator(device="cpu").manual_seed(seed + 1_000_003 * index)

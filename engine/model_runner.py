@@ -38,6 +38,18 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.kv_dtype, device=device))
                           for _ in range(self.model.num_layers)]
         self.default_generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        self.num_cpu_blocks = (config.num_cpu_blocks if config.num_cpu_blocks is not None
+                               else int(config.swap_space * 2**30) // self.block_bytes)
+        if config.preemption_mode != "swap":
+            self.num_cpu_blocks = 0
+        # Pinned host memory makes the device<->host copies asynchronous on CUDA.
+        pin = device.type == "cuda"
+        self.cpu_caches = [(torch.zeros((self.num_cpu_blocks, *shape[1:]), dtype=self.kv_dtype, pin_memory=pin),
+                            torch.zeros((self.num_cpu_blocks, *shape[1:]), dtype=self.kv_dtype, pin_memory=pin))
+                           for _ in range(self.model.num_layers)] if self.num_cpu_blocks else []
+        if self.num_cpu_blocks:
+            logger.info("CPU swap pool: %d blocks, %.3f GiB", self.num_cpu_blocks,
+                        self.num_cpu_blocks * self.block_bytes / 2**30)
 
     # -- sizing --------------------------------------------------------------------
     @property
@@ -124,8 +136,34 @@ class ModelRunner:
             prefill_seqs=[i for i, (_, new, _) in enumerate(seqs) if new != 1],
         )
 
-    def execute(self, sched: SchedulerOutput) -> dict[str, int]:
-        """Run one forward over every scheduled token; sample where a request reached its end."""
+    @torch.inference_mode()
+    def apply_device_work(self, sched: SchedulerOutput) -> None:
+        """Swap out, swap in, then copy-on-write copies: all before the forward writes any KV."""
+        for pairs, to_cpu in ((sched.swap_out, True), (sched.swap_in, False)):
+            if not pairs:
+                continue
+            src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
+            dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
+            for (dk, dv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+                if to_cpu:
+                    ck[dst] = dk[src.to(self.device)].to("cpu")
+                    cv[dst] = dv[src.to(self.device)].to("cpu")
+                else:
+                    dk[dst.to(self.device)] = ck[src].to(self.device, non_blocking=True)
+                    dv[dst.to(self.device)] = cv[src].to(self.device, non_blocking=True)
+        if sched.copies:
+            src = torch.tensor([a for a, _ in sched.copies], dtype=torch.long, device=self.device)
+            dst = torch.tensor([b for _, b in sched.copies], dtype=torch.long, device=self.device)
+            for k, v in self.kv_caches:
+                k[dst] = k[src]
+                v[dst] = v[src]
+
+    def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
+        """Run one forward over every scheduled token; sample where a request reached its end.
+
+        Returns the sampled tokens, and the logits rows of requests about to fork (n > 1),
+        so that each new sample draws its first token from the same distribution.
+        """
         seqs, ids, pos = [], [], []
         for s in sched.scheduled:
             c, n = s.num_computed_tokens, s.num_new_tokens
@@ -138,13 +176,16 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
         rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         if not rows:
-            return {}
+            return {}, {}
         last = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in rows], device=self.device)
         logits = self.model.compute_logits(hidden[last]).cpu()
         reqs = [sched.scheduled[i].request for i in rows]
-        tokens = sample(logits, [r.sampling_params for r in reqs],
-                        [r.generator or self.default_generator for r in reqs])
-        return {r.request_id: t for r, t in zip(reqs, tokens)}
+        tokens = self.sample(logits, reqs)
+        forking = {r.request_id: logits[j] for j, r in enumerate(reqs) if r.pending_forks}
+        return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
+
+    def sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
+        return sample(logits, [r.sampling_params for r in reqs], [r.generator or self.default_generator for r in reqs])
 
 
 def _triton_available() -> bool:

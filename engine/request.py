@@ -50,6 +50,15 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
+    group_id: str = ""  # the user's request id; n > 1 samples share it
+    sample_index: int = 0
+    parent_id: str | None = None  # set on forked sequences
+    pending_forks: int = 0  # n - 1 until the prompt's prefill is done
+    num_forks: int = 0  # on-demand forks made of this sequence (names the next one)
+    cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
+
+    def __post_init__(self) -> None:
+        self.group_id = self.group_id or self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -33,6 +33,10 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
+    # Device work before the forward, in this order (see KVCacheManager.take_device_work).
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -45,6 +49,7 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the tail is preempted first
+        self.swapped: deque[Request] = deque()
         self.num_preemptions = 0
 
     @property
@@ -55,7 +60,7 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     # -- one step --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -80,8 +85,23 @@ class Scheduler:
                 continue
             break
 
+        # Swapped requests were admitted before any waiting one: they come back first.
+        while (not preempted and self.swapped and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            req = self.swapped[0]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.kv.can_swap_in(req, num_new):
+                break
+            self.swapped.popleft()
+            self.kv.swap_in(req)
+            assert self.kv.allocate_slots(req, num_new) is not None
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens))
+            budget -= num_new
+
         # Admit waiting requests only in a step that preempted nothing (FCFS).
-        while (not preempted and self.waiting and budget > 0
+        while (not preempted and not self.swapped and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting[0]
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
@@ -101,26 +121,41 @@ class Scheduler:
 
         for s in scheduled:
             s.block_ids = self.kv.get_block_ids(s.request.request_id)
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, *self.kv.take_device_work())
 
     def _preempt(self, req: Request) -> None:
-        """Recompute preemption: drop the blocks (they stay in the prefix cache)."""
+        """Swap the request's KV to the CPU pool, or drop it to be recomputed.
+
+        Recompute keeps the blocks in the prefix cache, so the re-prefill often hits.
+        """
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        if self.config.preemption_mode == "swap":
+            if self.kv.swap_out(req):
+                req.status = RequestStatus.SWAPPED
+                self.swapped.appendleft(req)
+                self._events.append(RequestPreempted(req.request_id, "swap", "out of free blocks"))
+                return
+            reason = "out of free blocks; the CPU swap pool is full too, so fell back to recompute"
+        else:
+            reason = "out of free blocks"
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(req)
-        self._events.append(RequestPreempted(req.request_id, "recompute", "out of free blocks"))
+        self._events.append(RequestPreempted(req.request_id, "recompute", reason))
 
     # -- after the model ran ---------------------------------------------------------------
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         assert status.finished
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        self.kv.free(req)
+        for queue in (self.running, self.waiting, self.swapped):
+            if req in queue:
+                queue.remove(req)
+                break
+        if status == RequestStatus.FINISHED_ABORTED and self.kv.fault == "abort-leak":
+            self.kv.forget(req)  # the fault: an abort path that forgets to free
+        else:
+            self.kv.free(req)
         req.status = status
         if status == RequestStatus.FINISHED_ABORTED:
             self._events.append(RequestAborted(req.request_id))

@@ -30,6 +30,9 @@ class RequestInfo:
     text: str
     token_ids: tuple[int, ...]
     error: str | None = None
+    group_id: str = ""
+    parent_id: str | None = None
+    cpu_block_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,8 @@ class KVSnapshot:
     counters: dict[str, float]
     block_bytes: int = 0
     model_name: str = ""
-    leaked: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    cpu_state: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # FREE or SWAPPED
+    cpu_owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def block_tables(self) -> dict[str, tuple[int, ...]]:
@@ -61,3 +65,35 @@ class KVSnapshot:
 
     def request(self, request_id: str) -> RequestInfo | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
+
+
+def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash: np.ndarray,
+                      last_access: np.ndarray, free_queue: np.ndarray, requests: list[RequestInfo],
+                      cached_tokens: dict[int, tuple[int, ...]], block_hashes: dict[int, str],
+                      counters: dict, num_cpu_blocks: int, **extra) -> KVSnapshot:
+    """Derive the per-block views (state, owner, filled, CPU pool) from the raw pool state.
+
+    Shared by the live engine and by trace replay, so both build identical snapshots.
+    """
+    n = len(ref_cnt)
+    state = np.where(ref_cnt > 1, BlockState.SHARED, np.where(ref_cnt == 1, BlockState.USED,
+                     np.where(has_hash, BlockState.CACHED, BlockState.FREE))).astype(np.uint8)
+    owner = np.full(n, -1, np.int32)
+    filled = np.where(has_hash, block_size, 0).astype(np.int16)
+    cpu_state = np.zeros(num_cpu_blocks, np.uint8)
+    cpu_owner = np.full(num_cpu_blocks, -1, np.int32)
+    requests = sorted(requests, key=lambda r: r.index)
+    for r in requests:
+        for i, b in enumerate(r.block_ids):
+            if owner[b] < 0:
+                owner[b] = r.index
+            filled[b] = max(filled[b], min(block_size, max(r.num_computed_tokens - i * block_size, 0)))
+        for c in r.cpu_block_ids:
+            cpu_state[c] = BlockState.SWAPPED
+            cpu_owner[c] = r.index
+    for a in (state, ref_cnt, owner, has_hash, last_access, filled, free_queue, cpu_state, cpu_owner):
+        a.flags.writeable = False  # a snapshot is shared between threads: nobody may mutate it
+    return KVSnapshot(step=step, block_size=block_size, num_blocks=n, state=state, ref_cnt=ref_cnt, owner=owner,
+                      has_hash=has_hash, last_access=last_access, filled=filled, free_queue=free_queue,
+                      requests=tuple(requests), cached_tokens=cached_tokens, block_hashes=block_hashes,
+                      counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
