@@ -18,6 +18,7 @@ class PoolReplayer:
         self.block_hash: list[str | None] = [None] * num_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.owners: list[list[str]] = [[] for _ in range(num_blocks)]
+        self.cached_tokens: dict[int, tuple[int, ...]] = {}
 
     def apply(self, ev: Event) -> None:
         if isinstance(ev, BlockAllocated):
@@ -33,6 +34,8 @@ class PoolReplayer:
             self.ref_cnt[ev.block_id] += 1
             self.owners[ev.block_id].append(ev.request_id)
         elif isinstance(ev, BlockFreed):
+            if self.ref_cnt[ev.block_id] <= 0:
+                return  # a fault's double free: the pool skipped it too
             self.ref_cnt[ev.block_id] -= 1
             owners = self.owners[ev.block_id]
             if ev.request_id in owners:
@@ -41,10 +44,13 @@ class PoolReplayer:
                 self.free_queue[ev.block_id] = None
         elif isinstance(ev, BlockStored):
             self.block_hash[ev.block_id] = ev.block_hash
+            self.cached_tokens[ev.block_id] = tuple(ev.token_ids)
         elif isinstance(ev, BlockEvicted):
             self.block_hash[ev.block_id] = None
+            self.cached_tokens.pop(ev.block_id, None)
         elif isinstance(ev, CacheReset):
             self.block_hash = [None] * self.num_blocks
+            self.cached_tokens.clear()
 
     def apply_all(self, events: Iterable[Event]) -> PoolReplayer:
         for ev in events:

@@ -8,8 +8,9 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Slot
 from PySide6.QtWidgets import QApplication
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, SamplingParams
 
+from .headless import build_session
 from .main_window import MainWindow
 from .style import apply_style
 from .worker import InjectSpec
@@ -30,7 +31,8 @@ class StartupDriver(QObject):
     @Slot(object)
     def on_loaded(self, _info) -> None:
         params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
-        self.win.inject([InjectSpec(p, params) for p in self.prompts])
+        if self.prompts:
+            self.win.inject([InjectSpec(p, params) for p in self.prompts])
         if self.path:
             self.win.step(self.steps)
 
@@ -65,10 +67,17 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
     apply_style(app)
-    win = MainWindow(lambda: LLMEngine(config))
+    def factory(scenario: str | None):
+        # The command line's scenario on first load; the menu's afterwards.
+        ns = argparse.Namespace(**vars(args))
+        if scenario is not None:
+            ns.scenario, ns.replay = scenario, None
+        return build_session(config, ns)
+
+    win = MainWindow(factory)
     if args.screenshot:
         win.resize(1600, 1000)
-    prompts = args.inject or (_demo_prompts() if args.screenshot else [])
+    prompts = args.inject or (_demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
     driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens)
     win.show()
     win.start()

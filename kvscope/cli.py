@@ -41,6 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--inject", action="append", default=[], metavar="TEXT",
                    help="inject a request with this prompt at start (repeatable)")
     a.add_argument("--max-tokens", type=int, default=48, help="max tokens of --inject requests")
+    a.add_argument("--scenario", default=None, metavar="NAME_OR_FILE",
+                   help="run a scenario from resources/scenarios (its settings override the engine options)")
+    a.add_argument("--trace", default=None, metavar="FILE", help="record the run as a JSON-lines trace")
+    a.add_argument("--replay", default=None, metavar="FILE",
+                   help="play a recorded trace back (no model, no GPU)")
+    a.add_argument("--audit", action="store_true", help="audit ref counts after every step")
+    a.add_argument("--fault", default=None, choices=["abort-leak", "cow-leak", "double-free"],
+                   help="switch on a deliberate bug, to practise finding leaks")
+    a.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
+                   help="what preemption does with a request's KV")
+    a.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU pool for swap preemption")
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
     return p
@@ -52,6 +63,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-        seed=args.seed)
+        seed=args.seed, fault=args.fault, preemption_mode=args.preemption_mode, swap_space=args.swap_space)
     cfg.validate()
     return cfg

@@ -1,67 +1,81 @@
-"""``kvscope --headless``: run the engine with no Qt at all and print what it did."""
+"""``kvscope --headless``: run (or replay) with no Qt at all and print what happened."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-import time
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.trace import TraceError
+
+from .scenario import ScenarioRunner, load_scenario
+from .session import ReplaySession, Session, Summary
 
 
-def summarize(engine: LLMEngine, requests: dict[str, dict], seconds: float) -> dict:
-    m = engine.metrics()
-    return {
-        "model": engine.model_name,
-        "steps": engine.step_count,
-        "seconds": round(seconds, 3),
-        "num_blocks": engine.pool.num_blocks,
-        "block_size": engine.config.block_size,
-        "requests": list(requests.values()),
-        "kv_cache_usage_perc": m["kv_cache_usage_perc"],
-        "prefix_cache_queries": m["prefix_cache_queries"],
-        "prefix_cache_hits": m["prefix_cache_hits"],
-        "num_preemptions": m["num_preemptions"],
-        "evictions": m["evictions"],
-        "generation_tokens": m["generation_tokens"],
-        "leaked_blocks": len(engine.audit().leaked_blocks),
-    }
+def _fail(msg: str, code: int) -> int:
+    print(f"kvscope: {msg}", file=sys.stderr)
+    return code
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def build_session(config: EngineConfig, args: argparse.Namespace):
+    """The session the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
+    if args.replay:
+        return ReplaySession(args.replay)
+    runner = None
+    if args.scenario:
+        sc = load_scenario(args.scenario)
+        config = dataclasses.replace(config, **sc.config)
+        config.validate()
+        runner = ScenarioRunner(sc)
+    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
+    return session
 
 
 def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     try:
-        engine = LLMEngine(config)
+        session = build_session(config, args)
+    except TraceError as e:
+        return _fail(one_line(e), 2)
+    except ValueError as e:
+        return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
-        print(f"kvscope: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 1
-    prompts = args.inject or ["Four score and seven years ago our"]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    rows: dict[str, dict] = {}
-    for p in prompts:
+        return _fail(one_line(e), 1)
+    summary = Summary()
+    if not session.read_only:
+        prompts = args.inject or ([] if args.scenario else ["Four score and seven years ago our"])
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         try:
-            rid = engine.add_request(p, params)
+            for p in prompts:
+                session.inject(p, params)
         except ValueError as e:
-            print(f"kvscope: request refused: {e}", file=sys.stderr)
-            return 2
-        rows[rid] = {"request_id": rid, "prompt": p}
-    t0 = time.perf_counter()
-    while engine.has_unfinished() and (args.steps is None or engine.step_count < args.steps):
-        for out in engine.step().outputs:
-            rows[out.request_id].update(
-                prompt_tokens=len(out.prompt_token_ids), output_tokens=len(out.outputs[0].token_ids),
-                cached_tokens=out.num_cached_tokens, finish_reason=out.outputs[0].finish_reason,
-                text=out.outputs[0].text)
-    summary = summarize(engine, rows, time.perf_counter() - t0)
+            return _fail(f"request refused: {one_line(e)}", 2)
+        summary.add(session.current())
+    limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
+    try:
+        while session.has_work() and (limit is None or session.step_count < limit):
+            summary.add(session.step())
+    except TraceError as e:
+        return _fail(one_line(e), 2)
+    finally:
+        session.close()
+    if summary.last is None:
+        return _fail("nothing to run", 2)
+    out = summary.as_dict()
     if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{summary['model']}: {summary['steps']} steps in {summary['seconds']} s, "
-              f"{summary['num_blocks']} blocks x {summary['block_size']} tokens")
-        for r in summary["requests"]:
-            print(f"  request {r['request_id']}: {r.get('prompt_tokens', 0)} prompt tokens "
-                  f"({r.get('cached_tokens', 0)} cached), {r.get('output_tokens', 0)} output tokens: "
-                  f"{r.get('text', '')!r}")
-        print(f"  prefix cache: {summary['prefix_cache_hits']}/{summary['prefix_cache_queries']} tokens hit, "
-              f"{summary['evictions']} evictions, {summary['num_preemptions']} preemptions, "
-              f"{summary['leaked_blocks']} leaked blocks")
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
+          f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%")
+    for r in out["requests"]:
+        print(f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
+              f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
+    print(f"  prefix cache {out['prefix_cache_hits']}/{out['prefix_cache_queries']} tokens hit · "
+          f"{out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} preemptions "
+          f"· {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins · {out['leaked_blocks']} leaked blocks")
     return 0

@@ -1,8 +1,6 @@
 """The main window: only wiring. Views live in ``views/``, the engine on the worker thread."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QKeySequence
@@ -22,15 +20,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import LLMEngine
-
 from .history import RunHistory
+from .scenario import available, load_scenario
 from .views.block_grid import BlockGridView
 from .views.event_log import EventLogView
 from .views.inject_dialog import InjectDialog
 from .views.plots import PlotsPanel
 from .views.request_panel import RequestPanel
-from .worker import EngineInfo, EngineWorker, InjectSpec, StepResult
+from .worker import EngineInfo, EngineWorker, InjectSpec, SessionFactory, StepResult
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 REDRAW_MS = 33  # coalesce: at most ~30 redraws per second, however fast the engine steps
@@ -47,9 +44,11 @@ class MainWindow(QMainWindow):
     sig_abort = Signal(str)
     sig_reset_cache = Signal()
     sig_audit = Signal(bool)
+    sig_fork = Signal(str)
+    sig_scenario = Signal(str)
     sig_shutdown = Signal()
 
-    def __init__(self, engine_factory: Callable[[], LLMEngine], settings: QSettings | None = None) -> None:
+    def __init__(self, session_factory: SessionFactory, settings: QSettings | None = None) -> None:
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
@@ -65,7 +64,8 @@ class MainWindow(QMainWindow):
         self._build_views()
         self._build_toolbar()
         self._build_status()
-        self._start_worker(engine_factory)
+        self._build_menu()
+        self._start_worker(session_factory)
         self._redraw_timer = QTimer(self)
         self._redraw_timer.setInterval(REDRAW_MS)
         self._redraw_timer.timeout.connect(self.flush)
@@ -79,6 +79,10 @@ class MainWindow(QMainWindow):
     # -- construction ------------------------------------------------------------------
     def _build_views(self) -> None:
         self.grid = BlockGridView("GPU block pool")
+        self.cpu_grid = BlockGridView("CPU swap pool", cpu=True)
+        self.cpu_grid.setMaximumHeight(220)
+        self.cpu_grid.hide()
+        self.grid.mode_box.currentTextChanged.connect(self.cpu_grid.set_mode)
         self.requests = RequestPanel()
         self.plots = PlotsPanel()
         self.events = EventLogView()
@@ -102,6 +106,7 @@ class MainWindow(QMainWindow):
         cl.setContentsMargins(4, 4, 4, 4)
         cl.addWidget(self.banner)
         cl.addWidget(self.grid, 1)
+        cl.addWidget(self.cpu_grid)
         cl.addLayout(tl)
         self.setCentralWidget(centre)
         for title, widget, area, name in (
@@ -146,12 +151,32 @@ class MainWindow(QMainWindow):
         bar.addSeparator()
         self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I")
         self.act_abort = self._action(bar, "Abort selected", self.abort_selected, "Del")
+        self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F")
         self.act_reset = self._action(bar, "Reset prefix cache", self.sig_reset_cache.emit)
         bar.addSeparator()
         self.audit_box = QCheckBox("Audit every step")
         self.audit_box.toggled.connect(self.sig_audit.emit)
         bar.addWidget(self.audit_box)
-        self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort, self.act_reset]
+        self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
+                         self.act_fork, self.act_reset]
+        self.write_controls = [self.act_inject, self.act_abort, self.act_fork, self.act_reset]
+
+    def _build_menu(self) -> None:
+        menu = self.menuBar().addMenu("&Scenario")
+        self.scenario_actions: dict[str, QAction] = {}
+        for name in available():
+            try:
+                title = load_scenario(name).title
+            except ValueError:
+                continue
+            act = QAction(f"{title} ({name})", self)
+            act.triggered.connect(lambda _checked=False, n=name: self.load_scenario(n))
+            menu.addAction(act)
+            self.scenario_actions[name] = act
+        menu.addSeparator()
+        act = QAction("Plain model (no scenario)", self)
+        act.triggered.connect(lambda _checked=False: self.load_scenario(""))
+        menu.addAction(act)
         for a in self.controls:
             a.setEnabled(False)
 
@@ -170,6 +195,7 @@ class MainWindow(QMainWindow):
         self.worker = EngineWorker(factory)
         self.worker.moveToThread(self.thread_)
         for sig, slot in ((self.sig_load, self.worker.load), (self.sig_step, self.worker.step),
+                          (self.sig_fork, self.worker.fork), (self.sig_scenario, self.worker.load_scenario),
                           (self.sig_run, self.worker.run), (self.sig_pause, self.worker.pause),
                           (self.sig_interval, self.worker.set_interval), (self.sig_inject, self.worker.inject),
                           (self.sig_abort, self.worker.abort), (self.sig_reset_cache, self.worker.reset_prefix_cache),
@@ -204,6 +230,20 @@ class MainWindow(QMainWindow):
             except ValueError as e:
                 self.on_error(str(e))
 
+    def load_scenario(self, name: str) -> None:
+        """Rebuild the engine with the scenario's settings (on the worker) and start over."""
+        self.info = None
+        self.busy.show()
+        for a in self.controls:
+            a.setEnabled(False)
+        self.sig_scenario.emit(name)
+
+    def fork_selected(self) -> None:
+        if self.requests.selected_id:
+            self.sig_fork.emit(self.requests.selected_id)
+        else:
+            self.on_error("select a running request to fork")
+
     def abort_selected(self) -> None:
         rows = self.requests.table.selectionModel().selectedRows()
         for idx in rows:
@@ -215,8 +255,17 @@ class MainWindow(QMainWindow):
         self.info = info
         self.grid.token_text = info.decode
         self.busy.hide()
+        self.history = RunHistory()
+        self.latest = None
+        self.events.model.clear()
+        self._view_step = None
+        self.banner.hide()
         for a in self.controls:
-            a.setEnabled(True)
+            a.setEnabled(not (info.read_only and a in self.write_controls))
+        self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
+        self.cpu_grid.title.setText(f"CPU swap pool · {info.num_cpu_blocks} blocks")
+        title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
+        self.setWindowTitle(title)
         self.grid.title.setText(f"{info.model_name} · {info.num_blocks} blocks × {info.block_size} tokens "
                                 f"· {info.block_bytes / 1024:.0f} KiB/block · {info.device} {info.dtype}")
 
@@ -270,6 +319,12 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None) -> None:
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
         self.grid.set_snapshot(snap, leaked)
+        if self.cpu_grid.isVisible():
+            self.cpu_grid.set_snapshot(snap)
+        if leaked is not None:
+            worst = "; ".join(str(p) for p in audit.problems[:3])
+            self.banner.setText(f"⚠ audit: {len(leaked)} block(s) with wrong ref counts (red in the grid). {worst}")
+            self.banner.show()
         self.requests.set_snapshot(snap)
         if self.requests.selected_id:
             self.grid.set_highlight(list(self.requests.selected_block_ids()))

@@ -1,20 +1,21 @@
-"""``EngineWorker``: owns the engine on its own thread; the GUI talks to it by queued signals."""
+"""``EngineWorker``: owns the session (engine or trace replay) on its own thread.
+
+The GUI talks to it only by queued signals and gets copies (snapshots) back.
+"""
 from __future__ import annotations
 
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from engine import LLMEngine, SamplingParams
-from engine.audit import AuditReport
-from engine.events import Event
-from engine.outputs import StepOutput
-from engine.snapshot import KVSnapshot
+from engine import SamplingParams
 
+from .session import ReplaySession, Session, StepRecord
 from .sysinfo import MemoryProbe, MemoryReading
+
+SessionFactory = Callable[[str | None], "Session | ReplaySession"]  # scenario name (or None) -> session
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +27,29 @@ class InjectSpec:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What the GUI gets after each step: copies only, never live engine objects."""
-    step: int
-    snapshot: KVSnapshot
-    events: list[Event]
-    step_output: StepOutput | None
+    """What the GUI gets after each step or command: copies only, never live engine objects."""
+    record: StepRecord
     memory: MemoryReading
-    step_seconds: float
-    audit: AuditReport | None = None
+
+    @property
+    def step(self) -> int:
+        return self.record.step
+
+    @property
+    def snapshot(self):
+        return self.record.snapshot
+
+    @property
+    def events(self):
+        return self.record.events
+
+    @property
+    def audit(self):
+        return self.record.audit
+
+    @property
+    def step_seconds(self) -> float:
+        return self.record.seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +62,11 @@ class EngineInfo:
     block_bytes: int
     max_model_len: int
     load_seconds: float
-    config: dict = field(default_factory=dict)
+    num_cpu_blocks: int = 0
     decode: Callable[[list[int]], str] | None = None  # the tokenizer's (immutable, thread-safe) decode
+    scenario: str | None = None
+    read_only: bool = False
+    extra: dict = field(default_factory=dict)
 
 
 class EngineWorker(QObject):
@@ -59,41 +78,57 @@ class EngineWorker(QObject):
     running_changed = Signal(bool)
     injected = Signal(str)  # request id
 
-    def __init__(self, engine_factory: Callable[[], LLMEngine]) -> None:
+    def __init__(self, factory: SessionFactory) -> None:
         super().__init__()
-        self._factory = engine_factory
-        self.engine: LLMEngine | None = None
+        self._factory = factory
+        self.session: Session | ReplaySession | None = None
         self._timer: QTimer | None = None
         self._interval_ms = 0
         self._probe: MemoryProbe | None = None
         self.audit_enabled = False
 
+    @property
+    def engine(self):
+        return getattr(self.session, "engine", None)
+
     # -- lifecycle -------------------------------------------------------------------
     @Slot()
     def load(self) -> None:
-        self.progress.emit("loading model…")
+        self.load_scenario("")
+
+    @Slot(str)
+    def load_scenario(self, name: str) -> None:
+        self.pause()
+        self.progress.emit(f"loading {'scenario ' + name if name else 'the model'}…")
+        if self.session is not None:
+            self.session.close()
+            self.session = None
         try:
-            engine = self._factory()
+            session = self._factory(name or None)
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
             self.load_failed.emit(_one_line(e))
             return
-        self.engine = engine
-        dev = engine.device
-        self._probe = MemoryProbe((dev.index or 0) if dev.type == "cuda" else None)
-        c = engine.config
-        self.loaded.emit(EngineInfo(engine.model_name, str(dev), str(engine.runner.dtype).replace("torch.", ""),
-                                    engine.pool.num_blocks, c.block_size, engine.runner.block_bytes,
-                                    engine.max_model_len, engine.load_seconds,
-                                    {k: getattr(c, k) for k in c.__slots__},
-                                    engine.tokenizer.decode if engine.tokenizer is not None else None))
-        self._emit(None, [], 0.0)
+        self.session = session
+        if isinstance(session, Session):
+            session.audit_enabled = session.audit_enabled or self.audit_enabled
+        d = session.describe()
+        dev = d["device"]
+        self._probe = MemoryProbe(int(dev.split(":")[1]) if dev.startswith("cuda:") else
+                                  (0 if dev == "cuda" else None))
+        self.loaded.emit(EngineInfo(d["model_name"], dev, d["dtype"], d["num_blocks"], d["block_size"],
+                                    d["block_bytes"], d["max_model_len"], d["load_seconds"], d["num_cpu_blocks"],
+                                    d["decode"], d["scenario"], session.read_only))
+        if not session.read_only:
+            self._send(session.current())
 
     @Slot()
     def shutdown(self) -> None:
         """Runs on the worker's thread (blocking call), so its timer dies on the thread it lives on."""
         self.pause()
         self._timer = None
-        self.engine = None
+        if self.session is not None:
+            self.session.close()
+        self.session = None
 
     # -- commands ------------------------------------------------------------------
     @Slot(int)
@@ -110,7 +145,7 @@ class EngineWorker(QObject):
 
     @Slot()
     def run(self) -> None:
-        if self.engine is None:
+        if self.session is None:
             return
         if self._timer is None:
             self._timer = QTimer()  # created here, so it lives on the worker's thread
@@ -127,69 +162,71 @@ class EngineWorker(QObject):
 
     @Slot()
     def _tick(self) -> None:
-        if self.engine is None or not self.engine.has_unfinished():
+        if self.session is None or not self.session.has_work() or not self._step_once():
             self.pause()
-            return
-        if not self._step_once():
-            self.pause()
+
+    def _command(self, what: str, fn, *args):
+        if self.session is None:
+            self.error.emit("no model is loaded")
+            return None
+        try:
+            result = fn(*args)
+        except Exception as e:  # noqa: BLE001 - a refused command is a message, not a crash
+            self.error.emit(f"{what}: {_one_line(e)}")
+            return None
+        self._send(self.session.current())
+        return result
 
     @Slot(object)
     def inject(self, spec: InjectSpec) -> None:
-        if self.engine is None:
-            self.error.emit("no model is loaded")
-            return
-        try:
-            rid = self.engine.add_request(spec.prompt, spec.params, request_id=spec.request_id)
-        except Exception as e:  # noqa: BLE001
-            self.error.emit(f"request refused: {_one_line(e)}")
-            return
-        self.injected.emit(rid)
-        self._emit(None, self.engine.pool.drain_events(), 0.0)
+        rid = self._command("request refused", lambda: self.session.inject(spec.prompt, spec.params,
+                                                                           spec.request_id))
+        if rid is not None:
+            self.injected.emit(rid)
 
     @Slot(str)
     def abort(self, request_id: str) -> None:
-        if self.engine is None:
-            return
-        if not self.engine.abort(request_id):
+        if self._command("abort", self.session.abort if self.session else None, request_id) is False:
             self.error.emit(f"request {request_id} is not running or waiting")
-        self._emit(None, self.engine.pool.drain_events(), 0.0)
+
+    @Slot(str)
+    def fork(self, request_id: str) -> None:
+        rid = self._command("fork", self.session.fork if self.session else None, request_id)
+        if rid is not None:
+            self.injected.emit(rid)
 
     @Slot()
     def reset_prefix_cache(self) -> None:
-        if self.engine is None:
-            return
-        try:
-            self.engine.reset_prefix_cache()
-        except Exception as e:  # noqa: BLE001
-            self.error.emit(_one_line(e))
-            return
-        self._emit(None, self.engine.pool.drain_events(), 0.0)
+        self._command("reset prefix cache", self.session.reset_prefix_cache if self.session else None)
 
     @Slot(bool)
     def set_audit(self, on: bool) -> None:
         self.audit_enabled = on
+        if isinstance(self.session, Session):
+            self.session.audit_enabled = on or bool(self.session.engine.config.fault)
+            self._send(self.session.current())
 
     # -- internals -----------------------------------------------------------------
     def _step_once(self) -> bool:
-        if self.engine is None:
+        if self.session is None:
             return False
-        t0 = time.perf_counter()
+        if self.session.read_only and not self.session.has_work():
+            return False
         try:
-            out = self.engine.step()
+            rec = self.session.step()
         except Exception as e:  # noqa: BLE001 - report, keep the thread alive
             traceback.print_exc()
             self.error.emit(f"step failed: {_one_line(e)}")
             return False
-        self._emit(out, out.events, time.perf_counter() - t0)
-        if out.error:
+        self._send(rec)
+        out = rec.step_output
+        if out is not None and out.error:
             self.error.emit(f"step {out.step} failed: {out.error} (its requests were finished with an error)")
         return True
 
-    def _emit(self, out: StepOutput | None, events: list[Event], seconds: float) -> None:
-        e = self.engine
-        audit = e.audit() if self.audit_enabled else None
+    def _send(self, rec: StepRecord) -> None:
         mem = self._probe.read() if self._probe else MemoryReading()
-        self.stepped.emit(StepResult(e.step_count, e.snapshot(), events, out, mem, seconds, audit))
+        self.stepped.emit(StepResult(rec, mem))
 
 
 def _one_line(e: BaseException) -> str:

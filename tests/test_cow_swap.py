@@ -144,7 +144,7 @@ def test_each_fault_is_found_by_audit(tiny_engine, fault, problem):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64, fault=fault)
     shared = list(range(1, 11))  # 2 full blocks + a partial one; b's prompt ends mid-block too
     a = engine.add_request(shared + [20], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    b = engine.add_request(shared + [21, 22, 23], SamplingParams(n=2, max_tokens=8, temperature=0.0,
+    engine.add_request(shared + [21, 22, 23], SamplingParams(n=2, max_tokens=8, temperature=0.0,
                                                              ignore_eos=True))
     engine.step()
     engine.step()

@@ -11,6 +11,7 @@ from PySide6.QtCore import QSettings, QTimer
 from engine import LLMEngine, SamplingParams
 from kvscope.app import StartupDriver
 from kvscope.main_window import MainWindow
+from kvscope.session import Session
 from kvscope.views.block_grid import codes_for
 from kvscope.worker import InjectSpec
 
@@ -31,7 +32,7 @@ def make_window(qtbot, tiny_hf, settings):
         engine_kw.setdefault("num_gpu_blocks", 48)
         engine_kw.setdefault("block_size", 4)
         factory = factory or (lambda: LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", **engine_kw))
-        win = MainWindow(factory, settings)
+        win = MainWindow(lambda _scenario: Session(factory()), settings)
         qtbot.addWidget(win)
         windows.append(win)
         win.show()
@@ -240,3 +241,70 @@ def test_many_redraws_keep_none_refcount(qtbot, make_window):
         win.grid.set_mode(("state", "owner")[i % 2])
     after = sys.getrefcount(None)
     assert after >= before - 100, (before, after)
+
+
+def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
+    win = loaded(qtbot, make_window(num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=8,
+                                    fault="abort-leak"))
+    assert win.cpu_grid.isVisible() and "8 blocks" in win.cpu_grid.title.text()
+    inject_and_wait(qtbot, win, [[1, 2, 3, 4, 5, 6]])
+    step_and_wait(qtbot, win, 2)
+    win.requests.select(["0"])
+    win.act_fork.trigger()
+    qtbot.waitUntil(lambda: win.latest.snapshot.request("0+1") is not None, timeout=5000)
+    win.flush()
+    snap = win.latest.snapshot
+    assert snap.block_tables["0+1"] == snap.block_tables["0"]
+    assert all(snap.ref_cnt[b] == 2 for b in snap.block_tables["0"])
+    # Pressure: swaps show up in the CPU grid.
+    inject_and_wait(qtbot, win, [list(range(10, 30)), list(range(40, 60))])
+    seen_swapped = False
+    for _ in range(12):
+        step_and_wait(qtbot, win)
+        if (win.latest.snapshot.cpu_state == 4).any():
+            seen_swapped = True
+            assert (win.cpu_grid.grid.ravel()[:8] == win.latest.snapshot.cpu_state).all()
+            break
+    assert seen_swapped
+    # The fault leaks an aborted request's blocks: the audit marks them and the banner says so.
+    win.audit_box.setChecked(True)
+    victim = next(r for r in win.latest.snapshot.requests if r.block_ids and r.status == "RUNNING")
+    win.requests.select([victim.request_id])
+    win.act_abort.trigger()
+    qtbot.waitUntil(lambda: win.latest.audit is not None and not win.latest.audit.ok, timeout=5000)
+    win.flush()
+    assert win.banner.isVisible() and "audit" in win.banner.text()
+    leaked = win.latest.audit.bad_blocks
+    assert (win.grid.grid.ravel()[leaked] == 5).all()  # BlockState.LEAKED
+    assert any(e.kind == "leak" for _, e, _ in win.events.model.rows)
+
+
+def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):
+    from kvscope.session import ReplaySession
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16)
+    rec = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    rec.inject(SHARED, GREEDY)
+    live = [rec.step().snapshot for _ in range(5)]
+    rec.close()
+    win = MainWindow(lambda _s: ReplaySession(str(tmp_path / "t.trace")), settings)
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    qtbot.waitUntil(lambda: win.info is not None, timeout=5000)
+    assert not win.act_inject.isEnabled() and win.act_step.isEnabled()
+    for snap in live:
+        win.step()
+        qtbot.waitUntil(lambda s=snap: win.latest is not None and win.latest.step == s.step, timeout=5000)
+        win.flush()
+        assert np.array_equal(win.grid.grid.ravel()[:16], snap.state)
+    # The timeline looks back at an earlier step.
+    win.timeline.setValue(1)
+    assert win.timeline_label.text() == f"step {win.history.steps[1]}"
+    assert np.array_equal(win.grid.snapshot.state, win.history.at(win.history.steps[1]).state)
+    win.follow_live()
+    win.shutdown()
+
+
+def test_scenario_menu_lists_the_scenarios(qtbot, make_window):
+    win = loaded(qtbot, make_window())
+    assert {"four-score", "leak-hunt", "parallel-sampling"} <= set(win.scenario_actions)

@@ -61,6 +61,15 @@ def codes_for(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None) -> 
     raise ValueError(f"unknown colour mode {mode!r}")
 
 
+def cpu_codes_for(snap: KVSnapshot, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU swap pool: free or swapped (coloured by owner in owner mode)."""
+    if mode == "owner":
+        k = len(OWNER_PALETTE)
+        codes = np.where(snap.cpu_owner < 0, 0, 1 + snap.cpu_owner % k).astype(np.uint8)
+        return codes, _lut([STATE_COLOURS[BlockState.FREE]] + OWNER_PALETTE)
+    return snap.cpu_state.copy(), _lut([STATE_COLOURS[s] for s in BlockState])
+
+
 def to_grid(codes: np.ndarray, pad_code: int) -> np.ndarray:
     rows, cols = grid_shape(len(codes))
     grid = np.full(rows * cols, pad_code, dtype=np.uint8)
@@ -74,8 +83,9 @@ class BlockGridView(QWidget):
     block_clicked = Signal(int)
     block_hovered = Signal(int)
 
-    def __init__(self, title: str = "GPU blocks", parent: QWidget | None = None) -> None:
+    def __init__(self, title: str = "GPU blocks", parent: QWidget | None = None, cpu: bool = False) -> None:
         super().__init__(parent)
+        self.cpu = cpu  # draw the CPU swap pool of the snapshot instead of the device pool
         self.snapshot: KVSnapshot | None = None
         self.leaked: np.ndarray | None = None
         self.mode = "state"
@@ -139,7 +149,7 @@ class BlockGridView(QWidget):
         if key == self._key and not force:
             return  # redraw only when something changed
         self._key = key
-        codes, lut = codes_for(snap, self.mode, self.leaked)
+        codes, lut = cpu_codes_for(snap, self.mode) if self.cpu else codes_for(snap, self.mode, self.leaked)
         k = len(lut) - 1
         self.grid = to_grid(codes, k)
         self.image.setImage(self.grid, lut=lut, levels=(0, k + 1), autoLevels=False, autoDownsample=False)
@@ -177,10 +187,14 @@ class BlockGridView(QWidget):
         if not (0 <= c < cols and 0 <= r < rows):
             return -1
         b = r * cols + c
-        return b if b < self.snapshot.num_blocks else -1
+        n = len(self.snapshot.cpu_state) if self.cpu else self.snapshot.num_blocks
+        return b if b < n else -1
 
     def describe(self, b: int) -> str:
         s = self.snapshot
+        if s is not None and self.cpu:
+            owner = [r.request_id for r in s.requests if b in r.cpu_block_ids]
+            return f"CPU block {b} · " + (f"swapped out by request {owner[0]}" if owner else "free")
         if s is None or not 0 <= b < s.num_blocks:
             return ""
         owners = s.owners_of(b)
