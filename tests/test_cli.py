@@ -48,7 +48,7 @@ def test_cuda_without_cuda_is_one_clear_line():
 
 def test_unknown_model_is_one_clear_line():
     r = kvscope("--headless", "--model", "no-such-model-xyz")
-    assert r.returncode == 1
+    assert r.returncode == 2  # bad input
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("kvscope: cannot find model 'no-such-model-xyz'; tried:")
 
