@@ -9,7 +9,25 @@ from engine.snapshot import KVSnapshot, RequestInfo
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
 
 
-class RequestTableModel(QAbstractTableModel):
+class _FlatTableModel(QAbstractTableModel):
+    """A flat table over ``self.rows`` with fixed ``HEADERS``."""
+
+    HEADERS: tuple[str, ...] = ()
+    rows: list
+
+    def rowCount(self, parent=_ROOT) -> int:  # noqa: N802 - Qt's name
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=_ROOT) -> int:  # noqa: N802
+        return len(self.HEADERS)
+
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+
+class RequestTableModel(_FlatTableModel):
     HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "text")
 
     def __init__(self) -> None:
@@ -26,17 +44,6 @@ class RequestTableModel(QAbstractTableModel):
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
-
-    def rowCount(self, parent=_ROOT) -> int:  # noqa: N802 - Qt's name
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent=_ROOT) -> int:  # noqa: N802
-        return len(self.HEADERS)
-
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return self.HEADERS[section]
-        return None
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
@@ -61,7 +68,7 @@ def describe(ev: Event) -> str:
     return ", ".join(f"{k}={v[:12] if k == 'block_hash' else v}" for k, v in d.items())
 
 
-class EventLogModel(QAbstractTableModel):
+class EventLogModel(_FlatTableModel):
     """Every event of every step; append-only, capped so a long run stays light."""
 
     HEADERS = ("step", "kind", "details")
@@ -90,17 +97,6 @@ class EventLogModel(QAbstractTableModel):
         self.beginResetModel()
         self.rows.clear()
         self.endResetModel()
-
-    def rowCount(self, parent=_ROOT) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent=_ROOT) -> int:  # noqa: N802
-        return 3
-
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):  # noqa: N802
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return self.HEADERS[section]
-        return None
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
