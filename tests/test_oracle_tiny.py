@@ -124,3 +124,13 @@ def test_loads_from_a_folder_and_casts_dtype(tiny_dir, tiny_hf):
     # fp32 from the same folder matches transformers exactly
     llm32 = LLM(tiny_dir, num_gpu_blocks=32, block_size=4)
     assert llm32.generate([[1, 2, 3, 4, 5]], GREEDY)[0].outputs[0].token_ids == hf_greedy(tiny_hf, [1, 2, 3, 4, 5], 12)
+
+
+def test_pool_sized_by_bytes_and_by_cpu_default(tiny_hf):
+    one = LLMEngine.from_hf_model(tiny_hf, None, num_gpu_blocks=1, block_size=4)
+    block_bytes = one.runner.block_bytes
+    assert block_bytes == 2 * 2 * 2 * 16 * 4 * 4  # 2 x layers x kv_heads x head_dim x fp32 x block_size
+    eng = LLMEngine.from_hf_model(tiny_hf, None, kv_cache_memory_bytes=10 * block_bytes + 7, block_size=4)
+    assert eng.pool.num_blocks == 10
+    dflt = LLMEngine.from_hf_model(tiny_hf, None, block_size=4, max_num_seqs=3)
+    assert dflt.pool.num_blocks == 3 * 512 // 4  # every sequence at full length fits in the 2 GiB default
