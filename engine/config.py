@@ -74,6 +74,12 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Beam search: deterministic, so temperature, top_p, top_k and seed do not apply;
+    # ``n`` (<= beam_width) is how many of the best beams are returned.
+    use_beam_search: bool = False
+    beam_width: int = 4
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -91,6 +97,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.use_beam_search:
+            if not isinstance(self.beam_width, int) or self.beam_width < 1:
+                raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+            if self.n > self.beam_width:
+                raise ValueError(f"beam search returns at most beam_width={self.beam_width} beams, but n={self.n}")
 
     @property
     def greedy(self) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .audit import AuditReport, audit_pool
+from .beam_search import BeamGroup
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
 from .cpu_pool import CpuBlockPool
@@ -83,6 +84,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, Request] = {}  # the unfinished ones
         self.groups: dict[str, list[Request]] = {}  # user request id -> its samples (n > 1) and forks
+        self.beam_groups: dict[str, BeamGroup] = {}  # user request id -> its beam search
         self.reported_problems: set[tuple[int, str]] = set()
         self.finished_log: list[Request] = []  # every finished request, for snapshots
         self.step_count = 0
@@ -114,19 +116,32 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is "
                              f"{self.max_model_len} tokens (one more is needed to generate)")
+        bs = self.config.block_size
         total = min(len(ids) + params.max_tokens, self.max_model_len)
-        need = cdiv(total, self.config.block_size)
+        need = cdiv(total, bs)
+        what = f"{len(ids)} prompt + {params.max_tokens} output tokens"
+        if params.use_beam_search:
+            # The beams share the prompt; each needs its own blocks for its output (+1 for a CoW copy).
+            need = cdiv(len(ids), bs) + params.beam_width * (cdiv(total - len(ids), bs) + 1)
+            what += f" in {params.beam_width} beams"
         if need > self.pool.num_blocks:
-            raise ValueError(
-                f"this request can never fit: {len(ids)} prompt + {params.max_tokens} output tokens need "
-                f"{need} blocks of {self.config.block_size}, but the whole pool has {self.pool.num_blocks}")
+            raise ValueError(f"this request can never fit: {what} need {need} blocks of {bs}, "
+                             f"but the whole pool has {self.pool.num_blocks}")
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests or rid in self.groups:
             raise ValueError(f"request id {rid!r} is already in use")
+        beam = params.use_beam_search
         req = Request(rid, self._next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
-                      cache_salt=cache_salt, generator=_generator(params.seed, 0), pending_forks=params.n - 1)
+                      cache_salt=cache_salt, generator=_generator(params.seed, 0),
+                      pending_forks=0 if beam else params.n - 1)
         self.requests[rid] = req
         self.groups[rid] = [req]
+        if beam:
+            stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+            group = BeamGroup(rid, params.beam_width, params.max_tokens, params.length_penalty,
+                              params.early_stopping, frozenset(stop))
+            group.add_beam(req, 0.0)
+            self.beam_groups[rid] = group
         self.scheduler.add_request(req)
         return rid
 
@@ -140,6 +155,8 @@ class LLMEngine:
             raise ValueError(f"request {request_id} is not running: only a running sequence can fork")
         if parent.num_computed_tokens < parent.num_prompt_tokens:
             raise ValueError(f"request {request_id} is still prefilling its prompt")
+        if parent.group_id in self.beam_groups:
+            raise ValueError(f"request {request_id} is a beam: beam search forks its beams itself")
         parent.num_forks += 1
         child = self._spawn(parent, f"{request_id}+{parent.num_forks}", group_id=None, sample_index=0)
         child.output_token_ids = list(parent.output_token_ids)
@@ -153,22 +170,31 @@ class LLMEngine:
                         prompt=parent.prompt, eos_token_ids=parent.eos_token_ids, cache_salt=parent.cache_salt,
                         generator=_generator(seed, sample_index or len(child_id)), group_id=group_id or "",
                         sample_index=sample_index, parent_id=parent.request_id)
-        child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
+        self.requests[child.request_id] = child
+        if parent.status != RequestStatus.RUNNING:
+            # A preempted or swapped beam has no device blocks to share: the child
+            # recomputes (mostly from the prefix cache), ahead of newer requests.
+            child.status = RequestStatus.PREEMPTED
+            self.scheduler.waiting.appendleft(child)
+            return child
+        child.num_computed_tokens = parent.num_computed_tokens
         child.status = RequestStatus.RUNNING
         self.kv.fork(parent, child)
-        self.requests[child.request_id] = child
         self.scheduler.running.append(child)
         return child
 
     def abort(self, request_id: str) -> bool:
         """Abort one sequence, or every sequence of a user request (its n samples)."""
-        if request_id in self.requests:
-            targets = [self.requests[request_id]]
-            if self.requests[request_id].group_id == request_id:
-                targets = self.groups.get(request_id, targets)
+        req = self.requests.get(request_id)
+        group_id = req.group_id if req is not None else request_id
+        if req is None or group_id == request_id or group_id in self.beam_groups:
+            # A beam search cannot go on without one of its beams: it ends as a whole.
+            targets = self.groups.get(group_id, [])
         else:
-            targets = self.groups.get(request_id, [])
+            targets = [req]
+        if group_id in self.beam_groups:
+            self.beam_groups[group_id].done = True
         live = [r for r in targets if not r.is_finished]
         for r in live:
             r.pending_forks = 0
@@ -192,6 +218,7 @@ class LLMEngine:
         error = None
         sampled: dict[str, int] = {}
         forking: dict[str, torch.Tensor] = {}
+        rounds: dict[str, BeamGroup] = {}
         try:
             self.runner.apply_device_work(sched)
             if sched.scheduled:
@@ -209,10 +236,19 @@ class LLMEngine:
                 tok = sampled.get(req.request_id)
                 if tok is None:
                     continue
+                group = self.beam_groups.get(req.group_id)
+                if group is not None:
+                    group.report(req, forking[req.request_id])
+                    rounds[group.group_id] = group
+                    touched.append(req)
+                    continue
                 if req.request_id in forking:
                     touched += self._fork_samples(req, forking[req.request_id])
                 self._append_token(req, tok)
                 touched.append(req)
+            for group in rounds.values():
+                if group.ready():
+                    touched += self._beam_round(group)
         else:
             touched = [s.request for s in sched.scheduled]
         outputs = list({r.group_id: self._output(r) for r in touched}.values())
@@ -230,6 +266,39 @@ class LLMEngine:
             self._append_token(child, tok)
         return children
 
+    def _beam_round(self, group: BeamGroup) -> list[Request]:
+        """Apply one round of beam search: fork the beams chosen more than once, prune the others."""
+        head = self.groups[group.group_id][0]
+        rnd = group.advance(self.max_model_len - head.num_prompt_tokens)
+        for req in rnd.pruned:
+            self._finish(req, RequestStatus.FINISHED_STOPPED if rnd.done else RequestStatus.FINISHED_PRUNED)
+        touched = list(rnd.pruned)
+        for parent, choices in rnd.continuations:
+            for tok, score in choices[1:]:
+                child = self._spawn(parent, f"{group.group_id}~{len(self.groups[group.group_id])}",
+                                    group.group_id, len(self.groups[group.group_id]))
+                child.output_token_ids = list(parent.output_token_ids)
+                self.groups[group.group_id].append(child)
+                self._append_beam_token(child, tok)
+                group.add_beam(child, score)
+                touched.append(child)
+            tok, score = choices[0]
+            self._append_beam_token(parent, tok)
+            group.add_beam(parent, score)
+            touched.append(parent)
+        group.sort_beams()
+        return touched
+
+    def _append_beam_token(self, req: Request, tok: int) -> None:
+        """Beam search decides when a beam ends, so no stop rule applies here."""
+        req.awaiting_round = False
+        req.output_token_ids.append(tok)
+        self.num_generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        if self.tokenizer is not None:
+            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+
     def _fail_step(self, sched, error: str) -> None:
         # KV of this step may be half written: unpublish the blocks it cached.
         for s in sched.scheduled:
@@ -240,6 +309,15 @@ class LLMEngine:
                     self.pool.cached.pop(b.block_hash, None)
                     b.block_hash, b.token_ids = None, ()
             self._finish(req, RequestStatus.FINISHED_ERROR)
+        # A beam search cannot go on without one of its beams.
+        for s in sched.scheduled:
+            group = self.beam_groups.get(s.request.group_id)
+            if group is not None and not group.done:
+                group.done = True
+                for r in self.groups[group.group_id]:
+                    if not r.is_finished:
+                        r.error = error
+                        self._finish(r, RequestStatus.FINISHED_ERROR)
 
     def _append_token(self, req: Request, tok: int) -> None:
         p = req.sampling_params
@@ -267,11 +345,20 @@ class LLMEngine:
         """The user-visible output of the request's group: one completion per sample."""
         members = self.groups.get(req.group_id, [req])
         head = members[0]
-        comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids), r.status.finish_reason)
-                 for r in sorted(members, key=lambda r: r.sample_index)]
+        group = self.beam_groups.get(req.group_id)
+        if group is not None:
+            comps = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids,
+                                      ("stop" if h.stopped else "length") if group.done else None, h.cum_logprob)
+                     for i, h in enumerate(group.results(head.sampling_params.n))]
+        else:
+            comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids),
+                                      r.status.finish_reason) for r in sorted(members, key=lambda r: r.sample_index)]
         done = all(r.is_finished for r in members) and not head.pending_forks
         return RequestOutput(head.group_id, head.prompt, list(head.prompt_token_ids), comps, done,
                              max(head.num_cached_tokens, 0), next((r.error for r in members if r.error), None))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     # -- inspection ------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

@@ -162,7 +162,8 @@ class ModelRunner:
         """Run one forward over every scheduled token; sample where a request reached its end.
 
         Returns the sampled tokens, and the logits rows of requests about to fork (n > 1),
-        so that each new sample draws its first token from the same distribution.
+        so that each new sample draws its first token from the same distribution, and of
+        beams (beam search picks their tokens itself).
         """
         seqs, ids, pos = [], [], []
         for s in sched.scheduled:
@@ -181,7 +182,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[last]).cpu()
         reqs = [sched.scheduled[i].request for i in rows]
         tokens = self.sample(logits, reqs)
-        forking = {r.request_id: logits[j] for j, r in enumerate(reqs) if r.pending_forks}
+        forking = {r.request_id: logits[j] for j, r in enumerate(reqs)
+                   if r.pending_forks or r.sampling_params.use_beam_search}
         return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
 
     def sample(self, logits: torch.Tensor, reqs: list) -> list[int]:

@@ -12,6 +12,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    cumulative_logprob: float | None = None  # set by beam search
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH = 11
     FINISHED_ABORTED = 12
     FINISHED_ERROR = 13
+    FINISHED_PRUNED = 14  # a beam that no continuation chose
 
     @property
     def finished(self) -> bool:
@@ -27,7 +28,7 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {10: "stop", 11: "length", 12: "abort", 13: "error"}.get(int(self))
+        return {10: "stop", 11: "length", 12: "abort", 13: "error", 14: "pruned"}.get(int(self))
 
 
 @dataclass(eq=False)
@@ -56,6 +57,7 @@ class Request:
     pending_forks: int = 0  # n - 1 until the prompt's prefill is done
     num_forks: int = 0  # on-demand forks made of this sequence (names the next one)
     cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
+    awaiting_round: bool = False  # a beam whose logits are in, waiting for its siblings' (beam search)
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id

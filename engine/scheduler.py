@@ -72,6 +72,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its siblings' logits: nothing to compute
+                i += 1
+                continue
             while self.kv.allocate_slots(req, num_new) is None:
                 victim = self.running.pop()  # always at index >= i: not scheduled yet
                 self._preempt(victim)
@@ -86,13 +89,14 @@ class Scheduler:
             break
 
         # Swapped requests were admitted before any waiting one: they come back first.
-        while (not preempted and self.swapped and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
-            req = self.swapped[0]
+        # A parked beam (its logits already reported) waits where it is: it has nothing to compute.
+        for req in [r for r in self.swapped if not r.awaiting_round]:
+            if preempted or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self.kv.can_swap_in(req, num_new):
                 break
-            self.swapped.popleft()
+            self.swapped.remove(req)
             self.kv.swap_in(req)
             assert self.kv.allocate_slots(req, num_new) is not None
             req.status = RequestStatus.RUNNING
@@ -101,14 +105,15 @@ class Scheduler:
             budget -= num_new
 
         # Admit waiting requests only in a step that preempted nothing (FCFS).
-        while (not preempted and not self.swapped and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
-            req = self.waiting[0]
+        blocked = any(not r.awaiting_round for r in self.swapped)
+        for req in [r for r in self.waiting if not r.awaiting_round]:
+            if preempted or blocked or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - num_hit_tokens, budget)
             if self.kv.allocate_slots(req, num_new, hits) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             self.kv.record_prefix_query(req.num_tokens, num_hit_tokens)
             req.num_computed_tokens = num_hit_tokens
             if req.num_cached_tokens < 0:
@@ -118,6 +123,16 @@ class Scheduler:
             self._events.append(RequestAdmitted(req.request_id, req.num_prompt_tokens, num_hit_tokens))
             scheduled.append(ScheduledRequest(req, num_new, num_hit_tokens))
             budget -= num_new
+
+        if not scheduled and not preempted:
+            # Beams waiting for a sibling hold blocks that the sibling may need to come
+            # back: park the newest of them (preempt it) so the search cannot deadlock.
+            queued = any(not r.awaiting_round for q in (self.waiting, self.swapped) for r in q)
+            paused = [r for r in self.running if r.awaiting_round]
+            if queued and paused:
+                self.running.remove(paused[-1])
+                self._preempt(paused[-1])
+                preempted.append(paused[-1])
 
         for s in scheduled:
             s.block_ids = self.kv.get_block_ids(s.request.request_id)

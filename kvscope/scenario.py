@@ -7,7 +7,7 @@ Format (JSON), every field but ``requests`` optional::
      "steps": 80,
      "requests": [
         {"at": 0, "prompt": "text" | [token ids] | [chat messages], "max_tokens": 32, "n": 1,
-         "temperature": 0.0, "seed": null, "copies": 1, "abort_at": null},
+         "temperature": 0.0, "seed": null, "copies": 1, "abort_at": null, "beam_width": 0},
         {"at": 0, "conversation": {"system": "...", "turns": ["q1", "q2"]}, "max_tokens": 24}
      ]}
 
@@ -85,9 +85,11 @@ class ScenarioRunner:
 
     @staticmethod
     def params(spec: dict) -> SamplingParams:
+        beam = int(spec.get("beam_width", 0))
         return SamplingParams(max_tokens=spec.get("max_tokens", 32), temperature=spec.get("temperature", 0.0),
                               n=spec.get("n", 1), seed=spec.get("seed"), top_p=spec.get("top_p", 1.0),
-                              ignore_eos=spec.get("ignore_eos", False))
+                              ignore_eos=spec.get("ignore_eos", False), use_beam_search=beam > 0,
+                              beam_width=max(beam, 1))
 
     def before_step(self, engine: LLMEngine) -> list[str]:
         """Inject what is due at the coming step; returns the new request ids."""

@@ -308,3 +308,23 @@ def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):
 def test_scenario_menu_lists_the_scenarios(qtbot, make_window):
     win = loaded(qtbot, make_window())
     assert {"four-score", "leak-hunt", "parallel-sampling"} <= set(win.scenario_actions)
+
+
+def test_inject_dialog_beam_search_shows_the_beams(qtbot, make_window, settings):
+    from kvscope.views.inject_dialog import InjectDialog
+    win = loaded(qtbot, make_window(num_gpu_blocks=64))
+    dlg = InjectDialog(win, settings)
+    qtbot.addWidget(dlg)
+    dlg.beam_width.setValue(3)
+    dlg.n.setValue(2)
+    dlg.max_tokens.setValue(6)
+    params = dlg.params()
+    assert params.use_beam_search and params.beam_width == 3 and params.n == 2
+    win.inject([InjectSpec([5, 9, 17, 33, 2], params)])
+    qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == 1, timeout=10_000)
+    step_and_wait(qtbot, win, 2)
+    # Three live beams, forked from the first, on the grid and in the table.
+    live = [r for r in win.latest.snapshot.requests if r.status == "RUNNING"]
+    assert len(live) == 3 and {r.group_id for r in live} == {live[0].group_id}
+    step_and_wait(qtbot, win, 10)
+    assert win.latest.snapshot.counters["num_free_blocks"] == 64

@@ -14,7 +14,7 @@ from kvscope.session import ReplaySession, Session, Summary
 from tests.test_cli import kvscope
 
 SCENARIOS = ["shared-system-prompt", "multi-turn-chat", "parallel-sampling", "pool-exhaustion", "leak-hunt",
-             "four-score"]
+             "four-score", "beam-search"]
 
 
 def assert_same_snapshot(a, b):
@@ -28,7 +28,7 @@ def assert_same_snapshot(a, b):
 
 def test_every_documented_scenario_exists():
     assert set(SCENARIOS) <= set(available())
-    with pytest.raises(ValueError, match="unknown scenario 'nope'; available: four-score"):
+    with pytest.raises(ValueError, match="unknown scenario 'nope'; available: beam-search, four-score"):
         load_scenario("nope")
 
 
@@ -52,8 +52,11 @@ def test_scenario_runs_headless_on_smollm2(smollm2, name, tmp_path):
     if name == "multi-turn-chat":
         cached = [r["cached_tokens"] for r in out["requests"]]
         assert len(cached) == 4 and cached == sorted(cached) and cached[-1] > cached[0]
-    if name in ("parallel-sampling", "four-score"):
+    if name in ("parallel-sampling", "four-score", "beam-search"):
         assert out["cow_copies"] >= 1
+    if name == "beam-search":
+        assert any(r["status"] == "finished_pruned" for r in out["requests"])
+        assert session.current().snapshot.counters["num_free_blocks"] == engine.pool.num_blocks
     if name == "pool-exhaustion":
         assert out["swap_outs"] > 0 and out["num_preemptions"] > out["swap_outs"]  # some fell back
     if name == "leak-hunt":

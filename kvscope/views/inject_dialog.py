@@ -1,4 +1,4 @@
-"""Inject request(s): prompt text or chat, max tokens, n, temperature, seed, presets."""
+"""Inject request(s): prompt text or chat, max tokens, n, beam width, temperature, seed, presets."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
@@ -37,6 +37,9 @@ class InjectDialog(QDialog):
         self.max_tokens.setValue(64)
         self.n = QSpinBox()
         self.n.setRange(1, 64)
+        self.beam_width = QSpinBox()
+        self.beam_width.setRange(0, 16)
+        self.beam_width.setSpecialValueText("off")
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 5.0)
         self.temperature.setSingleStep(0.1)
@@ -52,6 +55,7 @@ class InjectDialog(QDialog):
         form.addRow("", self.as_chat)
         form.addRow("max tokens", self.max_tokens)
         form.addRow("n (parallel samples)", self.n)
+        form.addRow("beam width (n = beams returned)", self.beam_width)
         form.addRow("temperature (0 = greedy)", self.temperature)
         form.addRow("seed", self.seed)
         form.addRow("copies", self.copies)
@@ -76,8 +80,10 @@ class InjectDialog(QDialog):
 
     def params(self) -> SamplingParams:
         seed = self.seed.value()
+        beam = self.beam_width.value()
         return SamplingParams(max_tokens=self.max_tokens.value(), temperature=self.temperature.value(),
-                              n=self.n.value(), seed=None if seed < 0 else seed)
+                              n=self.n.value(), seed=None if seed < 0 else seed,
+                              use_beam_search=beam > 0, beam_width=max(beam, 1))
 
     def specs(self) -> list[InjectSpec]:
         """The requests to inject (raises ValueError on bad settings)."""
@@ -96,7 +102,8 @@ class InjectDialog(QDialog):
     def _save(self) -> None:
         if self.settings is None:
             return
-        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed)):
+        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed),
+                       ("beam_width", self.beam_width)):
             self.settings.setValue(f"inject/{key}", w.value())
         self.settings.setValue("inject/temperature", self.temperature.value())
         self.settings.setValue("inject/as_chat", self.as_chat.isChecked())
@@ -104,7 +111,8 @@ class InjectDialog(QDialog):
     def _restore(self) -> None:
         if self.settings is None:
             return
-        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed)):
+        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed),
+                       ("beam_width", self.beam_width)):
             v = self.settings.value(f"inject/{key}")
             if v is not None:
                 w.setValue(int(v))
