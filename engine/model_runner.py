@@ -106,7 +106,14 @@ class ModelRunner:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
         if backend == "triton":
-            from .attention import triton_paged
+            try:
+                from .attention import triton_paged
+            except ImportError as e:
+                raise ValueError(f"attention_backend='triton' needs the triton package ({e}); "
+                                 "pip install triton, or use attention_backend='torch'") from e
+            if self.device.type != "cuda" and not triton_paged.interpreted():
+                raise ValueError("attention_backend='triton' runs on CUDA (on the CPU only under the Triton "
+                                 "interpreter, TRITON_INTERPRET=1, which is for tests); use attention_backend='torch'")
             return triton_paged.paged_attention, triton_paged.store_kv
         return torch_ref.paged_attention, torch_ref.store_kv
 

@@ -1,7 +1,7 @@
 """What attention needs to read a step's KV through block tables."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ class AttentionMetadata:
     decode_seqs: torch.Tensor  # indices into the batch
     decode_tokens: torch.Tensor  # their row in the flattened tokens
     prefill_seqs: list[int]
+    backend_state: dict = field(default_factory=dict)  # per-step tensors a backend builds once, not per layer
 
     @property
     def num_seqs(self) -> int:

@@ -1,0 +1,201 @@
+"""Triton paged attention: store K/V by slot mapping, decode and prefill through block tables.
+
+Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (as in
+``torch_ref``). KV tiles of ``BLOCK_N`` tokens are gathered page by page inside the
+kernels (token ``n`` lives in block ``table[n // block_size]`` at ``n % block_size``), so
+any block size works with a tile big enough for ``tl.dot``, and cached prefixes are read
+in place: no gather into a contiguous copy. Query heads of one KV head share its K/V
+(GQA) by indexing, never by repeating it in memory.
+
+On the CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``): that
+is how the tests check them against ``torch_ref``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .metadata import AttentionMetadata
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# -- store ---------------------------------------------------------------------------------
+@triton.jit
+def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_kt, stride_vt, ROW: tl.constexpr, ROW_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:  # -1: a padded row, nothing to store
+        offs = tl.arange(0, ROW_PAD)
+        mask = offs < ROW
+        k = tl.load(key_ptr + t * stride_kt + offs, mask=mask)
+        v = tl.load(value_ptr + t * stride_vt + offs, mask=mask)
+        dst = slot.to(tl.int64) * ROW + offs
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """``key``/``value``: ``[T, kvh, D]``; one program per token writes its whole row."""
+    t = key.shape[0]
+    if t == 0:
+        return
+    row = key.shape[1] * key.shape[2]
+    key, value = key.reshape(t, row), value.reshape(t, row)
+    _store_kv_kernel[(t,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
+                           ROW=row, ROW_PAD=triton.next_power_of_2(row))
+
+
+# -- decode: one query token per sequence ------------------------------------------------
+@triton.jit
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, seq_idx_ptr, tok_idx_ptr,
+                   scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+                   BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   QUERIES_PER_KV: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    i = tl.program_id(0)  # the i-th decode sequence
+    kvh = tl.program_id(1)
+    seq = tl.load(seq_idx_ptr + i)
+    tok = tl.load(tok_idx_ptr + i)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    heads = kvh * QUERIES_PER_KV + tl.arange(0, Q_PAD)
+    hmask = tl.arange(0, Q_PAD) < QUERIES_PER_KV
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
+    q = q.to(tl.float32) * scale
+    m_i = tl.full([Q_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([Q_PAD], tl.float32)
+    acc = tl.zeros([Q_PAD, HEAD_DIM], tl.float32)
+    row = NUM_KV_HEADS * HEAD_DIM
+    for start in range(0, seq_len, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = n < seq_len  # masks the partly filled last block
+        phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
+        slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
+        kv_off = slot[:, None] * row + kvh * HEAD_DIM + d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(tl.float32)
+        # [Q_PAD, BLOCK_N]: a broadcast product, since one query row is too thin for tl.dot.
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+
+
+# -- prefill: new tokens over a cached prefix, causal among themselves --------------------
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_idx_ptr, q_start_ptr, q_len_ptr,
+                    ctx_len_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+                    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    QUERIES_PER_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_FP32: tl.constexpr):
+    i = tl.program_id(0)  # the i-th prefill sequence
+    mt = tl.program_id(1)  # its query tile
+    h = tl.program_id(2)
+    q_len = tl.load(q_len_ptr + i)
+    if mt * BLOCK_M < q_len:
+        seq = tl.load(seq_idx_ptr + i)
+        q_start = tl.load(q_start_ptr + i)
+        seq_len = tl.load(ctx_len_ptr + i)  # cached prefix + this step's tokens
+        prefix = seq_len - q_len
+        kvh = h // QUERIES_PER_KV
+        m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = m < q_len
+        qpos = prefix + m  # absolute positions of the queries
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + (q_start + m)[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=mmask[:, None], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        row = NUM_KV_HEADS * HEAD_DIM
+        end = tl.minimum(seq_len, prefix + (mt + 1) * BLOCK_M)  # causal: no key past the tile's last query
+        for start in range(0, end, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
+            slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
+            kv_off = slot[:, None] * row + kvh * HEAD_DIM + d[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
+            if DOT_FP32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale
+            keep = (n[None, :] <= qpos[:, None]) & nmask[None, :]
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if DOT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
+
+
+def _dot_fp32(dtype: torch.dtype) -> bool:
+    """fp32 inputs get exact fp32 dots (not tf32). Triton 3.9's interpreter multiplies bf16
+    operands of ``tl.dot`` as raw bits, so under it bf16 tiles are widened first; on a GPU
+    bf16 dots stay native."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreted())
+
+
+def _prefill_tensors(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Per prefill sequence: batch index, first query row, query count, context length (once per step)."""
+    cached = meta.backend_state.get("triton_prefill")
+    if cached is None:
+        seqs = meta.prefill_seqs
+        qsl = meta.query_start_loc
+        rows = [seqs, [qsl[i] for i in seqs], [qsl[i + 1] - qsl[i] for i in seqs],
+                [meta.seq_lens_host[i] for i in seqs]]
+        cached = tuple(torch.tensor(r, dtype=torch.int64, device=device) for r in rows)
+        cached += (max(rows[2]),)
+        meta.backend_state["triton_prefill"] = cached
+    return cached
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """``q``: ``[T, H, D]``; the same contract as ``torch_ref.paged_attention``."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    qpk = num_heads // num_kv_heads
+    bs = meta.block_size
+    out = torch.empty_like(q)
+    tables = meta.block_tables
+    block_n = max(16, min(64, triton.next_power_of_2(bs)))
+    if meta.decode_seqs.numel():
+        grid = (meta.decode_seqs.numel(), num_kv_heads)
+        _decode_kernel[grid](q, k_cache, v_cache, out, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens,
+                             scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+                             BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
+                             Q_PAD=max(triton.next_power_of_2(qpk), 1), BLOCK_N=block_n)
+    if meta.prefill_seqs:
+        seq_idx, q_start, q_len, ctx_len, max_q = _prefill_tensors(meta, q.device)
+        block_m = 16 if max_q <= 16 else 32
+        grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)
+        _prefill_kernel[grid](q, k_cache, v_cache, out, tables, seq_idx, q_start, q_len, ctx_len,
+                              scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+                              BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
+                              BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=_dot_fp32(q.dtype))
+    return out
