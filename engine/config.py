@@ -30,6 +30,7 @@ class EngineConfig:
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"  # torch | triton | auto
+    enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode
     hash_algo: str = "sha256"
     seed: int = 0
     fault: str | None = None  # a deliberate bug for leak-hunting practice: see FAULTS
@@ -43,6 +44,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_bytes must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:

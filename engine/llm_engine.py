@@ -45,7 +45,8 @@ class LLMEngine:
         source = resolve_model(config.model)
         t0 = time.perf_counter()
         hf_model, tokenizer = load_hf_model(source, config.dtype, device)
-        self._setup(config, device, source, hf_model, tokenizer)
+        self._setup(config, device, source, hf_model, tokenizer, consume=True)
+        del hf_model  # its fused projections were consumed; the rest lives on in the runner
         self.load_seconds = time.perf_counter() - t0
 
     @classmethod
@@ -64,7 +65,8 @@ class LLMEngine:
         self.load_seconds = 0.0
         return self
 
-    def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer) -> None:
+    def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
+               consume: bool = False) -> None:
         self.config = config
         self.device = device
         self.source = source
@@ -72,7 +74,7 @@ class LLMEngine:
         hf_config = hf_model.config
         ctx = getattr(hf_config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(ctx, config.max_model_len or ctx)
-        self.runner = ModelRunner(config, hf_model, device, self.max_model_len)
+        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)

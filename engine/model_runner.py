@@ -8,7 +8,9 @@ import torch
 from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
 from .config import EngineConfig
+from .cuda_graphs import DecodeGraphs
 from .kv_cache_manager import cdiv
+from .memory import GiB, KVPoolPlan, weights_bytes
 from .models.llama import LlamaForCausalLM
 from .sampler import sample
 from .scheduler import SchedulerOutput
@@ -21,23 +23,27 @@ def dtype_size(dtype: torch.dtype) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int,
+                 consume: bool = False) -> None:
         self.config = config
         self.device = device
-        self.model = LlamaForCausalLM(hf_model)
+        self.model = LlamaForCausalLM(hf_model, consume)
         self.dtype = self.model.embed_tokens.weight.dtype
         self.vocab_size = self.model.lm_head.weight.shape[0]
         self.max_model_len = max_model_len
         self.kv_dtype = self.dtype
         self.block_size = config.block_size
-        self.attention, self.store = self._select_backend()
+        self.attention, self.store, self.backend = self._select_backend()
         self.num_blocks = self._num_blocks()
         shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         # zeros() on the CPU maps pages lazily: a 2 GiB pool costs nothing until used.
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=device),
                            torch.zeros(shape, dtype=self.kv_dtype, device=device))
                           for _ in range(self.model.num_layers)]
-        self.default_generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.decode_graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and not config.enforce_eager:
+            self._capture_graphs()
         self.num_cpu_blocks = (config.num_cpu_blocks if config.num_cpu_blocks is not None
                                else int(config.swap_space * 2**30) // self.block_bytes)
         if config.preemption_mode != "swap":
@@ -64,21 +70,27 @@ class ModelRunner:
         elif c.kv_cache_memory_bytes is not None:
             n, why = c.kv_cache_memory_bytes // self.block_bytes, f"kv_cache_memory_bytes={c.kv_cache_memory_bytes}"
         elif self.device.type == "cuda":
-            n, why = self._profile_cuda_blocks(), f"gpu_memory_utilization={c.gpu_memory_utilization}"
+            plan = self._profile_cuda()
+            logger.info("%s", plan.describe())
+            plan.check()
+            n, why = plan.num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
         else:
             # Enough for every sequence at full length, but never more than the CPU budget.
             want = c.max_num_seqs * cdiv(self.max_model_len, self.block_size)
             n = min(want, c.cpu_kv_cache_bytes // self.block_bytes)
-            why = f"CPU default (at most {c.cpu_kv_cache_bytes / 2**30:.1f} GiB)"
+            why = f"CPU default (at most {c.cpu_kv_cache_bytes / GiB:.1f} GiB)"
         if n < 1:
             raise ValueError(f"the KV pool would hold 0 blocks ({why}, block bytes {self.block_bytes})")
-        logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.3f GiB (%s)", n, self.block_size,
-                    n * self.block_size, n * self.block_bytes / 2**30, why)
+        logger.info("weights %.2f GiB; KV pool: %d blocks x %d tokens = %d tokens, %.3f GiB (%s); "
+                    "maximum concurrency at %d tokens: %.2fx", weights_bytes(self.model) / GiB, n, self.block_size,
+                    n * self.block_size, n * self.block_bytes / GiB, why, self.max_model_len,
+                    n * self.block_size / self.max_model_len)
         return n
 
-    def _profile_cuda_blocks(self) -> int:
-        """vLLM's rule: total x utilization - weights - peak activations, after a profiling forward."""
+    def _profile_cuda(self) -> KVPoolPlan:
+        """vLLM's rule: run a forward at the step's token budget and measure the activation peak."""
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -95,11 +107,22 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated(self.device) - base
         del kc, caches, h
         torch.cuda.empty_cache()
-        weights = base
-        budget = total * self.config.gpu_memory_utilization - weights - peak - (total - free - base)
-        logger.info("CUDA memory: total %.2f GiB, weights %.2f GiB, activation peak %.2f GiB, KV budget %.2f GiB",
-                    total / 2**30, weights / 2**30, peak / 2**30, max(budget, 0) / 2**30)
-        return int(max(budget, 0) // self.block_bytes)
+        return KVPoolPlan(total, weights_bytes(self.model), peak, max(0, total - free - base),
+                          self.config.gpu_memory_utilization, self.block_bytes, self.block_size, self.max_model_len)
+
+    def _capture_graphs(self) -> None:
+        if self.backend != "triton":
+            logger.info("no CUDA graphs: the %s attention backend syncs with the host", self.backend)
+            return
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.attention, self.store, self.device,
+                              self.config.max_num_seqs, cdiv(self.max_model_len, self.block_size), self.block_size)
+        try:
+            graphs.capture()
+        except Exception as e:  # noqa: BLE001 - graphs are an optimisation: fall back to eager
+            logger.warning("CUDA graph capture failed (%s: %s); running decode eagerly", type(e).__name__, e)
+            torch.cuda.synchronize(self.device)
+            return
+        self.decode_graphs = graphs
 
     def _select_backend(self):
         backend = self.config.attention_backend
@@ -114,8 +137,8 @@ class ModelRunner:
             if self.device.type != "cuda" and not triton_paged.interpreted():
                 raise ValueError("attention_backend='triton' runs on CUDA (on the CPU only under the Triton "
                                  "interpreter, TRITON_INTERPRET=1, which is for tests); use attention_backend='torch'")
-            return triton_paged.paged_attention, triton_paged.store_kv
-        return torch_ref.paged_attention, torch_ref.store_kv
+            return triton_paged.paged_attention, triton_paged.store_kv, "triton"
+        return torch_ref.paged_attention, torch_ref.store_kv, "torch"
 
     # -- one step --------------------------------------------------------------------
     def _metadata_for(self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor) -> AttentionMetadata:
@@ -181,15 +204,19 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long).to(self.device)
         meta = self._metadata_for(seqs, positions)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
+        graphs = self.decode_graphs
+        if graphs is not None and len(seqs) == len(ids) <= graphs.max_batch:
+            hidden = graphs.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
         rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         if not rows:
             return {}, {}
         last = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in rows], device=self.device)
-        logits = self.model.compute_logits(hidden[last]).cpu()
+        logits = self.model.compute_logits(hidden[last])
         reqs = [sched.scheduled[i].request for i in rows]
         tokens = self.sample(logits, reqs)
-        forking = {r.request_id: logits[j] for j, r in enumerate(reqs)
+        forking = {r.request_id: logits[j].cpu() for j, r in enumerate(reqs)
                    if r.pending_forks or r.sampling_params.use_beam_search}
         return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
 

@@ -8,7 +8,12 @@ from .config import SamplingParams
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
-    """``logits``: ``[N, V]`` float32, one row per sampled sequence."""
+    """``logits``: ``[N, V]`` float32 on the model's device, one row per sampled sequence.
+
+    Everything stays on the device; the only host transfer is the final token ids. A row
+    whose generator lives elsewhere (a seeded request's CPU generator) draws on that device,
+    so a seed gives the same tokens on any device.
+    """
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         if p.greedy:
@@ -24,5 +29,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             drop = sp.cumsum(0) - sp > p.top_p
             sp[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, idx, sp)
-        out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+        gen = generators[i]
+        if gen is not None and gen.device != probs.device:
+            probs = probs.to(gen.device)
+        out[i] = torch.multinomial(probs, 1, generator=gen)[0].to(out.device)
     return out.tolist()

@@ -28,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size the pool by bytes (block bytes = 2 x layers x kv_heads x head_dim x dtype x block)")
     k.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on CUDA: fraction of the GPU's memory for weights + activations + the KV pool")
+    k.add_argument("--max-model-len", type=int, default=None,
+                   help="cap the context length (default: the model's); a smaller cap fits a smaller KV pool")
     k.add_argument("--no-prefix-caching", action="store_true", help="turn automatic prefix caching off")
+    m.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="paged attention: triton kernels (the default on CUDA) or the PyTorch reference")
+    m.add_argument("--enforce-eager", action="store_true", help="on CUDA: do not capture CUDA graphs for decode")
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     s.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -63,6 +68,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-        seed=args.seed, fault=args.fault, preemption_mode=args.preemption_mode, swap_space=args.swap_space)
+        seed=args.seed, fault=args.fault, preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        max_model_len=args.max_model_len, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
     cfg.validate()
     return cfg

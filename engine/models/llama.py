@@ -47,7 +47,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def _fuse(linears: list[nn.Linear]) -> nn.Linear:
+def _fuse(linears: list[nn.Linear], consume: bool = False) -> nn.Linear:
+    """One Linear for several that read the same input. With ``consume`` the sources give
+    up their storage as soon as it is copied, so loading a 7B model never holds two copies."""
     w = torch.cat([lin.weight.data for lin in linears], 0)
     has_bias = any(lin.bias is not None for lin in linears)
     out = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
@@ -56,6 +58,11 @@ def _fuse(linears: list[nn.Linear]) -> nn.Linear:
         out.bias = nn.Parameter(torch.cat([
             lin.bias.data if lin.bias is not None else torch.zeros(lin.out_features, dtype=w.dtype, device=w.device)
             for lin in linears]), requires_grad=False)
+    if consume:
+        for lin in linears:
+            lin.weight = nn.Parameter(lin.weight.data.new_empty(0), requires_grad=False)
+            if lin.bias is not None:
+                lin.bias = nn.Parameter(lin.bias.data.new_empty(0), requires_grad=False)
     return out
 
 
@@ -65,7 +72,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hf_layer, config) -> None:
+    def __init__(self, hf_layer, config, consume: bool = False) -> None:
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.num_heads = config.num_attention_heads
@@ -74,9 +81,9 @@ class DecoderLayer(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qkv_proj = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], consume)
         self.o_proj = attn.o_proj
-        self.gate_up_proj = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.gate_up_proj = _fuse([mlp.gate_proj, mlp.up_proj], consume)
         self.down_proj = mlp.down_proj
         self.input_layernorm = RMSNorm(hf_layer.input_layernorm.weight.data, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_layer.post_attention_layernorm.weight.data, config.rms_norm_eps)
@@ -101,16 +108,19 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Built from a transformers ``*ForCausalLM``; the source model can be dropped afterwards."""
+    """Built from a transformers ``*ForCausalLM``; the source model can be dropped afterwards.
 
-    def __init__(self, hf_model) -> None:
+    ``consume=True`` (the engine's own loads) empties the source's fused projections as it goes.
+    """
+
+    def __init__(self, hf_model, consume: bool = False) -> None:
         super().__init__()
         config = hf_model.config
         check_supported(config)
         self.config = config
         inner = hf_model.model
         self.embed_tokens = inner.embed_tokens
-        self.layers = nn.ModuleList(DecoderLayer(layer, config) for layer in inner.layers)
+        self.layers = nn.ModuleList(DecoderLayer(layer, config, consume) for layer in inner.layers)
         self.norm = RMSNorm(inner.norm.weight.data, config.rms_norm_eps)
         self.lm_head = hf_model.lm_head
         self.rotary_emb = inner.rotary_emb

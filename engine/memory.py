@@ -1,0 +1,55 @@
+"""KV pool budgeting: how many blocks fit, and what that means in requests (vLLM's rule)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class KVPoolPlan:
+    """``total x utilization - weights - activation peak - memory others hold`` goes to KV blocks."""
+
+    total_bytes: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    other_bytes: int  # held outside this process's tensors (CUDA context, other processes)
+    utilization: float
+    block_bytes: int
+    block_size: int
+    max_model_len: int
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return max(0, int(self.total_bytes * self.utilization) - self.weights_bytes
+                   - self.activation_peak_bytes - self.other_bytes)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_budget_bytes // self.block_bytes
+
+    @property
+    def max_concurrency(self) -> float:
+        """How many requests of the model's full context length fit at once."""
+        return self.num_blocks * self.block_size / self.max_model_len
+
+    def describe(self) -> str:
+        return (f"GPU memory {self.total_bytes / GiB:.2f} GiB x {self.utilization:.2f}: weights "
+                f"{self.weights_bytes / GiB:.2f} GiB, activation peak {self.activation_peak_bytes / GiB:.2f} GiB, "
+                f"held elsewhere {self.other_bytes / GiB:.2f} GiB -> KV pool {self.kv_budget_bytes / GiB:.2f} GiB = "
+                f"{self.num_blocks} blocks of {self.block_size} tokens; maximum concurrency at "
+                f"{self.max_model_len} tokens: {self.max_concurrency:.2f}x")
+
+    def check(self) -> None:
+        """Refuse a pool that cannot hold one request of the model's context length."""
+        need = -(-self.max_model_len // self.block_size)
+        if self.num_blocks < need:
+            raise ValueError(
+                f"the KV pool cannot hold one request of {self.max_model_len} tokens: it would get "
+                f"{self.num_blocks} blocks ({self.kv_budget_bytes / GiB:.2f} GiB) but needs {need} blocks "
+                f"({need * self.block_bytes / GiB:.2f} GiB). {self.describe()}. Raise --gpu-memory-utilization, "
+                f"lower --max-model-len, or use a smaller --dtype or --kv-cache-dtype")
+
+
+def weights_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
