@@ -26,15 +26,15 @@ def fake_snapshot(n: int, step: int, rng) -> object:
                              requests=[], cached_tokens={}, block_hashes={}, counters={}, num_cpu_blocks=0)
 
 
-def main() -> None:
-    app = QApplication.instance() or QApplication([])
+def measure(sizes=(16_384, 262_144, 1_048_576), repeats: int = 20) -> list[dict]:
+    """Median redraw time per pool size (needs a QApplication)."""
     view = BlockGridView()
     view.resize(900, 900)
     view.show()
     rng = np.random.default_rng(0)
     rows = []
-    for n in (16_384, 262_144, 1_048_576):
-        snaps = [fake_snapshot(n, i + 1, rng) for i in range(21)]
+    for n in sizes:
+        snaps = [fake_snapshot(n, i + 1, rng) for i in range(repeats + 1)]
         times = []
         for s in snaps:
             t = time.perf_counter()
@@ -42,6 +42,13 @@ def main() -> None:
             view.grab()  # forces the paint that ImageItem defers
             times.append(time.perf_counter() - t)
         rows.append({"blocks": n, "median_ms": 1000 * statistics.median(times[1:])})
+    view.close()
+    return rows
+
+
+def main() -> None:
+    app = QApplication.instance() or QApplication([])
+    rows = measure()
     print("| blocks | redraw (median of 20) |\n|---:|---:|")
     for r in rows:
         print(f"| {r['blocks']:,} | {r['median_ms']:.1f} ms |")

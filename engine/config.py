@@ -31,6 +31,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"  # torch | triton | auto
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode
+    # "contiguous": each request reserves max_model_len of KV at admission, as systems before
+    # PagedAttention did (a baseline for the benchmarks; prefix caching is off with it).
+    kv_layout: Literal["paged", "contiguous"] = "paged"
     hash_algo: str = "sha256"
     seed: int = 0
     fault: str | None = None  # a deliberate bug for leak-hunting practice: see FAULTS
@@ -46,6 +49,8 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be paged or contiguous, got {self.kv_layout!r}")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:

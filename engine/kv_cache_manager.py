@@ -14,8 +14,10 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, pool: BlockPool, block_size: int, extra_keys: tuple = (),
-                 hash_algo: str = "sha256", cpu_pool: CpuBlockPool | None = None, fault: str | None = None) -> None:
+                 hash_algo: str = "sha256", cpu_pool: CpuBlockPool | None = None, fault: str | None = None,
+                 reserve_tokens: int = 0) -> None:
         self.pool = pool
+        self.reserve_tokens = reserve_tokens  # contiguous layout: a request's whole reservation, up front
         self.cpu_pool = cpu_pool or CpuBlockPool(0)
         self.fault = fault
         pool.tolerate_faults = fault is not None
@@ -79,10 +81,20 @@ class KVCacheManager:
         Appends into the last partly filled block before taking new ones. Returns the
         newly allocated blocks, or ``None`` (changing nothing) if the pool is too small.
         """
-        new_computed_blocks = new_computed_blocks or []
         blocks = self.req_to_blocks.get(req.request_id, [])
+        if not new_computed_blocks:
+            # The decode fast path: the token lands in the last block, which this request owns alone.
+            i, offset = divmod(req.num_computed_tokens, self.block_size)
+            if (num_new_tokens == 1 and offset and not self.reserve_tokens
+                    and i < len(blocks) and blocks[i].ref_cnt == 1):
+                if offset + 1 == self.block_size:
+                    self._cache_full_blocks(req, req.num_computed_tokens + 1)
+                return []
+            new_computed_blocks = []
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
         need = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
+        if self.reserve_tokens and not blocks:
+            need = max(need, cdiv(self.reserve_tokens, self.block_size))
         cow = self._shared_tail(req, blocks) if num_new_tokens > 0 and not new_computed_blocks else None
         # Touching a cached free block takes it off the free queue too.
         reclaimed = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

@@ -77,12 +77,13 @@ class LLMEngine:
         self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
-        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)
+        contiguous = config.kv_layout == "contiguous"
+        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous)
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
         self.kv = KVCacheManager(self.pool, config.block_size,
                                  extra_keys=(source.identity, tok_id, self.vocab_size),
                                  hash_algo=config.hash_algo, cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
-                                 fault=config.fault)
+                                 fault=config.fault, reserve_tokens=self.max_model_len if contiguous else 0)
         self.scheduler = Scheduler(config, self.kv)
         self.requests: dict[str, Request] = {}  # the unfinished ones
         self.groups: dict[str, list[Request]] = {}  # user request id -> its samples (n > 1) and forks
@@ -120,7 +121,7 @@ class LLMEngine:
                              f"{self.max_model_len} tokens (one more is needed to generate)")
         bs = self.config.block_size
         total = min(len(ids) + params.max_tokens, self.max_model_len)
-        need = cdiv(total, bs)
+        need = cdiv(self.max_model_len if self.config.kv_layout == "contiguous" else total, bs)
         what = f"{len(ids)} prompt + {params.max_tokens} output tokens"
         if params.use_beam_search:
             # The beams share the prompt; each needs its own blocks for its output (+1 for a CoW copy).
@@ -347,6 +348,11 @@ class LLMEngine:
         """The user-visible output of the request's group: one completion per sample."""
         members = self.groups.get(req.group_id, [req])
         head = members[0]
+        if len(members) == 1 and not head.pending_forks and req.group_id not in self.beam_groups:  # the common case
+            comp = CompletionOutput(0, head.output_text, head.output_token_ids[:], head.status.finish_reason)
+            # prompt_token_ids is never mutated after admission: shared, not copied every step.
+            return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, [comp], head.is_finished,
+                                 max(head.num_cached_tokens, 0), head.error)
         group = self.beam_groups.get(req.group_id)
         if group is not None:
             comps = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids,
@@ -356,7 +362,7 @@ class LLMEngine:
             comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids),
                                       r.status.finish_reason) for r in sorted(members, key=lambda r: r.sample_index)]
         done = all(r.is_finished for r in members) and not head.pending_forks
-        return RequestOutput(head.group_id, head.prompt, list(head.prompt_token_ids), comps, done,
+        return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, comps, done,
                              max(head.num_cached_tokens, 0), next((r.error for r in members if r.error), None))
 
     def _decode(self, token_ids: list[int]) -> str:

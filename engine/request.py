@@ -28,7 +28,10 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {10: "stop", 11: "length", 12: "abort", 13: "error", 14: "pruned"}.get(int(self))
+        return _FINISH_REASONS.get(int(self))
+
+
+_FINISH_REASONS = {10: "stop", 11: "length", 12: "abort", 13: "error", 14: "pruned"}
 
 
 @dataclass(eq=False)

@@ -1,6 +1,8 @@
 """The main window: only wiring. Views live in ``views/``, the engine on the worker thread."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QKeySequence
@@ -31,6 +33,8 @@ from .worker import EngineInfo, EngineWorker, InjectSpec, SessionFactory, StepRe
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 REDRAW_MS = 33  # coalesce: at most ~30 redraws per second, however fast the engine steps
+MAX_REDRAW_MS = 250
+REDRAW_DUTY = 0.25  # the GUI thread's share of the time at most: a redraw holds the GIL the worker needs
 
 
 class MainWindow(QMainWindow):
@@ -305,6 +309,8 @@ class MainWindow(QMainWindow):
         if not self._dirty or self.latest is None:
             return
         self._dirty = False
+        self._flush_started = time.perf_counter()
+        QTimer.singleShot(0, self._pace_redraws)  # runs once the paint this flush queues is done
         steps = self.history.steps
         self.timeline.blockSignals(True)
         self.timeline.setRange(0, max(len(steps) - 1, 0))
@@ -315,6 +321,14 @@ class MainWindow(QMainWindow):
             self._show(self.latest.snapshot, self.latest.audit)
         self.plots.update_from(self.history, self.latest.memory)
         self._update_status()
+
+    def _pace_redraws(self) -> None:
+        """Space redraws so that drawing takes at most REDRAW_DUTY of the time: a slow redraw
+        (big plots, a slow machine) must not starve the engine thread of the GIL."""
+        busy_ms = 1000 * (time.perf_counter() - self._flush_started)
+        interval = int(min(MAX_REDRAW_MS, max(REDRAW_MS, busy_ms / REDRAW_DUTY)))
+        if interval != self._redraw_timer.interval():
+            self._redraw_timer.setInterval(interval)
 
     def _show(self, snap, audit=None) -> None:
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None

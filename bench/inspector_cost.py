@@ -1,0 +1,123 @@
+"""Inspector cost: engine steps/s bare, with snapshots and events recorded, and with the window attached.
+
+    python bench/inspector_cost.py [--quick]
+
+The same 32 requests (prompts 16-128, outputs 32-96 tokens, fixed seed) on the tiny random Llama,
+whose forward is fast enough that the inspector's own overhead shows (the worst case: on SmolLM2
+or a 7B model on a GPU the model step dominates). Three ways: ``LLMEngine.step`` alone; a
+``Session`` (what the worker and --headless run: a snapshot and the events after every step);
+the offscreen window running at full speed (the worker thread steps and snapshots; the window
+redraws at most ~30 times a second). Also the grid's redraw time at 16 k, 262 k and 1 M blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from common import engine_for, length_mix, plot_path, pyplot, random_prompts, table, tiny_model, write_results  # noqa: E402
+from engine import SamplingParams  # noqa: E402
+
+
+def workload(n: int):
+    mix = length_mix(n, 21, (16, 128), (32, 96))
+    prompts = random_prompts([p for p, _ in mix], tiny_model()[0].config.vocab_size, seed=22)
+    return [(p, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True)) for p, (_, o) in zip(prompts, mix)]
+
+
+def new_engine():
+    return engine_for(tiny_model(), block_size=16, num_gpu_blocks=1024, max_num_seqs=64)
+
+
+def bare(reqs) -> tuple[int, float]:
+    engine = new_engine()
+    for p, sp in reqs:
+        engine.add_request(p, sp)
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return engine.step_count, time.perf_counter() - t0
+
+
+def session(reqs) -> tuple[int, float]:
+    from kvscope.session import Session
+    s = Session(new_engine())
+    for p, sp in reqs:
+        s.inject(p, sp)
+    t0 = time.perf_counter()
+    while s.has_work():
+        s.step()
+    return s.step_count, time.perf_counter() - t0
+
+
+def window(reqs) -> tuple[int, float]:
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from kvscope.main_window import MainWindow
+    from kvscope.session import Session
+    from kvscope.worker import InjectSpec
+    app = QApplication.instance() or QApplication([])
+    settings = QSettings(os.devnull, QSettings.Format.IniFormat)
+    win = MainWindow(lambda _scenario: Session(new_engine()), settings)
+    win.show()
+    win.start()
+    deadline = time.time() + 60
+    while (win.info is None or win.latest is None) and time.time() < deadline:
+        app.processEvents()
+        time.sleep(0.01)
+    win.inject([InjectSpec(p, sp) for p, sp in reqs])
+    while len(win.latest.snapshot.requests) < len(reqs):
+        app.processEvents()
+    win.speed.setCurrentText("max")
+    t0 = time.perf_counter()
+    win.toggle_run()
+
+    def done() -> bool:
+        c = win.latest.snapshot.counters
+        return c["num_requests_running"] == 0 and c["num_requests_waiting"] == 0 and win.latest.step > 0
+    while not done():
+        app.processEvents()
+        time.sleep(0.001)
+    dt = time.perf_counter() - t0
+    steps = win.latest.step
+    win.shutdown()
+    win.close()
+    return steps, dt
+
+
+def run(quick: bool) -> dict:
+    reqs = workload(8 if quick else 32)
+    rows = []
+    for label, fn in (("engine.step() alone", bare), ("Session: + snapshot and events", session),
+                      ("window attached (offscreen)", window)):
+        steps, dt = fn(reqs)
+        rows.append({"mode": label, "steps": steps, "steps_s": steps / dt, "ms_per_step": 1000 * dt / steps})
+    for r in rows:
+        r["vs_bare"] = r["steps_s"] / rows[0]["steps_s"]
+    from grid_redraw import measure
+    grid = measure(sizes=(16_384, 262_144) if quick else (16_384, 262_144, 1_048_576), repeats=5 if quick else 20)
+    result = {"model": "tiny random Llama", "requests": len(reqs), "rows": rows, "grid_redraw": grid}
+    write_results("inspector_cost", result, quick)
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3))
+    ax[0].barh([r["mode"] for r in rows][::-1], [r["ms_per_step"] for r in rows][::-1], color="#2a7")
+    ax[0].set_xlabel("ms per engine step (tiny model)")
+    ax[1].bar([f"{g['blocks'] // 1024}k" for g in grid], [g["median_ms"] for g in grid], color="#c84")
+    ax[1].set_ylabel("grid redraw, ms (median)")
+    ax[1].set_xlabel("blocks in the pool")
+    fig.tight_layout()
+    fig.savefig(plot_path("inspector_cost", quick), dpi=100)
+    plt.close(fig)
+    print(table(rows, [("mode", "mode", ""), ("steps_s", "steps/s", ".1f"), ("ms_per_step", "ms/step", ".2f"),
+                       ("vs_bare", "x bare", ".2f")]))
+    print(table(grid, [("blocks", "blocks", ",d"), ("median_ms", "grid redraw ms (median)", ".1f")]))
+    return result
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    run(ap.parse_args().quick)

@@ -1,0 +1,41 @@
+"""Each benchmark's --quick mode runs and writes results of the documented shape (not speed)."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+SHAPES = {
+    "throughput": ("rows", {"system", "tok_s", "paged_over_this", "peak_running", "seconds"}),
+    "capacity": ("rows", {"layout", "peak_running", "mean_running", "waste", "hit_rate", "vs_contiguous"}),
+    "prefix_caching": ("rows", {"caching", "ttft_p50_s", "ttft_p99_s", "sequential_req_s", "concurrent_out_tok_s",
+                                "shared_hit_rate", "chat_ttft_per_turn_s", "chat_hit_rate"}),
+    "block_size": ("rows", {"block_size", "out_tok_s", "waste", "hit_rate"}),
+    "inspector_cost": ("rows", {"mode", "steps_s", "ms_per_step", "vs_bare"}),
+    "scheduler_overhead": ("rows", {"running", "prefix_caching", "us_per_step", "us_per_request"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    result = importlib.import_module(name).run(quick=True)
+    data = json.loads((tmp_path / "quick" / f"{name}.json").read_text())
+    assert (tmp_path / "quick" / f"{name}.png").stat().st_size > 1000
+    key, fields = SHAPES[name]
+    assert data["benchmark"] == name and data["quick"] is True and data["machine"]
+    assert data[key] and all(fields <= set(row) for row in data[key])
+    assert data[key] == json.loads(json.dumps(result[key]))
+    if name == "capacity":  # the claims the README makes, checked on the small run too
+        rows = {r["layout"]: r for r in data["rows"]}
+        assert rows["paged"]["peak_running"] > rows["contiguous (2048 reserved)"]["peak_running"]
+        assert rows["paged"]["waste"] < 0.04
+    if name == "scheduler_overhead":
+        assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256]
