@@ -116,3 +116,30 @@ def test_a_failing_model_step_fails_only_its_requests(tiny_engine, monkeypatch):
     assert engine.pool.num_free_blocks == engine.pool.num_blocks and engine.audit().ok
     monkeypatch.setattr(engine.runner, "execute", real)
     assert serves(engine)
+
+
+def test_params_made_invalid_after_construction_are_refused_at_add_request(tiny_engine):
+    engine = tiny_engine()
+    bad = SamplingParams(max_tokens=4)
+    bad.max_tokens = 0  # dataclasses do not re-validate on assignment: add_request does
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.add_request([1, 2, 3], bad)
+    assert not engine.requests and serves(engine)
+
+
+def test_a_kv_budget_smaller_than_one_block_is_refused(tiny_hf):
+    with pytest.raises(ValueError, match="0 blocks"):
+        LLMEngine.from_hf_model(tiny_hf, None, kv_cache_memory_bytes=100, block_size=4)
+
+
+def test_cached_kv_is_never_shared_across_models_or_tokenizers(tiny_hf):
+    from engine.request import Request
+    prompt = list(range(1, 17))
+    hashes = []
+    for name, tok in (("model-a", None), ("model-b", None)):
+        engine = LLMEngine.from_hf_model(tiny_hf, tok, name=name, num_gpu_blocks=16, block_size=4)
+        hashes.append(engine.kv.block_hashes(Request("x", 0, prompt, OK), 16))
+    assert not set(hashes[0]) & set(hashes[1])  # the model's identity is in every block hash
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="model-a", num_gpu_blocks=16, block_size=4)
+    engine.kv.extra_keys = ("model-a::", "other-tokenizer", engine.vocab_size)
+    assert not set(engine.kv.block_hashes(Request("y", 0, prompt, OK), 16)) & set(hashes[0])

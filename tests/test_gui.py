@@ -328,3 +328,20 @@ def test_inject_dialog_beam_search_shows_the_beams(qtbot, make_window, settings)
     assert len(live) == 3 and {r.group_id for r in live} == {live[0].group_id}
     step_and_wait(qtbot, win, 10)
     assert win.latest.snapshot.counters["num_free_blocks"] == 64
+
+
+def test_closing_the_window_mid_step_shuts_down_cleanly(qtbot, make_window, tiny_hf, capfd):
+    def slow_factory():
+        eng = LLMEngine.from_hf_model(tiny_hf, None, name="slow", num_gpu_blocks=16, block_size=4)
+        real = eng.step
+        eng.step = lambda: (time.sleep(0.5), real())[1]
+        return eng
+    win = loaded(qtbot, make_window(slow_factory))
+    inject_and_wait(qtbot, win, [[1, 2, 3]])
+    win.step(5)  # 2.5 s of steps queued on the worker
+    time.sleep(0.1)  # the first step is running now
+    t0 = time.perf_counter()
+    win.close()  # closeEvent: the worker finishes its step, then the thread ends
+    assert not win.thread_.isRunning()
+    assert time.perf_counter() - t0 < 3.0
+    assert "Traceback" not in capfd.readouterr().err

@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from engine.audit import audit_pool
 from engine.block_pool import BlockPool
 from engine.config import SamplingParams
+from engine.cpu_pool import CpuBlockPool
 from engine.kv_cache_manager import KVCacheManager
 from engine.replay import PoolReplayer
 from engine.request import Request
@@ -78,6 +79,99 @@ class KVMachine(RuleBasedStateMachine):
         assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
 
 
+
+
+class KVForkSwapMachine(RuleBasedStateMachine):
+    """Fork, copy-on-write, swap out and in, eviction and abort in the mix, on a small pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(BlockPool(NB), BS, cpu_pool=CpuBlockPool(8))
+        self.live: dict[str, Request] = {}  # on the device
+        self.swapped: dict[str, Request] = {}
+        self.n = 0
+        self.events = []
+
+    def _new(self, tokens) -> Request:
+        r = Request(str(self.n), self.n, list(tokens), SamplingParams())
+        self.n += 1
+        return r
+
+    @rule(prefix=st.sampled_from(range(len(PREFIXES))), tail=st.lists(st.integers(0, 30), max_size=6))
+    def add(self, prefix, tail):
+        r = self._new(PREFIXES[prefix] + tail)
+        hits, n_hit = self.kv.get_computed_blocks(r)
+        if self.kv.allocate_slots(r, r.num_tokens - n_hit, hits) is not None:
+            r.num_computed_tokens = r.num_tokens
+            self.live[r.request_id] = r
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), tok=st.integers(0, 30))
+    def decode(self, data, tok):
+        """May copy a shared partial block first (CoW) and may evict a cached free block."""
+        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        r.output_token_ids.append(tok)
+        if self.kv.allocate_slots(r, 1) is None:
+            r.output_token_ids.pop()
+        else:
+            r.num_computed_tokens += 1
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        child = self._new(parent.prompt_token_ids)
+        child.output_token_ids = list(parent.output_token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.kv.fork(parent, child)
+        self.live[child.request_id] = child
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def swap_out(self, data):
+        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        if self.kv.swap_out(r):
+            self.swapped[r.request_id] = self.live.pop(r.request_id)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data):
+        r = self.swapped[data.draw(st.sampled_from(sorted(self.swapped)))]
+        if self.kv.can_swap_in(r, 0):
+            self.kv.swap_in(r)
+            self.live[r.request_id] = self.swapped.pop(r.request_id)
+
+    @precondition(lambda self: self.live or self.swapped)
+    @rule(data=st.data())
+    def abort(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live) + sorted(self.swapped)))
+        r = self.live.pop(rid, None) or self.swapped.pop(rid)
+        self.kv.free(r)
+
+    @invariant()
+    def audit_clean_and_replay_matches(self):
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
+        self.kv.take_device_work()
+        self.events += self.kv.pool.drain_events()
+        rp = PoolReplayer(NB).apply_all(self.events)
+        pool = self.kv.pool
+        assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
+        assert list(rp.free_queue) == pool.free_queue.ids()
+        cpu = self.kv.cpu_pool
+        assert cpu.num_free_blocks + sum(len(r.cpu_block_ids) for r in self.swapped.values()) == cpu.num_blocks
+        for r in self.live.values():  # every table covers its computed tokens
+            assert len(self.kv.req_to_blocks[r.request_id]) * BS >= r.num_computed_tokens
+
+    def teardown(self):
+        for r in list(self.live.values()) + list(self.swapped.values()):
+            self.kv.free(r)
+        assert self.kv.pool.num_free_blocks == NB
+        assert self.kv.cpu_pool.num_free_blocks == self.kv.cpu_pool.num_blocks
+
+
 TestKVManager = KVMachine.TestCase
 TestKVManager.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])
+TestKVForkSwap = KVForkSwapMachine.TestCase
+TestKVForkSwap.settings = settings(max_examples=80, stateful_step_count=50, deadline=None,
+                                   suppress_health_check=[HealthCheck.too_slow])
