@@ -28,7 +28,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     preemption_mode: Literal["recompute", "swap"] = "recompute"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | int8 | int4 (V int4, K int8): see kv_quant.py
     attention_backend: str = "auto"  # torch | triton | auto
     enforce_eager: bool = False  # on CUDA: no CUDA graphs for decode
     # "contiguous": each request reserves max_model_len of KV at admission, as systems before
@@ -49,6 +49,8 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_cache_dtype not in ("auto", "fp8", "int8", "int4"):
+            raise ValueError(f"kv_cache_dtype must be auto, fp8, int8 or int4, got {self.kv_cache_dtype!r}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be paged or contiguous, got {self.kv_layout!r}")
         if self.max_num_seqs < 1:

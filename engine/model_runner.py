@@ -10,6 +10,7 @@ from .attention.metadata import AttentionMetadata
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .kv_cache_manager import cdiv
+from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes
 from .models.llama import LlamaForCausalLM
 from .sampler import sample
@@ -31,15 +32,14 @@ class ModelRunner:
         self.dtype = self.model.embed_tokens.weight.dtype
         self.vocab_size = self.model.lm_head.weight.shape[0]
         self.max_model_len = max_model_len
-        self.kv_dtype = self.dtype
+        self.kv_dtype = self.dtype  # what attention reads: a quantized pool dequantizes to it
+        self.kv_formats = part_formats(config.kv_cache_dtype)
         self.block_size = config.block_size
         self.attention, self.store, self.backend = self._select_backend()
+        self.fp8_scales = self._calibrate_fp8() if "fp8" in self.kv_formats else None
         self.num_blocks = self._num_blocks()
-        shape = (self.num_blocks, self.block_size, self.model.num_kv_heads, self.model.head_dim)
         # zeros() on the CPU maps pages lazily: a 2 GiB pool costs nothing until used.
-        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=device),
-                           torch.zeros(shape, dtype=self.kv_dtype, device=device))
-                          for _ in range(self.model.num_layers)]
+        self.kv_caches = [self._new_cache(self.num_blocks, i, device) for i in range(self.model.num_layers)]
         self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
@@ -50,18 +50,64 @@ class ModelRunner:
             self.num_cpu_blocks = 0
         # Pinned host memory makes the device<->host copies asynchronous on CUDA.
         pin = device.type == "cuda"
-        self.cpu_caches = [(torch.zeros((self.num_cpu_blocks, *shape[1:]), dtype=self.kv_dtype, pin_memory=pin),
-                            torch.zeros((self.num_cpu_blocks, *shape[1:]), dtype=self.kv_dtype, pin_memory=pin))
-                           for _ in range(self.model.num_layers)] if self.num_cpu_blocks else []
+        self.cpu_caches = [self._new_cache(self.num_cpu_blocks, i, torch.device("cpu"), pin)
+                           for i in range(self.model.num_layers)] if self.num_cpu_blocks else []
         if self.num_cpu_blocks:
             logger.info("CPU swap pool: %d blocks, %.3f GiB", self.num_cpu_blocks,
                         self.num_cpu_blocks * self.block_bytes / 2**30)
 
     # -- sizing --------------------------------------------------------------------
+    def _new_cache(self, num_blocks: int, layer: int, device: torch.device, pin: bool = False):
+        """One layer's (K, V) pools in the configured formats."""
+        m = self.model
+        out = []
+        for part, fmt in enumerate(self.kv_formats):
+            if fmt == "none":
+                out.append(torch.zeros((num_blocks, self.block_size, m.num_kv_heads, m.head_dim), dtype=self.kv_dtype,
+                                       device=device, pin_memory=pin))
+            else:
+                scale = self.fp8_scales[layer][part] if fmt == "fp8" else None
+                out.append(QuantizedKV(fmt, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype,
+                                       device, pin, scale))
+        return tuple(out)
+
     @property
     def block_bytes(self) -> int:
+        """K + V bytes of one block over all layers, scales included."""
         m = self.model
-        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * dtype_size(self.kv_dtype) * self.block_size
+        per_token = sum(token_bytes(f, m.num_kv_heads, m.head_dim, dtype_size(self.kv_dtype)) for f in self.kv_formats)
+        return m.num_layers * per_token * self.block_size
+
+    @torch.inference_mode()
+    def _calibrate_fp8(self, num_tokens: int = 256, headroom: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """fp8 scales per layer and KV head: amax over a calibration forward x headroom / 448.
+
+        A forward over random tokens sees K/V of the magnitudes real text produces (both come
+        out of an RMS-normalised projection); values past the headroom saturate at +-448 x scale.
+        """
+        m = self.model
+        n = min(num_tokens, self.max_model_len)
+        g = torch.Generator().manual_seed(self.config.seed)
+        ids = torch.randint(0, self.vocab_size, (n,), generator=g).to(self.device)
+        pos = torch.arange(n, device=self.device)
+        bs = self.block_size
+        nb = cdiv(n, bs)
+        shape = (nb, bs, m.num_kv_heads, m.head_dim)
+        caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                   torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(m.num_layers)]
+        amax: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def record(key, value, k_cache, v_cache, slot_mapping):
+            amax.append((key.float().abs().amax(dim=(0, 2)), value.float().abs().amax(dim=(0, 2))))
+            torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+        meta = self._metadata_for([(0, n, list(range(nb)))], pos)
+        m(ids, pos, caches, meta, torch_ref.paged_attention, record)
+        scales = [tuple((a * headroom / 448.0).clamp_min(1e-6).cpu() for a in pair) for pair in amax]
+        logger.info("fp8 KV scales calibrated over %d tokens (x%.0f headroom): K %.3g..%.3g, V %.3g..%.3g", n,
+                    headroom, min(float(k.min()) for k, _ in scales), max(float(k.max()) for k, _ in scales),
+                    min(float(v.min()) for _, v in scales), max(float(v.max()) for _, v in scales))
+        return scales
 
     def _num_blocks(self) -> int:
         c = self.config
@@ -174,19 +220,18 @@ class ModelRunner:
                 continue
             src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
             dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
-            for (dk, dv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
-                if to_cpu:
-                    ck[dst] = dk[src.to(self.device)].to("cpu")
-                    cv[dst] = dv[src.to(self.device)].to("cpu")
-                else:
-                    dk[dst.to(self.device)] = ck[src].to(self.device, non_blocking=True)
-                    dv[dst.to(self.device)] = cv[src].to(self.device, non_blocking=True)
+            for dev_pair, cpu_pair in zip(self.kv_caches, self.cpu_caches):
+                for dev, cpu in zip(dev_pair, cpu_pair):
+                    if to_cpu:
+                        copy_blocks(cpu, dst, dev, src)
+                    else:
+                        copy_blocks(dev, dst, cpu, src)
         if sched.copies:
             src = torch.tensor([a for a, _ in sched.copies], dtype=torch.long, device=self.device)
             dst = torch.tensor([b for _, b in sched.copies], dtype=torch.long, device=self.device)
-            for k, v in self.kv_caches:
-                k[dst] = k[src]
-                v[dst] = v[src]
+            for pair in self.kv_caches:
+                for cache in pair:
+                    copy_blocks(cache, dst, cache, src)
 
     def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
         """Run one forward over every scheduled token; sample where a request reached its end.

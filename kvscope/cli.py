@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size the pool by bytes (block bytes = 2 x layers x kv_heads x head_dim x dtype x block)")
     k.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on CUDA: fraction of the GPU's memory for weights + activations + the KV pool")
+    k.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8", "int4"],
+                   help="store KV quantized: fp8 (e4m3, a scale per head), int8 (a scale per token and head), "
+                        "int4 (int4 V with int8 K); about 2x the blocks of a 16-bit cache in the same memory")
     k.add_argument("--max-model-len", type=int, default=None,
                    help="cap the context length (default: the model's); a smaller cap fits a smaller KV pool")
     k.add_argument("--no-prefix-caching", action="store_true", help="turn automatic prefix caching off")
@@ -69,6 +72,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
         seed=args.seed, fault=args.fault, preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        max_model_len=args.max_model_len, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+        max_model_len=args.max_model_len, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+        kv_cache_dtype=args.kv_cache_dtype)
     cfg.validate()
     return cfg

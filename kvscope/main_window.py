@@ -271,7 +271,8 @@ class MainWindow(QMainWindow):
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
         self.setWindowTitle(title)
         self.grid.title.setText(f"{info.model_name} · {info.num_blocks} blocks × {info.block_size} tokens "
-                                f"· {info.block_bytes / 1024:.0f} KiB/block · {info.device} {info.dtype}")
+                                f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}"
+                                + ("" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"))
 
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
@@ -353,7 +354,8 @@ class MainWindow(QMainWindow):
         cap = ""
         if self.info:
             i = self.info
-            cap = f" · {i.block_bytes / 1024:.0f} KiB/block, capacity {i.num_blocks * i.block_size} tokens"
+            kv = "" if i.kv_cache_dtype == "auto" else f" {i.kv_cache_dtype}"
+            cap = (f" · KV{kv} {i.block_bytes / 1024:.1f} KiB/block, capacity {i.num_blocks * i.block_size:,} tokens")
         self.status_label.setText(
             f"step {r.step} · free {c['num_free_blocks']}/{c['num_blocks']} blocks · usage "
             f"{100 * c['kv_cache_usage_perc']:.1f}% · cached {c['num_cached_blocks']} · hit rate {hit} · "

@@ -91,7 +91,8 @@ class Session:
                 "block_bytes": e.runner.block_bytes, "max_model_len": e.max_model_len,
                 "load_seconds": e.load_seconds, "num_cpu_blocks": e.kv.cpu_pool.num_blocks,
                 "decode": e.tokenizer.decode if e.tokenizer is not None else None,
-                "scenario": self.scenario.scenario.title if self.scenario else None}
+                "scenario": self.scenario.scenario.title if self.scenario else None,
+                "kv_cache_dtype": e.config.kv_cache_dtype}
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished() or (self.scenario is not None and not self.scenario.done(self.engine))
@@ -155,7 +156,8 @@ class ReplaySession:
         return {"model_name": f"replay of {h.get('model', '?')}", "device": "trace", "dtype": "-",
                 "num_blocks": h["num_blocks"], "block_size": h["block_size"], "block_bytes": h.get("block_bytes", 0),
                 "max_model_len": 0, "load_seconds": 0.0, "num_cpu_blocks": h.get("num_cpu_blocks", 0),
-                "decode": None, "scenario": h.get("scenario")}
+                "decode": None, "scenario": h.get("scenario"),
+                "kv_cache_dtype": h.get("config", {}).get("kv_cache_dtype", "auto")}
 
     def has_work(self) -> bool:
         return self._next is not None

@@ -67,6 +67,7 @@ class EngineInfo:
     scenario: str | None = None
     read_only: bool = False
     extra: dict = field(default_factory=dict)
+    kv_cache_dtype: str = "auto"
 
 
 class EngineWorker(QObject):
@@ -117,7 +118,8 @@ class EngineWorker(QObject):
                                   (0 if dev == "cuda" else None))
         self.loaded.emit(EngineInfo(d["model_name"], dev, d["dtype"], d["num_blocks"], d["block_size"],
                                     d["block_bytes"], d["max_model_len"], d["load_seconds"], d["num_cpu_blocks"],
-                                    d["decode"], d["scenario"], session.read_only))
+                                    d["decode"], d["scenario"], session.read_only,
+                                    kv_cache_dtype=d.get("kv_cache_dtype", "auto")))
         if not session.read_only:
             self._send(session.current())
 

@@ -19,6 +19,7 @@ SHAPES = {
     "block_size": ("rows", {"block_size", "out_tok_s", "waste", "hit_rate"}),
     "inspector_cost": ("rows", {"mode", "steps_s", "ms_per_step", "vs_bare"}),
     "scheduler_overhead": ("rows", {"running", "prefix_caching", "us_per_step", "us_per_request"}),
+    "kv_quant": ("rows", {"kv_cache_dtype", "blocks", "tokens", "x_fp32", "x_16bit", "tok_s"}),
 }
 
 
@@ -37,5 +38,9 @@ def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
         rows = {r["layout"]: r for r in data["rows"]}
         assert rows["paged"]["peak_running"] > rows["contiguous (2048 reserved)"]["peak_running"]
         assert rows["paged"]["waste"] < 0.04
+    if name == "kv_quant":
+        rows = {r["kv_cache_dtype"]: r for r in data["rows"]}
+        assert rows["fp8"]["x_16bit"] == 2.0 and rows["int8"]["blocks"] > rows["auto"]["blocks"]
+        assert all(len(rows[d]["kl_16"]) == 24 and "agree_64_24" in rows[d] for d in ("fp8", "int8", "int4"))
     if name == "scheduler_overhead":
         assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256]

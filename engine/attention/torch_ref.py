@@ -1,19 +1,25 @@
 """Pure-PyTorch paged attention: gather K/V by block table, then SDPA.
 
 Runs on any device; it is the reference the Triton kernels are tested against.
-Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``, a plain tensor
+or a ``QuantizedKV`` (indexing it by block ids dequantizes just those blocks).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..kv_quant import QuantizedKV
 from .metadata import AttentionMetadata
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write each token's K/V at its slot (block_id * block_size + offset); -1 is skipped."""
+    if isinstance(k_cache, QuantizedKV):
+        k_cache.store(slot_mapping, key)
+        v_cache.store(slot_mapping, value)
+        return
     kvh, d = k_cache.shape[-2:]
     kc, vc = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     valid = slot_mapping >= 0

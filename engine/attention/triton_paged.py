@@ -1,7 +1,8 @@
 """Triton paged attention: store K/V by slot mapping, decode and prefill through block tables.
 
 Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (as in
-``torch_ref``). KV tiles of ``BLOCK_N`` tokens are gathered page by page inside the
+``torch_ref``), plain or quantized (``kv_quant``: the store kernel quantizes, the attention
+kernels dequantize each tile as they load it). KV tiles of ``BLOCK_N`` tokens are gathered page by page inside the
 kernels (token ``n`` lives in block ``table[n // block_size]`` at ``n % block_size``), so
 any block size works with a tile big enough for ``tl.dot``, and cached prefixes are read
 in place: no gather into a contiguous copy. Query heads of one KV head share its K/V
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_quant import QUANT_MODES, QuantizedKV
 from .metadata import AttentionMetadata
 
 
@@ -25,40 +27,110 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# -- store ---------------------------------------------------------------------------------
+# -- store (and quantize) -------------------------------------------------------------------
 @triton.jit
-def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                     stride_kt, stride_vt, ROW: tl.constexpr, ROW_PAD: tl.constexpr):
+def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    h = tl.arange(0, KVH_PAD)
+    hm = h < NUM_KV_HEADS
+    src = x_ptr + t * stride_t + h[:, None] * HEAD_DIM
+    if MODE == 3:  # int4: a scale per head, two values a byte (even d low nibble, odd d high)
+        half = tl.arange(0, HEAD_DIM // 2)
+        xe = tl.load(src + 2 * half[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
+        xo = tl.load(src + 2 * half[None, :] + 1, mask=hm[:, None], other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
+        scale = tl.maximum(amax / 7.0, 6.2e-5).to(tl.float16)
+        sf = scale.to(tl.float32)[:, None]
+        qe = tl.minimum(tl.maximum(tl.floor(xe / sf + 0.5), -7.0), 7.0) + 8.0
+        qo = tl.minimum(tl.maximum(tl.floor(xo / sf + 0.5), -7.0), 7.0) + 8.0
+        packed = qe.to(tl.uint8) | (qo.to(tl.uint8) << 4)
+        dst = cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM // 2) + h[:, None] * (HEAD_DIM // 2) + half[None, :]
+        tl.store(dst, packed, mask=hm[:, None])
+        tl.store(scale_ptr + slot * NUM_KV_HEADS + h, scale, mask=hm)
+    else:
+        d = tl.arange(0, HEAD_DIM)
+        x = tl.load(src + d[None, :], mask=hm[:, None], other=0.0)
+        dst = cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
+        if MODE == 0:
+            tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=hm[:, None])
+        elif MODE == 1:  # fp8 e4m3 with a static scale per head
+            hs = tl.load(scale_ptr + h, mask=hm, other=1.0)
+            y = tl.minimum(tl.maximum(x.to(tl.float32) / hs[:, None], -448.0), 448.0)
+            # Round to the e4m3 grid by hand (3 mantissa bits; subnormal below 2^-6), so the cast is
+            # exact: Triton 3.9's interpreter drops the carry when rounding overflows the mantissa.
+            a = tl.abs(y)
+            e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+            step = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3)
+            r = tl.minimum(tl.floor(a / step + 0.5) * step, 448.0)
+            tl.store(dst, tl.where(y < 0, -r, r).to(tl.float8e4nv), mask=hm[:, None])
+        else:  # int8: a scale per token and head
+            xf = x.to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(xf), axis=1) / 127.0, 6.2e-5).to(tl.float16)
+            q = tl.minimum(tl.maximum(tl.floor(xf / scale.to(tl.float32)[:, None] + 0.5), -127.0), 127.0)
+            tl.store(dst, q.to(tl.int8), mask=hm[:, None])
+            tl.store(scale_ptr + slot * NUM_KV_HEADS + h, scale, mask=hm)
+
+
+@triton.jit
+def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
+                     stride_kt, stride_vt, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
+                     NUM_KV_HEADS: tl.constexpr, KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
     t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:  # -1: a padded row, nothing to store
-        offs = tl.arange(0, ROW_PAD)
-        mask = offs < ROW
-        k = tl.load(key_ptr + t * stride_kt + offs, mask=mask)
-        v = tl.load(value_ptr + t * stride_vt + offs, mask=mask)
-        dst = slot.to(tl.int64) * ROW + offs
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        _store_part(key_ptr, stride_kt, k_cache_ptr, k_scale_ptr, t, slot, K_MODE, NUM_KV_HEADS, KVH_PAD, HEAD_DIM)
+        _store_part(value_ptr, stride_vt, v_cache_ptr, v_scale_ptr, t, slot, V_MODE, NUM_KV_HEADS, KVH_PAD,
+                    HEAD_DIM)
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """``key``/``value``: ``[T, kvh, D]``; one program per token writes its whole row."""
-    t = key.shape[0]
+def _parts(cache) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(data, scale, mode) of a plain or quantized pool; a plain pool passes itself as a dummy scale."""
+    if isinstance(cache, QuantizedKV):
+        return cache.data, cache.scale, QUANT_MODES[cache.fmt]
+    return cache, cache, 0
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+    """``key``/``value``: ``[T, kvh, D]``; one program per token writes (and quantizes) its rows."""
+    t, kvh, d = key.shape
     if t == 0:
         return
-    row = key.shape[1] * key.shape[2]
-    key, value = key.reshape(t, row), value.reshape(t, row)
-    _store_kv_kernel[(t,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
-                           ROW=row, ROW_PAD=triton.next_power_of_2(row))
+    key, value = key.reshape(t, kvh * d), value.reshape(t, kvh * d)
+    kc, ks, km = _parts(k_cache)
+    vc, vs, vm = _parts(v_cache)
+    _store_kv_kernel[(t,)](key, value, kc, vc, ks, vs, slot_mapping, key.stride(0), value.stride(0),
+                           K_MODE=km, V_MODE=vm, NUM_KV_HEADS=kvh, KVH_PAD=triton.next_power_of_2(kvh),
+                           HEAD_DIM=d)
+
+
+@triton.jit
+def _load_tile(cache_ptr, scale_ptr, slot, kvh, d, nmask, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """``[BLOCK_N, HEAD_DIM]`` fp32 K or V of one KV head at the given slots, dequantized."""
+    if MODE == 3:
+        off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM // 2) + kvh * (HEAD_DIM // 2) + (d // 2)[None, :]
+        byte = tl.load(cache_ptr + off, mask=nmask[:, None], other=0)
+        nib = (byte >> ((d % 2) * 4).to(tl.uint8)[None, :]) & 0xF
+        scale = tl.load(scale_ptr + slot * NUM_KV_HEADS + kvh, mask=nmask, other=0.0).to(tl.float32)
+        x = (nib.to(tl.float32) - 8.0) * scale[:, None]
+    else:
+        off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d[None, :]
+        x = tl.load(cache_ptr + off, mask=nmask[:, None], other=0.0).to(tl.float32)
+        if MODE == 1:
+            x = x * tl.load(scale_ptr + kvh)
+        elif MODE == 2:
+            scale = tl.load(scale_ptr + slot * NUM_KV_HEADS + kvh, mask=nmask, other=0.0).to(tl.float32)
+            x = x * scale[:, None]
+    return x
 
 
 # -- decode: one query token per sequence ------------------------------------------------
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, seq_idx_ptr, tok_idx_ptr,
-                   scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, tables_ptr, seq_lens_ptr,
+                   seq_idx_ptr, tok_idx_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
                    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   QUERIES_PER_KV: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+                   QUERIES_PER_KV: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   K_MODE: tl.constexpr, V_MODE: tl.constexpr):
     i = tl.program_id(0)  # the i-th decode sequence
     kvh = tl.program_id(1)
     seq = tl.load(seq_idx_ptr + i)
@@ -72,15 +144,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_len
     m_i = tl.full([Q_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([Q_PAD], tl.float32)
     acc = tl.zeros([Q_PAD, HEAD_DIM], tl.float32)
-    row = NUM_KV_HEADS * HEAD_DIM
     for start in range(0, seq_len, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         nmask = n < seq_len  # masks the partly filled last block
         phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
         slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
-        kv_off = slot[:, None] * row + kvh * HEAD_DIM + d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(tl.float32)
+        k = _load_tile(k_cache_ptr, k_scale_ptr, slot, kvh, d, nmask, K_MODE, NUM_KV_HEADS, HEAD_DIM)
+        v = _load_tile(v_cache_ptr, v_scale_ptr, slot, kvh, d, nmask, V_MODE, NUM_KV_HEADS, HEAD_DIM)
         # [Q_PAD, BLOCK_N]: a broadcast product, since one query row is too thin for tl.dot.
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         s = tl.where(nmask[None, :], s, float("-inf"))
@@ -97,11 +167,11 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_len
 
 # -- prefill: new tokens over a cached prefix, causal among themselves --------------------
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_idx_ptr, q_start_ptr, q_len_ptr,
-                    ctx_len_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, tables_ptr, seq_idx_ptr,
+                    q_start_ptr, q_len_ptr, ctx_len_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
                     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     QUERIES_PER_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr):
+                    DOT_FP32: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr):
     i = tl.program_id(0)  # the i-th prefill sequence
     mt = tl.program_id(1)  # its query tile
     h = tl.program_id(2)
@@ -121,16 +191,14 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, seq_id
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        row = NUM_KV_HEADS * HEAD_DIM
         end = tl.minimum(seq_len, prefix + (mt + 1) * BLOCK_M)  # causal: no key past the tile's last query
         for start in range(0, end, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < end
             phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
             slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
-            kv_off = slot[:, None] * row + kvh * HEAD_DIM + d[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
-            v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0).to(q.dtype)
+            k = _load_tile(k_cache_ptr, k_scale_ptr, slot, kvh, d, nmask, K_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
+            v = _load_tile(v_cache_ptr, v_scale_ptr, slot, kvh, d, nmask, V_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
             if DOT_FP32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -179,6 +247,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """``q``: ``[T, H, D]``; the same contract as ``torch_ref.paged_attention``."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
+    kc, ks, km = _parts(k_cache)
+    vc, vs, vm = _parts(v_cache)
     qpk = num_heads // num_kv_heads
     bs = meta.block_size
     out = torch.empty_like(q)
@@ -186,16 +256,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_n = max(16, min(64, triton.next_power_of_2(bs)))
     if meta.decode_seqs.numel():
         grid = (meta.decode_seqs.numel(), num_kv_heads)
-        _decode_kernel[grid](q, k_cache, v_cache, out, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens,
+        _decode_kernel[grid](q, kc, vc, ks, vs, out, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens,
                              scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
                              BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
-                             Q_PAD=max(triton.next_power_of_2(qpk), 1), BLOCK_N=block_n)
+                             Q_PAD=max(triton.next_power_of_2(qpk), 1), BLOCK_N=block_n, K_MODE=km, V_MODE=vm)
     if meta.prefill_seqs:
         seq_idx, q_start, q_len, ctx_len, max_q = _prefill_tensors(meta, q.device)
         block_m = 16 if max_q <= 16 else 32
         grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)
-        _prefill_kernel[grid](q, k_cache, v_cache, out, tables, seq_idx, q_start, q_len, ctx_len,
+        _prefill_kernel[grid](q, kc, vc, ks, vs, out, tables, seq_idx, q_start, q_len, ctx_len,
                               scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
                               BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
-                              BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=_dot_fp32(q.dtype))
+                              BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=_dot_fp32(q.dtype), K_MODE=km, V_MODE=vm)
     return out
