@@ -9,10 +9,20 @@ bigger copies. Waste = allocated but unfilled slots / allocated slots, averaged 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
-from common import engine_for, kv_waste, length_mix, model_for, plot_path, pyplot, random_prompts, table, write_results
+from common import (
+    engine_for,
+    kv_waste,
+    length_mix,
+    main,
+    model_for,
+    pyplot,
+    random_prompts,
+    save_figure,
+    table,
+    write_results,
+)
 from engine import SamplingParams
 
 SIZES = [8, 16, 32, 64, 128]
@@ -56,15 +66,11 @@ def run(quick: bool) -> dict:
         a.set_xticks(SIZES, [str(s) for s in SIZES])
         a.set_xlabel("block size (tokens)")
         a.set_title(label)
-    fig.tight_layout()
-    fig.savefig(plot_path("block_size", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "block_size", quick)
     print(table(rows, [("block_size", "block size", "d"), ("out_tok_s", "output tok/s", ".1f"),
                        ("waste", "waste", ".1%"), ("hit_rate", "hit rate", ".0%"), ("seconds", "seconds", ".1f")]))
     return result
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

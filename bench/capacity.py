@@ -11,16 +11,15 @@ slots / allocated slots of the blocks in use, averaged over steps (a shared bloc
 """
 from __future__ import annotations
 
-import argparse
-
 from common import (
     engine_for,
     install_fake_runner,
     kv_waste,
     length_mix,
-    plot_path,
+    main,
     pyplot,
     random_prompts,
+    save_figure,
     table,
     tiny_model,
     write_results,
@@ -82,9 +81,7 @@ def run(quick: bool) -> dict:
     ax[1].set_xlabel("internal waste, % of allocated slots")
     ax[1].set_yticklabels([])
     fig.suptitle(f"{budget >> 20} MiB of KV ({n_blocks} blocks of {bs}), {n} requests")
-    fig.tight_layout()
-    fig.savefig(plot_path("capacity", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "capacity", quick)
     print(table(rows, [("layout", "layout", ""), ("peak_running", "most running", "d"),
                        ("vs_contiguous", "x contiguous", ".1f"), ("mean_running", "mean running", ".1f"),
                        ("waste", "waste", ".1%"), ("hit_rate", "hit rate", ".0%"),
@@ -93,6 +90,4 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

@@ -123,6 +123,20 @@ def plot_path(name: str, quick: bool) -> Path:
     return folder / f"{name}.png"
 
 
+def save_figure(fig, name: str, quick: bool) -> None:
+    fig.tight_layout()
+    fig.savefig(plot_path(name, quick), dpi=100)
+    pyplot().close(fig)
+
+
+def main(run, description: str | None = None) -> None:
+    """The command line every benchmark shares: ``--quick`` is the CI smoke test's size."""
+    import argparse
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help="a small run (CI checks its JSON's shape, not speed)")
+    run(ap.parse_args().quick)
+
+
 def pyplot():
     import matplotlib
     matplotlib.use("Agg")

@@ -11,13 +11,12 @@ redraws at most ~30 times a second). Also the grid's redraw time at 16 k, 262 k 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from common import engine_for, length_mix, plot_path, pyplot, random_prompts, table, tiny_model, write_results  # noqa: E402
+from common import engine_for, length_mix, main, pyplot, random_prompts, save_figure, table, tiny_model, write_results  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
 
@@ -108,9 +107,7 @@ def run(quick: bool) -> dict:
     ax[1].bar([f"{g['blocks'] // 1024}k" for g in grid], [g["median_ms"] for g in grid], color="#c84")
     ax[1].set_ylabel("grid redraw, ms (median)")
     ax[1].set_xlabel("blocks in the pool")
-    fig.tight_layout()
-    fig.savefig(plot_path("inspector_cost", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "inspector_cost", quick)
     print(table(rows, [("mode", "mode", ""), ("steps_s", "steps/s", ".1f"), ("ms_per_step", "ms/step", ".2f"),
                        ("vs_bare", "x bare", ".2f")]))
     print(table(grid, [("blocks", "blocks", ",d"), ("median_ms", "grid redraw ms (median)", ".1f")]))
@@ -118,6 +115,4 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

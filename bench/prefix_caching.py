@@ -12,17 +12,17 @@ TTFT p50/p99, requests/s, output tokens/s and the hit rate (prefix_cache_hits / 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 from common import (
     engine_for,
     length_mix,
+    main,
     model_for,
     percentile,
-    plot_path,
     pyplot,
     random_prompts,
+    save_figure,
     table,
     write_results,
 )
@@ -124,9 +124,7 @@ def run(quick: bool) -> dict:
     ax[1].set_ylabel("TTFT, s")
     ax[1].legend()
     ax[1].set_title(f"{turns}-turn chat")
-    fig.tight_layout()
-    fig.savefig(plot_path("prefix_caching", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "prefix_caching", quick)
     print(table(rows, [("caching", "caching", ""), ("ttft_p50_s", "TTFT p50 s", ".3f"),
                        ("ttft_p99_s", "TTFT p99 s", ".3f"), ("sequential_req_s", "req/s (one client)", ".2f"),
                        ("concurrent_out_tok_s", "out tok/s (all at once)", ".1f"),
@@ -138,6 +136,4 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

@@ -10,7 +10,6 @@ current GPU takes about 3 ms.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -18,9 +17,10 @@ from common import (
     engine_for,
     install_fake_runner,
     length_mix,
-    plot_path,
+    main,
     pyplot,
     random_prompts,
+    save_figure,
     table,
     tiny_model,
     write_results,
@@ -66,9 +66,7 @@ def run(quick: bool) -> dict:
     ax.set_xlabel("running requests")
     ax.set_ylabel("µs of Python per step")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_path("scheduler_overhead", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "scheduler_overhead", quick)
     print(table(rows, [("running", "running", "d"), ("prefix_caching", "caching", ""),
                        ("us_per_step", "µs / step", ".0f"), ("us_per_request", "µs / request", ".1f"),
                        ("fraction_of_gpu_step", "of a 3 ms GPU step", ".0%")]))
@@ -76,6 +74,4 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

@@ -49,7 +49,7 @@ def run_soak(num_requests: int, seed: int = 0, mode: str = "recompute", num_bloc
     aborts: Counter[str] = Counter()
     preempt_modes: Counter[str] = Counter()
     leaks = 0
-    added = 0
+    added = refused = 0
     t0 = time.perf_counter()
     while added < num_requests or engine.has_unfinished():
         for _ in range(rng.choice((0, 0, 0, 1, 1, 2)) if added < num_requests else 0):
@@ -64,7 +64,13 @@ def run_soak(num_requests: int, seed: int = 0, mode: str = "recompute", num_bloc
             else:
                 params = SamplingParams(max_tokens=max_tokens, temperature=rng.choice((0.0, 0.8)),
                                         n=rng.choice((1, 1, 1, 2, 3)), seed=rng.randrange(1000), ignore_eos=True)
-            rid = engine.add_request(prompt, params)
+            before = len(engine.requests)
+            try:
+                rid = engine.add_request(prompt, params)
+            except ValueError:  # e.g. two beams of a long prompt cannot fit this small pool: refused
+                refused += 1
+                assert len(engine.requests) == before  # and nothing else changed
+                continue
             if added % greedy_every == 0:
                 greedy[rid] = (prompt, max_tokens)
             added += 1
@@ -107,7 +113,8 @@ def run_soak(num_requests: int, seed: int = 0, mode: str = "recompute", num_bloc
     mismatched = [rid for rid, r in zip(greedy, ref) if outputs.get(rid) != r.outputs[0].token_ids]
     assert not mismatched, f"greedy outputs changed under pressure: {mismatched}"
     m = engine.metrics()
-    return {"mode": mode, "requests": added, "sequences": len(sequences), "steps": engine.step_count,
+    return {"mode": mode, "requests": added, "refused": refused, "sequences": len(sequences),
+            "steps": engine.step_count,
             "aborts": sum(aborts.values()), "aborts_by_state": dict(aborts), "preemptions": m["num_preemptions"],
             "preemptions_by_mode": dict(preempt_modes), "swap_outs": m["swap_outs"], "swap_ins": m["swap_ins"],
             "cow_copies": m["cow_copies"], "evictions": m["evictions"], "leaks_found": leaks,
@@ -122,7 +129,7 @@ def main() -> None:
     rows = [run_soak(args.requests // 2, args.seed, "recompute"), run_soak(args.requests - args.requests // 2,
                                                                            args.seed + 1, "swap")]
     write_results("soak", {"rows": rows}, quick=False)
-    keys = ["requests", "sequences", "steps", "aborts", "preemptions", "swap_outs", "swap_ins", "cow_copies",
+    keys = ["requests", "refused", "sequences", "steps", "aborts", "preemptions", "swap_outs", "swap_ins", "cow_copies",
             "evictions", "leaks_found", "greedy_checked", "seconds"]
     print("| mode | " + " | ".join(keys) + " | aborts by state |")
     print("|---" * (len(keys) + 2) + "|")

@@ -2,7 +2,7 @@
 
     python bench/throughput.py [--quick]
 
-64 requests, prompt and output lengths from a fixed seed (prompts 16-512, outputs 16-256
+64 requests, prompt and output lengths from a fixed seed (prompts 16-512, outputs 16-192
 tokens), on SmolLM2; every system gets the same requests. Paged and contiguous get the same
 KV byte budget and max_model_len; contiguous reserves max_model_len per request at admission,
 as systems before PagedAttention did, so fewer requests run at once. transformers runs static
@@ -11,12 +11,21 @@ the requested output tokens count. Output tokens/s and ratios, measured side by 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from common import engine_for, length_mix, model_for, plot_path, pyplot, random_prompts, table, write_results
+from common import (
+    engine_for,
+    length_mix,
+    main,
+    model_for,
+    pyplot,
+    random_prompts,
+    save_figure,
+    table,
+    write_results,
+)
 from engine import LLM, SamplingParams
 
 
@@ -55,7 +64,7 @@ def run(quick: bool) -> dict:
     mtn = model_for(quick)
     model = mtn[0]
     n, prompt_rng, out_rng, max_len, budget = (
-        (8, (8, 48), (4, 16), 128, 2 << 20) if quick else (64, (16, 512), (16, 256), 2048, 1 << 30))
+        (8, (8, 48), (4, 16), 128, 2 << 20) if quick else (64, (16, 512), (16, 192), 2048, 1 << 30))
     mix = length_mix(n, 0, prompt_rng, out_rng)
     prompts = random_prompts([p for p, _ in mix], model.config.vocab_size, seed=1)
     outputs = [o for _, o in mix]
@@ -83,9 +92,7 @@ def run(quick: bool) -> dict:
     ax.barh([r["system"] for r in rows][::-1], [r["tok_s"] for r in rows][::-1], color=["#888", "#c84", "#2a7"])
     ax.set_xlabel("output tokens / s")
     ax.set_title(f"{n} requests, {mtn[2]}")
-    fig.tight_layout()
-    fig.savefig(plot_path("throughput", quick), dpi=100)
-    plt.close(fig)
+    save_figure(fig, "throughput", quick)
     print(table(rows, [("system", "system", ""), ("tok_s", "output tok/s", ".1f"),
                        ("paged_over_this", "paged / this", ".2f"), ("peak_running", "peak running", "d"),
                        ("preemptions", "preemptions", "d"), ("seconds", "seconds", ".1f")]))
@@ -93,6 +100,4 @@ def run(quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a tiny model and 8 requests (CI smoke test)")
-    run(ap.parse_args().quick)
+    main(run, __doc__)

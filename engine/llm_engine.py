@@ -295,6 +295,9 @@ class LLMEngine:
     def _append_beam_token(self, req: Request, tok: int) -> None:
         """Beam search decides when a beam ends, so no stop rule applies here."""
         req.awaiting_round = False
+        self._push_token(req, tok)
+
+    def _push_token(self, req: Request, tok: int) -> None:
         req.output_token_ids.append(tok)
         self.num_generated_tokens += 1
         if req.first_token_time is None:
@@ -324,12 +327,7 @@ class LLMEngine:
 
     def _append_token(self, req: Request, tok: int) -> None:
         p = req.sampling_params
-        req.output_token_ids.append(tok)
-        self.num_generated_tokens += 1
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-        if self.tokenizer is not None:
-            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        self._push_token(req, tok)
         status = None
         if not p.ignore_eos and tok in req.eos_token_ids:
             status = RequestStatus.FINISHED_STOPPED

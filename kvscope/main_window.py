@@ -310,8 +310,7 @@ class MainWindow(QMainWindow):
         if not self._dirty or self.latest is None:
             return
         self._dirty = False
-        self._flush_started = time.perf_counter()
-        QTimer.singleShot(0, self._pace_redraws)  # runs once the paint this flush queues is done
+        self._pace_redraws()
         steps = self.history.steps
         self.timeline.blockSignals(True)
         self.timeline.setRange(0, max(len(steps) - 1, 0))
@@ -324,10 +323,22 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     def _pace_redraws(self) -> None:
-        """Space redraws so that drawing takes at most REDRAW_DUTY of the time: a slow redraw
-        (big plots, a slow machine) must not starve the engine thread of the GIL."""
-        busy_ms = 1000 * (time.perf_counter() - self._flush_started)
-        interval = int(min(MAX_REDRAW_MS, max(REDRAW_MS, busy_ms / REDRAW_DUTY)))
+        """Keep the GUI thread's CPU share near REDRAW_DUTY by spacing redraws.
+
+        The GUI thread's work (painting, plots, per-step bookkeeping) holds the GIL that the
+        engine thread needs; ``thread_time`` measures exactly that share since the last redraw.
+        """
+        now, cpu = time.perf_counter(), time.thread_time()
+        last = getattr(self, "_pace_mark", None)
+        self._pace_mark = (now, cpu)
+        if last is None or now - last[0] <= 0:
+            return
+        duty = (cpu - last[1]) / (now - last[0])
+        interval = self._redraw_timer.interval()
+        if duty > REDRAW_DUTY:
+            interval = min(MAX_REDRAW_MS, int(interval * 1.5) + 1)
+        elif duty < REDRAW_DUTY / 2:
+            interval = max(REDRAW_MS, int(interval / 1.25))
         if interval != self._redraw_timer.interval():
             self._redraw_timer.setInterval(interval)
 

@@ -143,3 +143,14 @@ def test_cached_kv_is_never_shared_across_models_or_tokenizers(tiny_hf):
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="model-a", num_gpu_blocks=16, block_size=4)
     engine.kv.extra_keys = ("model-a::", "other-tokenizer", engine.vocab_size)
     assert not set(engine.kv.block_hashes(Request("y", 0, prompt, OK), 16)) & set(hashes[0])
+
+
+def test_gated_model_without_credentials_says_how_to_get_access(monkeypatch):
+    import transformers
+
+    def gated(name, *a, **k):
+        raise OSError(f"You are trying to access a gated repo. Access to model {name} is restricted (401).")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", gated)
+    with pytest.raises(ModelNotFoundError, match="is gated.*hf auth login") as e:
+        resolve_model("llama-2-7b")
+    assert "meta-llama/Llama-2-7b-hf" in str(e.value) and "\n" not in str(e.value)

@@ -165,13 +165,18 @@ def test_load_failure_is_a_message_not_a_crash(qtbot, make_window):
     assert win.isVisible()
 
 
-def test_a_slow_step_does_not_block_the_event_loop(qtbot, make_window, tiny_hf):
-    def slow_factory():
+def slow_engine(tiny_hf, seconds: float):
+    """A factory of engines whose every step first sleeps ``seconds``."""
+    def factory():
         eng = LLMEngine.from_hf_model(tiny_hf, None, name="slow", num_gpu_blocks=16, block_size=4)
         real = eng.step
-        eng.step = lambda: (time.sleep(1.0), real())[1]
+        eng.step = lambda: (time.sleep(seconds), real())[1]
         return eng
-    win = loaded(qtbot, make_window(slow_factory))
+    return factory
+
+
+def test_a_slow_step_does_not_block_the_event_loop(qtbot, make_window, tiny_hf):
+    win = loaded(qtbot, make_window(slow_engine(tiny_hf, 1.0)))
     ticks = []
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
@@ -331,12 +336,7 @@ def test_inject_dialog_beam_search_shows_the_beams(qtbot, make_window, settings)
 
 
 def test_closing_the_window_mid_step_shuts_down_cleanly(qtbot, make_window, tiny_hf, capfd):
-    def slow_factory():
-        eng = LLMEngine.from_hf_model(tiny_hf, None, name="slow", num_gpu_blocks=16, block_size=4)
-        real = eng.step
-        eng.step = lambda: (time.sleep(0.5), real())[1]
-        return eng
-    win = loaded(qtbot, make_window(slow_factory))
+    win = loaded(qtbot, make_window(slow_engine(tiny_hf, 0.5)))
     inject_and_wait(qtbot, win, [[1, 2, 3]])
     win.step(5)  # 2.5 s of steps queued on the worker
     time.sleep(0.1)  # the first step is running now

@@ -81,40 +81,19 @@ class KVMachine(RuleBasedStateMachine):
 
 
 
-class KVForkSwapMachine(RuleBasedStateMachine):
-    """Fork, copy-on-write, swap out and in, eviction and abort in the mix, on a small pool."""
+class KVForkSwapMachine(KVMachine):
+    """The rules above plus fork, copy-on-write (a decode into a shared partial block), swap out
+    and in, and abort of swapped requests, on a small pool where eviction is common."""
 
     def __init__(self) -> None:
         super().__init__()
         self.kv = KVCacheManager(BlockPool(NB), BS, cpu_pool=CpuBlockPool(8))
-        self.live: dict[str, Request] = {}  # on the device
         self.swapped: dict[str, Request] = {}
-        self.n = 0
-        self.events = []
 
     def _new(self, tokens) -> Request:
         r = Request(str(self.n), self.n, list(tokens), SamplingParams())
         self.n += 1
         return r
-
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), tail=st.lists(st.integers(0, 30), max_size=6))
-    def add(self, prefix, tail):
-        r = self._new(PREFIXES[prefix] + tail)
-        hits, n_hit = self.kv.get_computed_blocks(r)
-        if self.kv.allocate_slots(r, r.num_tokens - n_hit, hits) is not None:
-            r.num_computed_tokens = r.num_tokens
-            self.live[r.request_id] = r
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), tok=st.integers(0, 30))
-    def decode(self, data, tok):
-        """May copy a shared partial block first (CoW) and may evict a cached free block."""
-        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        r.output_token_ids.append(tok)
-        if self.kv.allocate_slots(r, 1) is None:
-            r.output_token_ids.pop()
-        else:
-            r.num_computed_tokens += 1
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -141,12 +120,10 @@ class KVForkSwapMachine(RuleBasedStateMachine):
             self.kv.swap_in(r)
             self.live[r.request_id] = self.swapped.pop(r.request_id)
 
-    @precondition(lambda self: self.live or self.swapped)
+    @precondition(lambda self: self.swapped)
     @rule(data=st.data())
-    def abort(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.live) + sorted(self.swapped)))
-        r = self.live.pop(rid, None) or self.swapped.pop(rid)
-        self.kv.free(r)
+    def abort_swapped(self, data):
+        self.kv.free(self.swapped.pop(data.draw(st.sampled_from(sorted(self.swapped)))))
 
     @invariant()
     def audit_clean_and_replay_matches(self):
