@@ -141,7 +141,8 @@ def run(quick: bool, full: bool = False) -> dict:
         rows.append(row)
     result = {"model": mtn[2], "budget_bytes": budget, "prompt_lengths": list(lengths), "generated": n_outs,
               "marks": list(marks), "rows": rows}
-    write_results("kv_quant", result, quick)
+    name = "kv_quant_full" if full else "kv_quant"
+    write_results(name, result, quick)
     plt = pyplot()
     fig, axes = plt.subplots(1, len(lengths), figsize=(4 * len(lengths), 3), sharey=True)
     for ax, plen in zip(axes, lengths):
@@ -155,7 +156,7 @@ def run(quick: bool, full: bool = False) -> dict:
         ax.set_xlabel("generated position")
     axes[0].set_ylabel("KL(ref || quantized), nats")
     axes[0].legend()
-    save_figure(fig, "kv_quant", quick)
+    save_figure(fig, name, quick)
     print(table(rows, [("kv_cache_dtype", "kv_cache_dtype", ""), ("blocks", "blocks in 1 GiB", "d"),
                        ("x_fp32", "x fp32 cache", ".2f"), ("x_16bit", "x 16-bit cache", ".2f"),
                        ("tok_s", "tok/s", ".1f")]))
