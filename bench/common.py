@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from engine import LLMEngine  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.scheduler import SchedulerOutput  # noqa: E402
+from engine.core.request import Request  # noqa: E402
+from engine.core.scheduler import SchedulerOutput  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -32,7 +32,7 @@ def machine() -> str:
 @functools.cache
 def smollm2():
     """(hf_model, tokenizer, name) of the embedded SmolLM2, loaded once per process."""
-    from engine.models.loader import embedded_source, load_hf_model
+    from engine.runner.models.loader import embedded_source, load_hf_model
     src = embedded_source()
     model, tok = load_hf_model(src, "auto", torch.device("cpu"))
     model.generation_config.eos_token_id = None

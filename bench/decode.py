@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.models.loader import embedded_source, load_hf_model
+from engine.runner.models.loader import embedded_source, load_hf_model
 
 PROMPTS = ["Explain what a page table is.", "Write a haiku about caches.", "What is the capital of France?",
            "Describe copy-on-write in one paragraph.", "List three uses of a hash map.", "Why is the sky blue?",

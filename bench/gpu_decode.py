@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.memory import weights_bytes
+from engine.runner.memory import weights_bytes
 
 # Peak HBM bandwidth (GB/s) of common cards; --peak-gbs overrides.
 PEAK_GBS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,

@@ -15,7 +15,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import numpy as np  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.snapshot import assemble_snapshot  # noqa: E402
+from engine.inspect.snapshot import assemble_snapshot  # noqa: E402
 from kvscope.views.block_grid import BlockGridView  # noqa: E402
 
 

@@ -22,7 +22,7 @@ import torch
 
 from common import engine_for, main, model_for, pyplot, random_prompts, save_figure, table, write_results
 from engine import SamplingParams
-from engine.kv_quant import part_formats, token_bytes
+from engine.runner.kv_quant import part_formats, token_bytes
 
 DTYPES = ["auto", "fp8", "int8", "int4"]
 

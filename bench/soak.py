@@ -20,8 +20,8 @@ from collections import Counter
 
 from common import engine_for, tiny_model, write_results
 from engine import LLM, SamplingParams
-from engine.events import LeakFound, RequestAborted, RequestFinished, RequestPreempted
-from engine.request import RequestStatus
+from engine.core.request import RequestStatus
+from engine.inspect.events import LeakFound, RequestAborted, RequestFinished, RequestPreempted
 
 
 def _abort_category(engine, rid: str) -> str:

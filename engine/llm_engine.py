@@ -9,20 +9,20 @@ import time
 import numpy as np
 import torch
 
-from .audit import AuditReport, audit_pool
 from .beam_search import BeamGroup
-from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
-from .cpu_pool import CpuBlockPool
-from .events import LeakFound
+from .core.block_pool import BlockPool
+from .core.cpu_pool import CpuBlockPool
+from .core.kv_cache_manager import KVCacheManager, cdiv
+from .core.request import Request, RequestStatus
+from .core.scheduler import Scheduler
 from .inputs import PromptType, to_token_ids
-from .kv_cache_manager import KVCacheManager, cdiv
-from .model_runner import ModelRunner
-from .models.loader import ModelSource, load_hf_model, resolve_model
+from .inspect.audit import AuditReport, audit_pool
+from .inspect.events import LeakFound
+from .inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
 from .outputs import CompletionOutput, RequestOutput, StepOutput
-from .request import Request, RequestStatus
-from .scheduler import Scheduler
-from .snapshot import KVSnapshot, RequestInfo, assemble_snapshot
+from .runner.model_runner import ModelRunner
+from .runner.models.loader import ModelSource, load_hf_model, resolve_model
 
 logger = logging.getLogger("engine")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import Event
+from .inspect.events import Event
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ import json
 import sys
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.trace import TraceError
+from engine.inspect.trace import TraceError
 
 from .scenario import ScenarioRunner, load_scenario
 from .session import ReplaySession, Session, Summary

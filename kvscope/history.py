@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.snapshot import BlockState, KVSnapshot
+from engine.inspect.snapshot import BlockState, KVSnapshot
 
 SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "tokens_per_s",
           "nvml_used", "torch_allocated", "torch_reserved", "process_rss")

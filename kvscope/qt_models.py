@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 
-from engine.events import Event
-from engine.snapshot import KVSnapshot, RequestInfo
+from engine.inspect.events import Event
+from engine.inspect.snapshot import KVSnapshot, RequestInfo
 
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
 

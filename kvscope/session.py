@@ -5,11 +5,11 @@ import time
 from dataclasses import dataclass, field
 
 from engine import LLMEngine
-from engine.audit import AuditReport
-from engine.events import Event
+from engine.inspect.audit import AuditReport
+from engine.inspect.events import Event
+from engine.inspect.snapshot import KVSnapshot
+from engine.inspect.trace import TraceWriter, read_header, replay_trace
 from engine.outputs import StepOutput
-from engine.snapshot import KVSnapshot
-from engine.trace import TraceWriter, read_header, replay_trace
 
 from .scenario import ScenarioRunner
 

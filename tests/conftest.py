@@ -80,7 +80,7 @@ def tiny_engine(tiny_hf):
 @pytest.fixture(scope="session")
 def smollm2():
     """(hf_model, tokenizer, name) of the embedded SmolLM2, loaded once per test session."""
-    from engine.models.loader import embedded_source, load_hf_model
+    from engine.runner.models.loader import embedded_source, load_hf_model
     src = embedded_source()
     model, tok = load_hf_model(src, "auto", torch.device("cpu"))
     return model, tok, src

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from engine.models.loader import ModelNotFoundError, resolve_model
+from engine.runner.models.loader import ModelNotFoundError, resolve_model
 
 OK = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
@@ -133,7 +133,7 @@ def test_a_kv_budget_smaller_than_one_block_is_refused(tiny_hf):
 
 
 def test_cached_kv_is_never_shared_across_models_or_tokenizers(tiny_hf):
-    from engine.request import Request
+    from engine.core.request import Request
     prompt = list(range(1, 17))
     hashes = []
     for name, tok in (("model-a", None), ("model-b", None)):

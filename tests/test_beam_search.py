@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.events import BlockCopied, RequestFinished, RequestForked
-from engine.replay import PoolReplayer
+from engine.inspect.events import BlockCopied, RequestFinished, RequestForked
+from engine.inspect.replay import PoolReplayer
 
 PROMPTS = [[5, 9, 17, 33, 2, 8, 100], [1, 2, 3, 4, 5, 6, 7, 8], [200, 13]]
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool
 from engine.config import SamplingParams
-from engine.events import BlockEvicted
-from engine.kv_cache_manager import KVCacheManager
-from engine.kv_cache_utils import hash_block_tokens
-from engine.request import Request
+from engine.core.block_pool import BlockPool
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_utils import hash_block_tokens
+from engine.core.request import Request
+from engine.inspect.events import BlockEvicted
 
 
 def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
@@ -101,7 +101,7 @@ def test_hit_block_is_not_evicted_for_its_own_request():
 
 
 def test_hash_collision_never_serves_wrong_kv(monkeypatch):
-    import engine.kv_cache_manager as m
+    import engine.core.kv_cache_manager as m
     monkeypatch.setattr(m, "hash_block_tokens", lambda parent, toks, extra, algo: b"same")
     kv = manager()
     admit(kv, req("0", [1, 2, 3, 4, 5]))

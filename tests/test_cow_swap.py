@@ -6,8 +6,8 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.events import BlockCopied, RequestForked, RequestPreempted, SwappedIn, SwappedOut
-from engine.replay import PoolReplayer
+from engine.inspect.events import BlockCopied, RequestForked, RequestPreempted, SwappedIn, SwappedOut
+from engine.inspect.replay import PoolReplayer
 from tests.conftest import TINY_VOCAB, hf_greedy
 
 

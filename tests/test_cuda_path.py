@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.cuda_graphs import DecodeGraphs, capture_sizes
-from engine.memory import GiB, KVPoolPlan
-from engine.models.llama import LlamaForCausalLM
+from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes
+from engine.runner.memory import GiB, KVPoolPlan
+from engine.runner.models.llama import LlamaForCausalLM
 from tests.conftest import hf_greedy
 
 

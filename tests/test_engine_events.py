@@ -4,9 +4,9 @@ from __future__ import annotations
 import random
 
 from engine import SamplingParams
-from engine.events import BlockAllocated, RequestAdmitted, RequestFinished, RequestPreempted
-from engine.replay import PoolReplayer
-from engine.snapshot import BlockState
+from engine.inspect.events import BlockAllocated, RequestAdmitted, RequestFinished, RequestPreempted
+from engine.inspect.replay import PoolReplayer
+from engine.inspect.snapshot import BlockState
 
 
 def run_random_workload(engine, seed: int, steps: int = 120):

@@ -5,13 +5,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.audit import audit_pool
-from engine.block_pool import BlockPool
 from engine.config import SamplingParams
-from engine.cpu_pool import CpuBlockPool
-from engine.kv_cache_manager import KVCacheManager
-from engine.replay import PoolReplayer
-from engine.request import Request
+from engine.core.block_pool import BlockPool
+from engine.core.cpu_pool import CpuBlockPool
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import Request
+from engine.inspect.audit import audit_pool
+from engine.inspect.replay import PoolReplayer
 
 BS, NB = 4, 12
 # Few distinct prefixes, so that hits and shared blocks are common.

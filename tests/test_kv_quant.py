@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.attention import torch_ref, triton_paged
-from engine.kv_quant import QuantizedKV, part_formats, token_bytes
+from engine.runner.attention import torch_ref, triton_paged
+from engine.runner.kv_quant import QuantizedKV, part_formats, token_bytes
 from tests.conftest import hf_greedy
 from tests.test_triton_kernels import DEVICE, SEQS, make_meta
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import sample
+from engine.runner.sampler import sample
 from tests.conftest import hf_greedy
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.trace import TraceError, replay_trace
+from engine.inspect.trace import TraceError, replay_trace
 from kvscope.scenario import ScenarioRunner, available, load_scenario
 from kvscope.session import ReplaySession, Session, Summary
 from tests.test_cli import kvscope

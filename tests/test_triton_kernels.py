@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.attention import torch_ref, triton_paged
-from engine.attention.metadata import AttentionMetadata
+from engine.runner.attention import torch_ref, triton_paged
+from engine.runner.attention.metadata import AttentionMetadata
 from tests.conftest import hf_greedy
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

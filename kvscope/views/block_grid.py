@@ -12,7 +12,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
 
-from engine.snapshot import BlockState, KVSnapshot
+from engine.inspect.snapshot import BlockState, KVSnapshot
 
 STATE_COLOURS = {  # BlockState -> RGB
     BlockState.FREE: (48, 52, 60),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QAbstractItemView, QCheckBox, QHBoxLayout, QLineEdit, QTableView, QVBoxLayout, QWidget
 
-from engine.events import EVENT_TYPES, Event
+from engine.inspect.events import EVENT_TYPES, Event
 
 from ..qt_models import EventFilterProxy, EventLogModel
 

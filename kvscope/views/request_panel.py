@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.snapshot import KVSnapshot
+from engine.inspect.snapshot import KVSnapshot
 
 from ..qt_models import RequestTableModel
 

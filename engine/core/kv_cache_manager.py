@@ -1,9 +1,9 @@
 """Per-request block tables on top of the block pool: prefix lookup, slot allocation, free."""
 from __future__ import annotations
 
+from ..inspect.events import BlockCopied, RequestForked, SwappedIn, SwappedOut
 from .block_pool import BlockPool
 from .cpu_pool import CpuBlockPool
-from .events import BlockCopied, RequestForked, SwappedIn, SwappedOut
 from .kv_cache_utils import KVCacheBlock, hash_block_tokens
 from .request import Request
 

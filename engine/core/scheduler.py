@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .config import EngineConfig
-from .events import RequestAborted, RequestAdmitted, RequestFinished, RequestPreempted
+from ..config import EngineConfig
+from ..inspect.events import RequestAborted, RequestAdmitted, RequestFinished, RequestPreempted
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
 

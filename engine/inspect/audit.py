@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .block_pool import BlockPool
-from .kv_cache_utils import KVCacheBlock
+from ..core.block_pool import BlockPool
+from ..core.kv_cache_utils import KVCacheBlock
 
 
 @dataclass(frozen=True, slots=True)

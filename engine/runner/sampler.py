@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],

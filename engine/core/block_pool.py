@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
+from ..inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
 from .kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 

@@ -5,16 +5,16 @@ import logging
 
 import torch
 
+from ..config import EngineConfig
+from ..core.kv_cache_manager import cdiv
+from ..core.scheduler import SchedulerOutput
 from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
-from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
-from .kv_cache_manager import cdiv
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes
 from .models.llama import LlamaForCausalLM
 from .sampler import sample
-from .scheduler import SchedulerOutput
 
 logger = logging.getLogger("engine")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingParams
+from ..config import SamplingParams
 from .kv_cache_utils import BlockHash
 
 

@@ -1,0 +1,1 @@
+"""Pure-Python bookkeeping: blocks, hashes, tables, requests, the scheduler."""

@@ -1,0 +1,1 @@
+"""What the engine tells about itself: events, snapshots, audit, replay, traces."""

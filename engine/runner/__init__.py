@@ -1,0 +1,1 @@
+"""Tensors and devices: the model runner, sampling, attention backends, models."""
