@@ -126,5 +126,9 @@ class ScenarioRunner:
                     c.messages.append({"role": "assistant", "content": o.outputs[0].text})
                     self._next_turn(engine, c)
 
+    def has_work(self, engine: LLMEngine) -> bool:
+        """Requests still to inject (or conversation turns still to send)."""
+        return bool(self.pending) or any(c.turns for c in self.conversations)
+
     def done(self, engine: LLMEngine) -> bool:
-        return not self.pending and not engine.has_unfinished() and not any(c.turns for c in self.conversations)
+        return not self.has_work(engine) and not engine.has_unfinished()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine import LLMEngine
 from engine.inspect.audit import AuditReport
@@ -61,15 +62,30 @@ class Summary:
         }
 
 
+class StepHook(Protocol):
+    """Something that drives the engine between steps on the engine's own thread (a scenario, a server).
+
+    ``before_step`` may add and abort requests; ``after_step`` reads the step's outputs;
+    ``has_work`` keeps a run going while the hook still has requests to bring.
+    """
+
+    def before_step(self, engine: LLMEngine) -> object: ...
+
+    def after_step(self, engine: LLMEngine, out: StepOutput) -> None: ...
+
+    def has_work(self, engine: LLMEngine) -> bool: ...
+
+
 class Session:
     """Drives one engine: scenario injections, optional audit after every step, optional trace."""
 
     read_only = False
 
     def __init__(self, engine: LLMEngine, scenario: ScenarioRunner | None = None, trace_path: str | None = None,
-                 audit: bool = False) -> None:
+                 audit: bool = False, hooks: list[StepHook] | None = None) -> None:
         self.engine = engine
         self.scenario = scenario
+        self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
         self.audit_enabled = audit or bool(engine.config.fault)
         self.trace = None
         if trace_path:
@@ -95,15 +111,15 @@ class Session:
                 "kv_cache_dtype": e.config.kv_cache_dtype}
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished() or (self.scenario is not None and not self.scenario.done(self.engine))
+        return self.engine.has_unfinished() or any(h.has_work(self.engine) for h in self.hooks)
 
     def step(self) -> StepRecord:
         t0 = time.perf_counter()
-        if self.scenario is not None:
-            self.scenario.before_step(self.engine)
+        for h in self.hooks:
+            h.before_step(self.engine)
         out = self.engine.step()
-        if self.scenario is not None:
-            self.scenario.after_step(self.engine, out)
+        for h in self.hooks:
+            h.after_step(self.engine, out)
         seconds = time.perf_counter() - t0
         return self._record(out, seconds)
 
