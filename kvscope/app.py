@@ -10,10 +10,11 @@ from PySide6.QtWidgets import QApplication
 
 from engine import EngineConfig, SamplingParams
 
-from .headless import build_session
 from .main_window import MainWindow
+from .sources.base import InjectSpec
+from .sources.build import SourceSpec
 from .style import apply_style
-from .worker import InjectSpec
+from .worker import ProcessBackend, ThreadBackend
 
 
 class StartupDriver(QObject):
@@ -67,14 +68,12 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
     apply_style(app)
-    def factory(scenario: str | None):
-        # The command line's scenario on first load; the menu's afterwards.
-        ns = argparse.Namespace(**vars(args))
-        if scenario is not None:
-            ns.scenario, ns.replay = scenario, None
-        return build_session(config, ns)
-
-    win = MainWindow(factory)
+    spec = SourceSpec.from_args(config, args)
+    if args.engine_thread:
+        backend = ThreadBackend(spec.factory)
+    else:
+        backend = ProcessBackend(spec)
+    win = MainWindow(backend)
     if args.screenshot:
         win.resize(1600, 1000)
     prompts = args.inject or (_demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])

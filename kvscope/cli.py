@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
                    help="what preemption does with a request's KV")
     a.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU pool for swap preemption")
+    a.add_argument("--engine-thread", action="store_true",
+                   help="run the engine on a thread of the window's process instead of its own process")
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
     return p

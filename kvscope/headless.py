@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, SamplingParams
 from engine.inspect.trace import TraceError
 
-from .scenario import ScenarioRunner, load_scenario
-from .session import ReplaySession, Session, Summary
+from .sources.build import SourceSpec, build_source
+from .sources.summary import Summary
 
 
 def _fail(msg: str, code: int) -> int:
@@ -24,17 +23,8 @@ def one_line(e: BaseException) -> str:
 
 
 def build_session(config: EngineConfig, args: argparse.Namespace):
-    """The session the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
-    if args.replay:
-        return ReplaySession(args.replay)
-    runner = None
-    if args.scenario:
-        sc = load_scenario(args.scenario)
-        config = dataclasses.replace(config, **sc.config)
-        config.validate()
-        runner = ScenarioRunner(sc)
-    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
-    return session
+    """The source the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
+    return build_source(SourceSpec.from_args(config, args))
 
 
 def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
@@ -47,7 +37,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
     summary = Summary()
-    if not session.read_only:
+    if not session.info.read_only:
         prompts = args.inject or ([] if args.scenario else ["Four score and seven years ago our"])
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         try:

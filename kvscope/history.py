@@ -1,36 +1,175 @@
-"""Plain (Qt-free) run history: one snapshot per step for the timeline, and metric series."""
+"""The run's history for the timeline and the plots (Qt-free), in O(events), not O(blocks x steps).
+
+Every step keeps its events, its counters and, per request, a few numbers (status, tokens
+out, tokens computed) in compact arrays; every ``keyframe_every`` steps (and whenever the
+pool's size changes) a keyframe keeps the per-block arrays. ``at(step)`` starts from the
+nearest keyframe at or before the step and replays the events in between, with the same
+rules (``PoolReplayer``) and the same assembly (``assemble_snapshot``) as a trace replay, so
+it rebuilds exactly the snapshot the engine had. The history has a memory budget: past it,
+the oldest keyframe and the steps it covers are dropped, and ``reach`` says how far back
+the timeline goes.
+"""
 from __future__ import annotations
 
+import bisect
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.inspect.snapshot import BlockState, KVSnapshot
+from engine.inspect.chunked_map import ChunkedMap, FrozenChunkedMap
+from engine.inspect.events import Event
+from engine.inspect.replay import PoolReplayer
+from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, assemble_snapshot
 
-SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "tokens_per_s",
+SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped", "tokens_per_s",
           "nvml_used", "torch_allocated", "torch_reserved", "process_rss")
+DEFAULT_BUDGET = 300 * 2**20
+STEP_BYTES = 8 * len(SERIES) + 600  # the series, the counters dict and the shown-requests entry of one step
+EVENT_BYTES = 120  # a frozen slotted event with its strings, roughly (sys.getsizeof + shared strings)
+STATUSES = ("WAITING", "RUNNING", "PREEMPTED", "SWAPPED", "FINISHED_STOPPED", "FINISHED_LENGTH",
+            "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_PRUNED")
+_STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
 
 
 @dataclass
-class RunHistory:
-    max_steps: int = 5000
-    snapshots: dict[int, KVSnapshot] = field(default_factory=dict)
-    steps: list[int] = field(default_factory=list)
-    series: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SERIES})
-    _last_tokens: float = 0.0
+class _Keyframe:
+    step: int
+    ref_cnt: np.ndarray
+    has_hash: np.ndarray
+    last_access: np.ndarray
+    free_queue: np.ndarray
+    tokens: FrozenChunkedMap
+    hashes: FrozenChunkedMap
+    num_cpu_blocks: int
+    block_size: int
+    block_bytes: int
+    model_name: str
 
-    def record(self, snap: KVSnapshot, step_seconds: float, memory=None) -> None:
-        """Keep the snapshot (replacing one of the same step) and extend the series once per step."""
-        new_step = snap.step not in self.snapshots
-        self.snapshots[snap.step] = snap
-        if not new_step:
-            return
-        self.steps.append(snap.step)
-        if len(self.steps) > self.max_steps:
-            old = self.steps.pop(0)
-            self.snapshots.pop(old, None)
-            for v in self.series.values():
-                v.pop(0)
+    @property
+    def nbytes(self) -> int:
+        arrays = self.ref_cnt.nbytes + self.has_hash.nbytes + self.last_access.nbytes + self.free_queue.nbytes
+        return arrays + 64 * len(self.tokens)  # the chunks are shared between keyframes: a rough share
+
+
+@dataclass
+class _RequestTimeline:
+    """One request across the steps it was shown: numbers per step, the rest only when it changed."""
+    request_id: str
+    index: int
+    num_prompt_tokens: int
+    group_id: str
+    parent_id: str | None
+    steps: array = field(default_factory=lambda: array("i"))
+    status: array = field(default_factory=lambda: array("b"))
+    num_output: array = field(default_factory=lambda: array("i"))
+    num_computed: array = field(default_factory=lambda: array("i"))
+    num_cached: array = field(default_factory=lambda: array("i"))
+    changes: list[tuple[int, tuple, str | None, tuple]] = field(default_factory=list)  # (step, blocks, error, cpu)
+    tokens: tuple[int, ...] = ()  # the longest seen: earlier steps' tokens are its prefixes
+    text: str = ""  # the text with ``len(tokens)`` tokens
+    last: RequestInfo | None = None
+    extra: dict = field(default_factory=dict)  # fields a newer RequestInfo carries (e.g. client)
+
+    def add(self, step: int, r: RequestInfo) -> None:
+        self.steps.append(step)
+        self.status.append(_STATUS_CODE.get(r.status, 0))
+        self.num_output.append(r.num_output_tokens)
+        self.num_computed.append(r.num_computed_tokens)
+        self.num_cached.append(r.num_cached_tokens)
+        key = (r.block_ids, r.error, r.cpu_block_ids)
+        if not self.changes or self.changes[-1][1:] != key:
+            self.changes.append((step, *key))
+        if len(r.token_ids) >= len(self.tokens):
+            self.tokens, self.text = r.token_ids, r.text
+        self.last = r
+
+    def at(self, step: int, decode) -> RequestInfo | None:
+        i = bisect.bisect_right(self.steps, step) - 1
+        if i < 0:
+            return None
+        if self.last is not None and self.steps[i] == self.steps[-1]:
+            return self.last
+        c = self.changes[bisect.bisect_right(self.changes, step, key=lambda ch: ch[0]) - 1]
+        n_out = self.num_output[i]
+        tokens = self.tokens[:self.num_prompt_tokens + n_out]
+        text = self.text if len(tokens) == len(self.tokens) else (decode(tokens[self.num_prompt_tokens:])
+                                                                  if decode else "")
+        return RequestInfo(self.request_id, self.index, STATUSES[self.status[i]], self.num_prompt_tokens, n_out,
+                           self.num_cached[i], self.num_computed[i], c[1], text, tokens, c[2], self.group_id,
+                           self.parent_id, c[3], **self.extra)
+
+    def trim(self, first_step: int) -> None:
+        i = bisect.bisect_left(self.steps, first_step)
+        for name in ("steps", "status", "num_output", "num_computed", "num_cached"):
+            a = getattr(self, name)
+            del a[:i]
+        j = max(0, bisect.bisect_right(self.changes, first_step, key=lambda ch: ch[0]) - 1)
+        del self.changes[:j]
+
+    @property
+    def nbytes(self) -> int:
+        return 17 * len(self.steps) + 64 * len(self.changes) + 8 * len(self.tokens) + 200
+
+
+class RunHistory:
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET, keyframe_every: int = 64, decode=None) -> None:
+        self.budget_bytes = budget_bytes
+        self.keyframe_every = keyframe_every
+        self.decode = decode  # token ids -> text, for the text of a request at an earlier step
+        self.steps: list[int] = []
+        self.series: dict[str, list[float]] = {k: [] for k in SERIES}
+        self._events: dict[int, list[Event]] = {}
+        self._counters: dict[int, dict] = {}
+        self._shown: dict[int, tuple[str, ...]] = {}
+        self._keyframes: list[_Keyframe] = []
+        self._requests: dict[str, _RequestTimeline] = {}
+        self._latest: KVSnapshot | None = None
+        self._last_tokens = 0.0
+        self._event_bytes = 0
+        self._req_bytes = 0  # kept up to date as rows are added; recomputed when steps are dropped
+        self.dropped_steps = 0
+
+    # -- recording -------------------------------------------------------------------------
+    def record(self, snap: KVSnapshot, step_seconds: float, memory=None, events: list[Event] | None = None) -> None:
+        """Keep one record; a second record of the same step (a command between steps) is folded into it."""
+        step = snap.step
+        new_step = not self.steps or step != self.steps[-1]
+        if events:
+            self._events.setdefault(step, []).extend(events)
+            self._event_bytes += EVENT_BYTES * len(events)
+        self._counters[step] = snap.counters
+        shown = tuple(r.request_id for r in snap.requests)
+        prev = self._shown.get(self.steps[-1]) if self.steps else None
+        self._shown[step] = prev if prev == shown else shown
+        for r in snap.requests:
+            tl = self._requests.get(r.request_id)
+            if tl is None:
+                tl = self._requests[r.request_id] = _RequestTimeline(
+                    r.request_id, r.index, r.num_prompt_tokens, r.group_id, r.parent_id,
+                    extra=_extra_fields(r))
+            if tl.last is r and tl.steps and tl.steps[-1] == step:
+                continue
+            if tl.steps and tl.steps[-1] == step:  # folded into this step: replace its numbers
+                for name in ("steps", "status", "num_output", "num_computed", "num_cached"):
+                    getattr(tl, name).pop()
+            before = tl.nbytes
+            tl.add(step, r)
+            self._req_bytes += tl.nbytes - before
+        self._latest = snap
+        kf = self._keyframes[-1] if self._keyframes else None
+        if (kf is None or kf.step == step or step - kf.step >= self.keyframe_every
+                or len(snap.ref_cnt) != len(kf.ref_cnt)):
+            if kf is not None and kf.step == step:
+                self._keyframes.pop()
+            self._keyframes.append(_keyframe(snap))
+        if new_step:
+            self.steps.append(step)
+            self._add_series(snap, step_seconds, memory)
+        self._enforce_budget()
+
+    def _add_series(self, snap: KVSnapshot, step_seconds: float, memory) -> None:
         c = snap.counters
         counts = np.bincount(snap.state, minlength=len(BlockState))
         q = c.get("prefix_cache_queries", 0)
@@ -42,7 +181,7 @@ class RunHistory:
             "used": counts[BlockState.USED] + counts[BlockState.SHARED],
             "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0,
             "running": c.get("num_requests_running", 0), "waiting": c.get("num_requests_waiting", 0),
-            "tokens_per_s": tps,
+            "swapped": c.get("num_requests_swapped", 0), "tokens_per_s": tps,
             "nvml_used": getattr(memory, "nvml_used", None) or 0,
             "torch_allocated": getattr(memory, "torch_allocated", None) or 0,
             "torch_reserved": getattr(memory, "torch_reserved", None) or 0,
@@ -51,9 +190,107 @@ class RunHistory:
         for k, v in row.items():
             self.series[k].append(float(v))
 
+    # -- memory budget ---------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """An estimate of what the history holds (keyframes, events, per-step numbers), kept up to date."""
+        return (len(self._keyframes) and self._keyframes[-1].nbytes * len(self._keyframes)) + self._event_bytes \
+            + self._req_bytes + len(self.steps) * STEP_BYTES
+
+    def _enforce_budget(self) -> None:
+        while len(self._keyframes) >= 2 and self.nbytes > self.budget_bytes:
+            self._drop_oldest_segment()
+
+    def _drop_oldest_segment(self) -> None:
+        self._keyframes.pop(0)
+        first = self._keyframes[0].step
+        i = bisect.bisect_left(self.steps, first)
+        gone, self.steps = self.steps[:i], self.steps[i:]
+        for k in self.series:
+            del self.series[k][:i]
+        for s in gone:
+            self._event_bytes -= EVENT_BYTES * len(self._events.pop(s, ()))
+            self._counters.pop(s, None)
+            self._shown.pop(s, None)
+        live = set(self._shown[self.steps[-1]]) if self.steps else set()
+        for rid in list(self._requests):
+            tl = self._requests[rid]
+            if tl.steps and tl.steps[-1] < first and rid not in live:
+                del self._requests[rid]
+            else:
+                tl.trim(first)
+        self._req_bytes = sum(t.nbytes for t in self._requests.values())
+        self.dropped_steps += len(gone)
+
+    # -- reading -----------------------------------------------------------------------------------
     @property
     def latest(self) -> KVSnapshot | None:
-        return self.snapshots[self.steps[-1]] if self.steps else None
+        return self._latest
+
+    @property
+    def reach(self) -> tuple[int, int] | None:
+        """(first, last) step the timeline can show."""
+        return (self.steps[0], self.steps[-1]) if self.steps else None
+
+    def events_at(self, step: int) -> list[Event]:
+        return self._events.get(step, [])
 
     def at(self, step: int) -> KVSnapshot | None:
-        return self.snapshots.get(step)
+        """The snapshot as it was after ``step`` (None outside the reach)."""
+        if not self.steps or not self.steps[0] <= step <= self.steps[-1]:
+            return None
+        if self._latest is not None and step == self._latest.step:
+            return self._latest
+        i = bisect.bisect_right([k.step for k in self._keyframes], step) - 1
+        if i < 0:
+            return None
+        kf = self._keyframes[i]
+        pool = _replayer_from(kf)
+        last_access = kf.last_access.copy()
+        j = bisect.bisect_right(self.steps, kf.step)
+        for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
+            for ev in self._events.get(s, ()):
+                pool.apply(ev)
+                b = getattr(ev, "block_id", None)
+                if ev.kind in ("allocated", "hit", "freed") and b is not None:
+                    last_access[b] = s
+        requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
+        return assemble_snapshot(
+            step, kf.block_size, ref_cnt=pool.ref_cnt, has_hash=np.array([h is not None for h in pool.block_hash]),
+            last_access=last_access, free_queue=np.array(list(pool.free_queue), np.int32), requests=requests,
+            cached_tokens=pool.cached_tokens, block_hashes={b: h for b, h in enumerate(pool.block_hash) if h},
+            counters=self._counters.get(step, {}), num_cpu_blocks=kf.num_cpu_blocks, block_bytes=kf.block_bytes,
+            model_name=kf.model_name)
+
+    def _request_at(self, rid: str, step: int) -> RequestInfo | None:
+        tl = self._requests.get(rid)
+        return tl.at(step, self.decode) if tl is not None else None
+
+
+def _extra_fields(r: RequestInfo) -> dict:
+    """RequestInfo fields beyond the ones the timeline stores per step (constant for a request)."""
+    known = {"request_id", "index", "status", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens",
+             "num_computed_tokens", "block_ids", "text", "token_ids", "error", "group_id", "parent_id",
+             "cpu_block_ids"}
+    return {k: getattr(r, k) for k in r.__slots__ if k not in known}
+
+
+def _keyframe(snap: KVSnapshot) -> _Keyframe:
+    tokens, hashes = ChunkedMap(snap.num_blocks), ChunkedMap(snap.num_blocks)
+    for b, t in snap.cached_tokens.items():
+        tokens[b] = t
+    for b, h in snap.block_hashes.items():
+        hashes[b] = h
+    return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, snap.last_access, snap.free_queue, tokens.freeze(),
+                     hashes.freeze(), len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name)
+
+
+def _replayer_from(kf: _Keyframe) -> PoolReplayer:
+    pool = PoolReplayer(len(kf.ref_cnt))
+    pool.ref_cnt = kf.ref_cnt.copy()
+    pool.free_queue = OrderedDict((int(b), None) for b in kf.free_queue)
+    pool.block_hash = [None] * len(kf.ref_cnt)
+    for b, h in kf.hashes.items():
+        pool.block_hash[b] = h
+    pool.cached_tokens = dict(kf.tokens)
+    return pool

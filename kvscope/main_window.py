@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -24,61 +24,47 @@ from PySide6.QtWidgets import (
 
 from .history import RunHistory
 from .scenario import available, load_scenario
+from .sources import protocol as cmd
+from .sources.base import InjectSpec, SourceInfo
+from .state import ViewState
 from .views.block_grid import BlockGridView
 from .views.event_log import EventLogView
 from .views.inject_dialog import InjectDialog
 from .views.plots import PlotsPanel
 from .views.request_panel import RequestPanel
-from .worker import EngineInfo, EngineWorker, InjectSpec, SessionFactory, StepResult
+from .worker import EngineBackend, StepResult, ThreadBackend
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
-REDRAW_MS = 33  # coalesce: at most ~30 redraws per second, however fast the engine steps
-MAX_REDRAW_MS = 250
-REDRAW_DUTY = 0.25  # the GUI thread's share of the time at most: a redraw holds the GIL the worker needs
 
 
 class MainWindow(QMainWindow):
-    # commands to the worker (queued: they run on the worker's thread)
-    sig_load = Signal()
-    sig_step = Signal(int)
-    sig_run = Signal()
-    sig_pause = Signal()
-    sig_interval = Signal(int)
-    sig_inject = Signal(object)
-    sig_abort = Signal(str)
-    sig_reset_cache = Signal()
-    sig_audit = Signal(bool)
-    sig_fork = Signal(str)
-    sig_scenario = Signal(str)
-    sig_shutdown = Signal()
-
-    def __init__(self, session_factory: SessionFactory, settings: QSettings | None = None) -> None:
+    def __init__(self, backend, settings: QSettings | None = None) -> None:
+        """``backend``: an ``EngineBackend``, or a factory of sources (scenario -> source) run on a thread."""
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
         self.history = RunHistory()
-        self.info: EngineInfo | None = None
+        self.info: SourceInfo | None = None
         self.latest: StepResult | None = None
         self.errors: list[str] = []
         self.running = False
         self._dirty = False
-        self._view_step: int | None = None  # None: follow the live run
-        self.tokenizer_decode = None
+        self.state = ViewState()
 
         self._build_views()
         self._build_toolbar()
         self._build_status()
         self._build_menu()
-        self._start_worker(session_factory)
+        self._start_backend(backend if isinstance(backend, EngineBackend) else ThreadBackend(backend))
         self._redraw_timer = QTimer(self)
-        self._redraw_timer.setInterval(REDRAW_MS)
+        self._redraw_timer.setInterval(self.state.pacer.interval_ms)
         self._redraw_timer.timeout.connect(self.flush)
         self._redraw_timer.start()
         self._restore_settings()
 
     def start(self) -> None:
-        """Load the model on the worker (connect to the worker's signals before calling this)."""
-        self.sig_load.emit()
+        """Start the engine and load the model (connect to the backend's signals before calling this)."""
+        self.worker.start()
 
     # -- construction ------------------------------------------------------------------
     def _build_views(self) -> None:
@@ -150,16 +136,16 @@ class MainWindow(QMainWindow):
         self.act_run = self._action(bar, "Run", self.toggle_run, "F5")
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))
-        self.speed.currentTextChanged.connect(lambda t: self.sig_interval.emit(SPEEDS[t]))
+        self.speed.currentTextChanged.connect(lambda t: self.worker.send(cmd.SetInterval(SPEEDS[t])))
         bar.addWidget(self.speed)
         bar.addSeparator()
         self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I")
         self.act_abort = self._action(bar, "Abort selected", self.abort_selected, "Del")
         self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F")
-        self.act_reset = self._action(bar, "Reset prefix cache", self.sig_reset_cache.emit)
+        self.act_reset = self._action(bar, "Reset prefix cache", lambda: self.worker.send(cmd.ResetPrefixCache()))
         bar.addSeparator()
         self.audit_box = QCheckBox("Audit every step")
-        self.audit_box.toggled.connect(self.sig_audit.emit)
+        self.audit_box.toggled.connect(lambda on: self.worker.send(cmd.SetAudit(on)))
         bar.addWidget(self.audit_box)
         self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
                          self.act_fork, self.act_reset]
@@ -181,6 +167,11 @@ class MainWindow(QMainWindow):
         act = QAction("Plain model (no scenario)", self)
         act.triggered.connect(lambda _checked=False: self.load_scenario(""))
         menu.addAction(act)
+        engine_menu = self.menuBar().addMenu("&Engine")
+        self.act_restart = QAction("Restart the engine process", self)
+        self.act_restart.setEnabled(False)
+        self.act_restart.triggered.connect(self.restart_engine)
+        engine_menu.addAction(self.act_restart)
         for a in self.controls:
             a.setEnabled(False)
 
@@ -193,38 +184,28 @@ class MainWindow(QMainWindow):
         sb.addWidget(self.status_label, 1)
         sb.addPermanentWidget(self.busy)
 
-    def _start_worker(self, factory) -> None:
-        self.thread_ = QThread(self)
-        self.thread_.setObjectName("engine")
-        self.worker = EngineWorker(factory)
-        self.worker.moveToThread(self.thread_)
-        for sig, slot in ((self.sig_load, self.worker.load), (self.sig_step, self.worker.step),
-                          (self.sig_fork, self.worker.fork), (self.sig_scenario, self.worker.load_scenario),
-                          (self.sig_run, self.worker.run), (self.sig_pause, self.worker.pause),
-                          (self.sig_interval, self.worker.set_interval), (self.sig_inject, self.worker.inject),
-                          (self.sig_abort, self.worker.abort), (self.sig_reset_cache, self.worker.reset_prefix_cache),
-                          (self.sig_audit, self.worker.set_audit)):
-            sig.connect(slot)
-        self.sig_shutdown.connect(self.worker.shutdown, Qt.ConnectionType.BlockingQueuedConnection)
+    def _start_backend(self, backend: EngineBackend) -> None:
+        self.worker = backend
+        self.thread_ = getattr(backend, "thread_", None)
         # Bound methods of this (GUI-thread) object: these run on the GUI thread.
-        self.worker.loaded.connect(self.on_loaded)
-        self.worker.load_failed.connect(self.on_load_failed)
-        self.worker.progress.connect(self.on_progress)
-        self.worker.stepped.connect(self.on_stepped)
-        self.worker.error.connect(self.on_error)
-        self.worker.running_changed.connect(self.on_running_changed)
-        self.thread_.start()
+        backend.loaded.connect(self.on_loaded)
+        backend.load_failed.connect(self.on_load_failed)
+        backend.progress.connect(self.on_progress)
+        backend.stepped.connect(self.on_stepped)
+        backend.error.connect(self.on_error)
+        backend.running_changed.connect(self.on_running_changed)
+        backend.died.connect(self.on_engine_died)
 
     # -- commands -------------------------------------------------------------------
     def step(self, n: int = 1) -> None:
-        self.sig_step.emit(int(n))
+        self.worker.send(cmd.Step(int(n)))
 
     def toggle_run(self) -> None:
-        (self.sig_pause if self.running else self.sig_run).emit()
+        self.worker.send(cmd.Pause() if self.running else cmd.Run())
 
     def inject(self, specs: list[InjectSpec]) -> None:
         for s in specs:
-            self.sig_inject.emit(s)
+            self.worker.send(cmd.Inject(s))
 
     def open_inject(self) -> None:
         dlg = InjectDialog(self, self.settings)
@@ -240,29 +221,29 @@ class MainWindow(QMainWindow):
         self.busy.show()
         for a in self.controls:
             a.setEnabled(False)
-        self.sig_scenario.emit(name)
+        self.worker.send(cmd.Load(name))
 
     def fork_selected(self) -> None:
         if self.requests.selected_id:
-            self.sig_fork.emit(self.requests.selected_id)
+            self.worker.send(cmd.Fork(self.requests.selected_id))
         else:
             self.on_error("select a running request to fork")
 
     def abort_selected(self) -> None:
         rows = self.requests.table.selectionModel().selectedRows()
         for idx in rows:
-            self.sig_abort.emit(self.requests.model.rows[idx.row()].request_id)
+            self.worker.send(cmd.Abort(self.requests.model.rows[idx.row()].request_id))
 
     # -- worker signals -----------------------------------------------------------------
     @Slot(object)
-    def on_loaded(self, info: EngineInfo) -> None:
+    def on_loaded(self, info: SourceInfo) -> None:
         self.info = info
-        self.grid.token_text = info.decode
+        self.grid.token_text = self.worker.decode if self.worker.vocab else None
         self.busy.hide()
-        self.history = RunHistory()
+        self.history = RunHistory(decode=self.grid.token_text)
         self.latest = None
         self.events.model.clear()
-        self._view_step = None
+        self.state.reset()
         self.banner.hide()
         for a in self.controls:
             a.setEnabled(not (info.read_only and a in self.write_controls))
@@ -287,7 +268,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def on_stepped(self, result: StepResult) -> None:
         self.latest = result
-        self.history.record(result.snapshot, result.step_seconds, result.memory)
+        self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.events.append(result.step, result.events)
         self._dirty = True
 
@@ -297,6 +278,26 @@ class MainWindow(QMainWindow):
         self.banner.setText(f"⚠ {message}")
         self.banner.show()
         self.statusBar().showMessage(message, 10_000)
+
+    @Slot(str)
+    def on_engine_died(self, message: str) -> None:
+        """The engine process is gone (or hung): keep the last state on screen and offer a restart."""
+        self.running = False
+        self.act_run.setText("Run")
+        for a in self.controls:
+            a.setEnabled(False)
+        self.act_restart.setEnabled(True)
+        self.on_error(f"{message}. The last state and the trace so far are kept; "
+                      "Engine ▸ Restart starts a new engine process.")
+
+    def restart_engine(self) -> None:
+        try:
+            self.worker.restart()
+        except ValueError as e:
+            self.on_error(str(e))
+            return
+        self.busy.show()
+        self.act_restart.setEnabled(False)
 
     @Slot(bool)
     def on_running_changed(self, running: bool) -> None:
@@ -314,31 +315,21 @@ class MainWindow(QMainWindow):
         steps = self.history.steps
         self.timeline.blockSignals(True)
         self.timeline.setRange(0, max(len(steps) - 1, 0))
-        if self._view_step is None:
-            self.timeline.setValue(len(steps) - 1)
+        self.timeline.setValue(self.state.timeline_position(steps))  # old steps may have left the budget
         self.timeline.blockSignals(False)
-        if self._view_step is None:
+        h = self.history
+        if h.reach:
+            self.timeline.setToolTip(
+                f"the timeline reaches back to step {h.reach[0]}"
+                + (f" ({h.dropped_steps} older steps dropped)" if h.dropped_steps else "")
+                + f"; history {h.nbytes / 2**20:.0f} of {h.budget_bytes / 2**20:.0f} MiB")
+        if self.state.live:
             self._show(self.latest.snapshot, self.latest.audit)
         self.plots.update_from(self.history, self.latest.memory)
         self._update_status()
 
     def _pace_redraws(self) -> None:
-        """Keep the GUI thread's CPU share near REDRAW_DUTY by spacing redraws.
-
-        The GUI thread's work (painting, plots, per-step bookkeeping) holds the GIL that the
-        engine thread needs; ``thread_time`` measures exactly that share since the last redraw.
-        """
-        now, cpu = time.perf_counter(), time.thread_time()
-        last = getattr(self, "_pace_mark", None)
-        self._pace_mark = (now, cpu)
-        if last is None or now - last[0] <= 0:
-            return
-        duty = (cpu - last[1]) / (now - last[0])
-        interval = self._redraw_timer.interval()
-        if duty > REDRAW_DUTY:
-            interval = min(MAX_REDRAW_MS, int(interval * 1.5) + 1)
-        elif duty < REDRAW_DUTY / 2:
-            interval = max(REDRAW_MS, int(interval / 1.25))
+        interval = self.state.pacer.after_redraw(time.perf_counter(), time.thread_time())
         if interval != self._redraw_timer.interval():
             self._redraw_timer.setInterval(interval)
 
@@ -377,15 +368,14 @@ class MainWindow(QMainWindow):
         steps = self.history.steps
         if not steps:
             return
-        live = pos >= len(steps) - 1
-        self._view_step = None if live else steps[pos]
+        live = self.state.timeline_moved(steps, pos) is None
         snap = self.history.latest if live else self.history.at(steps[pos])
         self.timeline_label.setText("live" if live else f"step {steps[pos]}")
         if snap is not None:
             self._show(snap, self.latest.audit if live and self.latest else None)
 
     def follow_live(self) -> None:
-        self._view_step = None
+        self.state.follow_live()
         self._dirty = True
         self.flush()
 
@@ -420,7 +410,7 @@ class MainWindow(QMainWindow):
                 box.setCurrentText(str(v))
         if s.value("step_n") is not None:
             self.step_n.setValue(int(s.value("step_n")))
-        self.sig_interval.emit(SPEEDS[self.speed.currentText()])
+        self.worker.send(cmd.SetInterval(SPEEDS[self.speed.currentText()]))
 
     def save_settings(self) -> None:
         s = self.settings
@@ -432,13 +422,9 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def shutdown(self) -> None:
-        """Stop the worker and wait for its thread (a QThread destroyed while running aborts)."""
-        if not self.thread_.isRunning():
-            return
+        """Stop the engine (its thread or its process) and wait for it."""
         self._redraw_timer.stop()
-        self.sig_shutdown.emit()
-        self.thread_.quit()
-        self.thread_.wait()
+        self.worker.shutdown()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         self.save_settings()

@@ -1,236 +1,364 @@
-"""``EngineWorker``: owns the session (engine or trace replay) on its own thread.
+"""Engine backends: the window's side of the protocol in ``kvscope.sources.protocol``.
 
-The GUI talks to it only by queued signals and gets copies (snapshots) back.
+``ThreadBackend`` runs the engine host on a QThread of this process (tests pass it factories
+that close over models already in memory); ``ProcessBackend`` runs it in a spawned engine
+process, so the engine never shares a GIL with the window and a crash of the engine (a
+segfault, a CUDA error, the OOM killer) leaves the window alive. Both emit the same signals.
 """
 from __future__ import annotations
 
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import logging
+import multiprocessing as mp
+import signal as _signal
+import threading
+import time
+from collections import deque
 
-from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
-from engine import SamplingParams
+from .sources import protocol as p
+from .sources.base import InjectSpec, SourceInfo  # noqa: F401 - InjectSpec is part of this module's API
+from .sources.build import SourceSpec
+from .sources.engine_process import AttachSlots, Heartbeat, ReleaseSlot, engine_process_main
+from .sources.host import EngineHost, SourceFactory
+from .sources.shm import ShmSlots
+from .sources.wire import RecordDecoder, WireStepped
 
-from .session import ReplaySession, Session, StepRecord
-from .sysinfo import MemoryProbe, MemoryReading
+logger = logging.getLogger("kvscope")
+HANG_TIMEOUT_S = 15.0  # no heartbeat for this long: the engine process is hung, not busy
+START_TIMEOUT_S = 180.0  # from spawn to the first message (imports torch and transformers)
 
-SessionFactory = Callable[[str | None], "Session | ReplaySession"]  # scenario name (or None) -> session
-
-
-@dataclass(frozen=True, slots=True)
-class InjectSpec:
-    prompt: object  # text, token ids or chat messages
-    params: SamplingParams
-    request_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What the GUI gets after each step or command: copies only, never live engine objects."""
-    record: StepRecord
-    memory: MemoryReading
-
-    @property
-    def step(self) -> int:
-        return self.record.step
-
-    @property
-    def snapshot(self):
-        return self.record.snapshot
-
-    @property
-    def events(self):
-        return self.record.events
-
-    @property
-    def audit(self):
-        return self.record.audit
-
-    @property
-    def step_seconds(self) -> float:
-        return self.record.seconds
+StepResult = p.Stepped  # what ``stepped`` carries (a record and the memory reading after it)
+EngineInfo = SourceInfo
 
 
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    model_name: str
-    device: str
-    dtype: str
-    num_blocks: int
-    block_size: int
-    block_bytes: int
-    max_model_len: int
-    load_seconds: float
-    num_cpu_blocks: int = 0
-    decode: Callable[[list[int]], str] | None = None  # the tokenizer's (immutable, thread-safe) decode
-    scenario: str | None = None
-    read_only: bool = False
-    extra: dict = field(default_factory=dict)
-    kv_cache_dtype: str = "auto"
+class EngineBackend(QObject):
+    """Signals every backend emits on the GUI thread."""
 
-
-class EngineWorker(QObject):
-    loaded = Signal(object)  # EngineInfo
+    loaded = Signal(object)  # SourceInfo
     load_failed = Signal(str)
     progress = Signal(str)
-    stepped = Signal(object)  # StepResult
+    stepped = Signal(object)  # protocol.Stepped
     error = Signal(str)
     running_changed = Signal(bool)
     injected = Signal(str)  # request id
+    died = Signal(str)  # the engine process ended or hung; the window keeps the last state
+    _result = Signal(object)  # from the host's thread (or the reader thread) to the GUI thread
 
-    def __init__(self, factory: SessionFactory) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._factory = factory
-        self.session: Session | ReplaySession | None = None
-        self._timer: QTimer | None = None
-        self._interval_ms = 0
-        self._probe: MemoryProbe | None = None
-        self.audit_enabled = False
+        self.vocab: tuple[str, ...] = ()
+        self._result.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+
+    @Slot(object)
+    def _dispatch(self, res: p.Result) -> None:
+        match res:
+            case p.Loaded(info, vocab):
+                self.vocab = vocab
+                self.loaded.emit(info)
+            case p.LoadFailed(message):
+                self.load_failed.emit(message)
+            case p.Progress(text, _):
+                self.progress.emit(text)
+            case p.Stepped():
+                self.stepped.emit(res)
+            case p.Error(message):
+                self.error.emit(message)
+            case p.RunningChanged(running):
+                self.running_changed.emit(running)
+            case p.Injected(rid):
+                self.injected.emit(rid)
+            case p.Died(message):
+                self.died.emit(message)
+
+    def decode(self, token_ids) -> str | None:
+        """Token ids as text (one token's own text each), or None when the model has no tokenizer."""
+        if not self.vocab:
+            return None
+        v = self.vocab
+        return "".join(v[t] if 0 <= t < len(v) else f"<{t}>" for t in token_ids)
+
+    # Implemented by each backend.
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def send(self, cmd: p.Command) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        raise ValueError("this engine cannot be restarted")
 
     @property
-    def engine(self):
-        return getattr(self.session, "engine", None)
+    def is_running(self) -> bool:
+        raise NotImplementedError
 
-    # -- lifecycle -------------------------------------------------------------------
-    @Slot()
-    def load(self) -> None:
-        self.load_scenario("")
 
-    @Slot(str)
-    def load_scenario(self, name: str) -> None:
-        self.pause()
-        self.progress.emit(f"loading {'scenario ' + name if name else 'the model'}…")
-        if self.session is not None:
-            self.session.close()
-            self.session = None
-        try:
-            session = self._factory(name or None)
-        except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
-            self.load_failed.emit(_one_line(e))
-            return
-        self.session = session
-        if isinstance(session, Session):
-            session.audit_enabled = session.audit_enabled or self.audit_enabled
-        d = session.describe()
-        dev = d["device"]
-        self._probe = MemoryProbe(int(dev.split(":")[1]) if dev.startswith("cuda:") else
-                                  (0 if dev == "cuda" else None))
-        self.loaded.emit(EngineInfo(d["model_name"], dev, d["dtype"], d["num_blocks"], d["block_size"],
-                                    d["block_bytes"], d["max_model_len"], d["load_seconds"], d["num_cpu_blocks"],
-                                    d["decode"], d["scenario"], session.read_only,
-                                    kv_cache_dtype=d.get("kv_cache_dtype", "auto")))
-        if not session.read_only:
-            self._send(session.current())
+# -- an engine on a worker thread -----------------------------------------------------------
+class _HostWorker(QObject):
+    """Lives on the engine's QThread; commands arrive as queued calls, results leave by ``out``."""
+
+    def __init__(self, factory: SourceFactory, out: Signal) -> None:
+        super().__init__()
+        self.host = EngineHost(factory, out.emit)
+        self._timer: QTimer | None = None
+
+    @Slot(object)
+    def command(self, cmd: p.Command) -> None:
+        self.host.handle(cmd)
+        self._sync_timer()
 
     @Slot()
     def shutdown(self) -> None:
-        """Runs on the worker's thread (blocking call), so its timer dies on the thread it lives on."""
-        self.pause()
+        """Runs on the worker's thread (blocking call), so the timer dies on the thread it lives on."""
+        self.host.handle(p.Shutdown())
+        self._sync_timer()
         self._timer = None
-        if self.session is not None:
-            self.session.close()
-        self.session = None
 
-    # -- commands ------------------------------------------------------------------
-    @Slot(int)
-    def step(self, n: int = 1) -> None:
-        for _ in range(max(1, n)):
-            if not self._step_once():
-                break
-
-    @Slot(int)
-    def set_interval(self, ms: int) -> None:
-        self._interval_ms = max(0, ms)
-        if self._timer is not None:
-            self._timer.setInterval(self._interval_ms)
-
-    @Slot()
-    def run(self) -> None:
-        if self.session is None:
-            return
-        if self._timer is None:
-            self._timer = QTimer()  # created here, so it lives on the worker's thread
-            self._timer.timeout.connect(self._tick)
-        self._timer.setInterval(self._interval_ms)
-        self._timer.start()
-        self.running_changed.emit(True)
-
-    @Slot()
-    def pause(self) -> None:
-        if self._timer is not None and self._timer.isActive():
+    def _sync_timer(self) -> None:
+        if self.host.running:
+            if self._timer is None:
+                self._timer = QTimer()  # created here, so it lives on the worker's thread
+                self._timer.timeout.connect(self._tick)
+            self._timer.setInterval(self.host.interval_ms)
+            if not self._timer.isActive():
+                self._timer.start()
+        elif self._timer is not None and self._timer.isActive():
             self._timer.stop()
-            self.running_changed.emit(False)
 
     @Slot()
     def _tick(self) -> None:
-        if self.session is None or not self.session.has_work() or not self._step_once():
-            self.pause()
+        self.host.tick()
+        self._sync_timer()
 
-    def _command(self, what: str, fn, *args):
-        if self.session is None:
-            self.error.emit("no model is loaded")
-            return None
-        try:
-            result = fn(*args)
-        except Exception as e:  # noqa: BLE001 - a refused command is a message, not a crash
-            self.error.emit(f"{what}: {_one_line(e)}")
-            return None
-        self._send(self.session.current())
-        return result
 
-    @Slot(object)
-    def inject(self, spec: InjectSpec) -> None:
-        rid = self._command("request refused", lambda: self.session.inject(spec.prompt, spec.params,
-                                                                           spec.request_id))
-        if rid is not None:
-            self.injected.emit(rid)
+class ThreadBackend(EngineBackend):
+    _command = Signal(object)
+    _shutdown = Signal()
 
-    @Slot(str)
-    def abort(self, request_id: str) -> None:
-        if self._command("abort", self.session.abort if self.session else None, request_id) is False:
-            self.error.emit(f"request {request_id} is not running or waiting")
+    def __init__(self, factory: SourceFactory) -> None:
+        super().__init__()
+        self.thread_ = QThread()
+        self.thread_.setObjectName("engine")
+        self.worker = _HostWorker(factory, self._result)
+        self.worker.moveToThread(self.thread_)
+        self._command.connect(self.worker.command)
+        self._shutdown.connect(self.worker.shutdown, Qt.ConnectionType.BlockingQueuedConnection)
 
-    @Slot(str)
-    def fork(self, request_id: str) -> None:
-        rid = self._command("fork", self.session.fork if self.session else None, request_id)
-        if rid is not None:
-            self.injected.emit(rid)
+    @property
+    def engine(self):
+        return self.worker.host.engine
+
+    @property
+    def is_running(self) -> bool:
+        return self.thread_.isRunning()
+
+    def start(self) -> None:
+        self.thread_.start()
+        self.send(p.Load(None))
+
+    def send(self, cmd: p.Command) -> None:
+        self._command.emit(cmd)
+
+    def shutdown(self) -> None:
+        """Stop the host and wait for its thread (a QThread destroyed while running aborts)."""
+        if not self.thread_.isRunning():
+            return
+        self._shutdown.emit()
+        self.thread_.quit()
+        self.thread_.wait()
+
+
+# -- an engine in a child process ---------------------------------------------------------------
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        name = _signal.Signals(-code).name if -code in _signal.Signals._value2member_map_ else f"signal {-code}"
+        why = {"SIGKILL": " (killed: perhaps by the out-of-memory killer)", "SIGSEGV": " (a segmentation fault)",
+               "SIGABRT": " (aborted)", "SIGBUS": " (a bus error)"}.get(name, "")
+        return f"was killed by {name}{why}"
+    return f"exited with code {code}"
+
+
+class ProcessBackend(EngineBackend):
+    """The engine in a spawned process: commands through a pipe, snapshot arrays through shared memory."""
+
+    def __init__(self, spec: SourceSpec, hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
+        super().__init__()
+        self.spec = spec
+        self.hang_timeout_s = hang_timeout_s
+        self.proc: mp.process.BaseProcess | None = None
+        self.conn = None
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._decoder = RecordDecoder()
+        self._slots: ShmSlots | None = None
+        self._closing = False
+        self._reported = False
+        self.last_beat: float | None = None  # None until the engine process has said anything
+        self._spawned_at = 0.0
+        self.scenario: str | None = None  # the last Load's, for a restart
+        self._watchdog = QTimer(self)
+        self._watchdog.setInterval(500)
+        self._watchdog.timeout.connect(self._check_alive)
+        # Results from the reader thread wait here; one queued wake-up drains them all, so a
+        # fast engine costs the GUI thread one event per batch, not one per step.
+        self._inbox: deque[p.Result] = deque()
+        self._wake_pending = False
+        self._inbox_lock = threading.Lock()
+        self._wake.connect(self._drain, Qt.ConnectionType.QueuedConnection)
+
+    _wake = Signal()
+
+    def _post(self, res: p.Result) -> None:
+        with self._inbox_lock:
+            self._inbox.append(res)
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._wake.emit()
 
     @Slot()
-    def reset_prefix_cache(self) -> None:
-        self._command("reset prefix cache", self.session.reset_prefix_cache if self.session else None)
+    def _drain(self) -> None:
+        with self._inbox_lock:
+            batch, self._inbox = self._inbox, deque()
+            self._wake_pending = False
+        for res in batch:
+            self._dispatch(res)
 
-    @Slot(bool)
-    def set_audit(self, on: bool) -> None:
-        self.audit_enabled = on
-        if isinstance(self.session, Session):
-            self.session.audit_enabled = on or bool(self.session.engine.config.fault)
-            self._send(self.session.current())
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
 
-    # -- internals -----------------------------------------------------------------
-    def _step_once(self) -> bool:
-        if self.session is None:
-            return False
-        if self.session.read_only and not self.session.has_work():
-            return False
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        self._spawn()
+        self.send(p.Load(self.scenario))
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=engine_process_main, args=(child, self.spec), name="kvscope-engine",
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self._closing = self._reported = False
+        self.last_beat, self._spawned_at = None, time.monotonic()
+        self._reader = threading.Thread(target=self._read, args=(parent,), name="engine-reader", daemon=True)
+        self._reader.start()
+        self._watchdog.start()
+
+    def send(self, cmd) -> None:
+        if isinstance(cmd, p.Load):
+            self.scenario = cmd.scenario
+        conn = self.conn
+        if conn is None:
+            return
         try:
-            rec = self.session.step()
-        except Exception as e:  # noqa: BLE001 - report, keep the thread alive
-            traceback.print_exc()
-            self.error.emit(f"step failed: {_one_line(e)}")
-            return False
-        self._send(rec)
-        out = rec.step_output
-        if out is not None and out.error:
-            self.error.emit(f"step {out.step} failed: {out.error} (its requests were finished with an error)")
-        return True
+            with self._lock:
+                conn.send(cmd)
+        except (OSError, ValueError):
+            self._report_death()
 
-    def _send(self, rec: StepRecord) -> None:
-        mem = self._probe.read() if self._probe else MemoryReading()
-        self.stepped.emit(StepResult(rec, mem))
+    # -- the reader thread: blocks on the pipe, so the GUI thread never does -------------------
+    def _read(self, conn) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception as e:  # noqa: BLE001 - a message that cannot be decoded is a dead link
+                logger.error("engine process sent something unreadable: %s", e)
+                break
+            self.last_beat = time.monotonic()
+            if isinstance(msg, Heartbeat):
+                continue
+            if isinstance(msg, WireStepped):
+                if msg.slot is not None and self._slots is None:
+                    continue  # slots of a pool already replaced
+                res = self._decoder.decode(msg)
+                if msg.slot is not None:
+                    self.send(ReleaseSlot(msg.slot))
+                self._post(res)
+                continue
+            if isinstance(msg, p.Loaded):
+                self._attach_slots(msg.info)
+            self._post(msg)
+        if not self._closing:
+            self._post(p.Died(self._death_message()))
+            self._reported = True
 
+    def _attach_slots(self, info: SourceInfo) -> None:
+        old, self._slots = self._slots, None
+        self._decoder.slots = None
+        if old is not None:
+            old.close()
+        slots = ShmSlots.create(info.num_blocks, info.num_cpu_blocks)
+        self._slots = self._decoder.slots = slots
+        self.send(AttachSlots(slots.spec))
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    def _death_message(self) -> str:
+        proc = self.proc
+        if proc is not None:
+            proc.join(timeout=2.0)
+        code = proc.exitcode if proc is not None else None
+        return f"the engine process {describe_exit(code)}"
+
+    @Slot()
+    def _check_alive(self) -> None:
+        if self._closing or self._reported or self.proc is None:
+            return
+        if not self.proc.is_alive():
+            return  # the reader reports an exit
+        now = time.monotonic()
+        if self.last_beat is None:
+            if now - self._spawned_at > START_TIMEOUT_S:
+                self._reported = True
+                self.died.emit(f"the engine process did not start within {START_TIMEOUT_S:.0f} s")
+        elif now - self.last_beat > self.hang_timeout_s:
+            self._reported = True
+            self.died.emit(f"the engine process stopped responding ({self.hang_timeout_s:g} s without a heartbeat)")
+
+    def _report_death(self) -> None:
+        if not self._reported and not self._closing:
+            self._reported = True
+            self._post(p.Died(self._death_message()))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def restart(self) -> None:
+        """Kill whatever is left of the engine process and start a fresh one (same spec, same scenario)."""
+        self._stop(graceful=False)
+        self.start()
+
+    def shutdown(self) -> None:
+        self._stop(graceful=True)
+
+    def _stop(self, graceful: bool) -> None:
+        self._closing = True
+        self._watchdog.stop()
+        proc, conn = self.proc, self.conn
+        if proc is not None and proc.is_alive() and graceful:
+            try:
+                with self._lock:
+                    conn.send(p.Shutdown())
+            except (OSError, ValueError):
+                pass
+            proc.join(timeout=10.0)
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5.0)
+        if conn is not None:
+            conn.close()
+        if self._reader is not None:
+            self._reader.join(timeout=5.0)
+        if self._slots is not None:
+            self._slots.close()
+        self._slots = self._decoder.slots = None
+        self.proc = self.conn = self._reader = None

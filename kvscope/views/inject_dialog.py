@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 from engine import SamplingParams
 
 from ..presets import PRESETS
-from ..worker import InjectSpec
+from ..sources.base import InjectSpec
 
 
 class InjectDialog(QDialog):

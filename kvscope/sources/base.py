@@ -1,0 +1,115 @@
+"""The one seam between the window and what it shows: a ``Source`` yields step records.
+
+A live engine (in this process or a child process), a trace replay and an attached
+external engine differ only in what they can fill in; ``SourceInfo.capabilities``
+says which, so the views can hide what a source cannot give. No Qt here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from engine import SamplingParams
+from engine.inspect.audit import AuditReport
+from engine.inspect.events import Event
+from engine.inspect.snapshot import KVSnapshot
+from engine.outputs import StepOutput
+
+# What a source can give (SourceInfo.capabilities).
+COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache
+BLOCK_TABLES = "block_tables"  # per-request logical -> physical tables
+REF_COUNTS = "ref_counts"  # per-block ref counts and the free list
+AUDIT = "audit"  # recompute ref counts from the tables
+LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
+REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
+
+
+@dataclass(frozen=True, slots=True)
+class InjectSpec:
+    """One request to add: text, token ids or chat messages, with its sampling parameters."""
+    prompt: object
+    params: SamplingParams
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """What the window shows about a source once it is ready (picklable: it crosses processes)."""
+    model_name: str
+    device: str
+    dtype: str
+    num_blocks: int
+    block_size: int
+    block_bytes: int
+    max_model_len: int
+    load_seconds: float
+    num_cpu_blocks: int = 0
+    scenario: str | None = None  # the scenario's title
+    scenario_name: str | None = None
+    kv_cache_dtype: str = "auto"
+    capabilities: frozenset[str] = LIVE_CAPABILITIES
+    has_tokenizer: bool = False
+    watch: str = ""  # the scenario's "what to watch" text
+    notes: tuple[tuple[int, str], ...] = ()  # the scenario's step notes
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def read_only(self) -> bool:
+        return COMMANDS not in self.capabilities
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one step (or one command between steps) did: a snapshot after it and its events."""
+    step: int
+    snapshot: KVSnapshot
+    events: list[Event]
+    step_output: StepOutput | None
+    seconds: float
+    audit: AuditReport | None = None
+
+    @property
+    def leaked(self) -> list[int]:
+        return self.audit.bad_blocks if self.audit is not None else []
+
+    @property
+    def error(self) -> str | None:
+        return self.step_output.error if self.step_output is not None else None
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A run the window (or ``--headless``) can drive one step at a time."""
+
+    info: SourceInfo
+
+    @property
+    def step_count(self) -> int: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> StepRecord: ...
+
+    def current(self) -> StepRecord:
+        """A record of the state now (after a command between steps); raises ValueError if read-only."""
+        ...
+
+    def inject(self, prompt, params: SamplingParams, request_id: str | None = None) -> str: ...
+
+    def abort(self, request_id: str) -> bool: ...
+
+    def fork(self, request_id: str) -> str: ...
+
+    def reset_prefix_cache(self) -> None: ...
+
+    def set_audit(self, on: bool) -> None: ...
+
+    def decode(self, token_ids: list[int]) -> str | None:
+        """Token ids as text, or None without a tokenizer."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ReadOnlyError(ValueError):
+    """A command sent to a source that only shows what was recorded."""

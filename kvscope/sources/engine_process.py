@@ -1,0 +1,107 @@
+"""The engine process: an ``EngineHost`` fed by a pipe (no Qt in this process).
+
+Besides the window's commands the pipe carries three housekeeping messages: the window
+attaches the shared-memory slots, releases a slot once it has copied it, and the engine
+process sends a heartbeat, so that a hung engine is told from a busy one.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from . import protocol as p
+from .build import SourceSpec
+from .host import EngineHost
+from .shm import ShmSlots, SlotSpec
+from .wire import RecordEncoder
+
+HEARTBEAT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class AttachSlots:
+    spec: SlotSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSlot:
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S) -> None:
+    # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lock = threading.Lock()
+    alive = threading.Event()
+    alive.set()
+
+    def send(obj) -> None:
+        with lock:
+            conn.send(obj)
+
+    encoder = RecordEncoder()
+
+    def emit(res: p.Result) -> None:
+        if isinstance(res, p.Stepped):
+            send(encoder.encode(res))
+            return
+        if isinstance(res, p.Loaded):
+            encoder.detach()  # the window sizes new slots for this source's pool
+            encoder.loaded()
+        send(res)
+
+    host = EngineHost(spec.factory, emit)
+    queue: deque = deque()
+
+    def pump(timeout: float | None = 0.0) -> None:
+        while conn.poll(timeout):
+            timeout = 0.0
+            msg = conn.recv()
+            if isinstance(msg, ReleaseSlot):
+                encoder.release(msg.slot)
+            elif isinstance(msg, AttachSlots):
+                encoder.attach(ShmSlots.attach(msg.spec))
+            else:
+                queue.append(msg)
+
+    def interrupted() -> bool:
+        pump()
+        return any(isinstance(c, (p.Pause, p.Shutdown, p.Load)) for c in queue)
+
+    host.interrupted = interrupted
+
+    def beat() -> None:
+        while alive.is_set():
+            try:
+                send(Heartbeat())
+            except OSError:
+                return
+            time.sleep(heartbeat_s)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    next_tick = 0.0
+    try:
+        while True:
+            wait = 0.0 if queue else (max(0.0, next_tick - time.monotonic()) if host.running else None)
+            pump(wait)
+            if queue:
+                if not host.handle(queue.popleft()):
+                    break
+                continue
+            if host.running and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + host.interval_ms / 1000
+                host.tick()
+    except (EOFError, OSError):
+        pass  # the window went away: nothing to report to
+    finally:
+        alive.clear()
+        host.shutdown()
+        encoder.detach()

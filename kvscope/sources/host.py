@@ -1,0 +1,169 @@
+"""``EngineHost``: owns a source and carries out the window's commands (no Qt).
+
+The same host runs on a worker thread of the window's process (``ThreadBackend``) and in a
+child engine process (``ProcessBackend``); each result goes to ``emit``.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+
+from ..sysinfo import MemoryProbe, MemoryReading
+from . import protocol as p
+from .base import Source
+
+logger = logging.getLogger("kvscope")
+
+SourceFactory = Callable[[str | None], Source]  # scenario name (None: the command line's, "": none) -> source
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def vocab_of(source) -> tuple[str, ...]:
+    """Each token id's own text (the window draws one token a slot and decodes nothing itself)."""
+    engine = getattr(source, "engine", None)
+    tok = getattr(engine, "tokenizer", None)
+    if tok is None:
+        return ()
+    n = engine.vocab_size
+    return tuple(tok.batch_decode([[i] for i in range(n)], skip_special_tokens=False))
+
+
+class EngineHost:
+    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None]) -> None:
+        self.factory = factory
+        self.emit = emit
+        self.source: Source | None = None
+        self.running = False
+        self.interval_ms = 0
+        self.audit_enabled = False
+        self._probe: MemoryProbe | None = None
+        self.interrupted: Callable[[], bool] = lambda: False  # checked between the steps of a Step(n)
+
+    @property
+    def engine(self):
+        return getattr(self.source, "engine", None)
+
+    # -- dispatch ------------------------------------------------------------------------
+    def handle(self, cmd: p.Command) -> bool:
+        """Carry out one command; False once the host has shut down."""
+        match cmd:
+            case p.Load(scenario):
+                self.load(scenario)
+            case p.Step(n):
+                for _ in range(max(1, n)):
+                    if not self.step_once() or self.interrupted():
+                        break
+            case p.Run():
+                if self.source is not None:
+                    self._set_running(True)
+            case p.Pause():
+                self._set_running(False)
+            case p.SetInterval(ms):
+                self.interval_ms = max(0, ms)
+            case p.Inject(spec):
+                rid = self._command("request refused", self._source().inject if self.source else None,
+                                    spec.prompt, spec.params, spec.request_id)
+                if rid is not None:
+                    self.emit(p.Injected(rid))
+            case p.Abort(rid):
+                if self._command("abort", self.source.abort if self.source else None, rid) is False:
+                    self.emit(p.Error(f"request {rid} is not running or waiting"))
+            case p.Fork(rid):
+                child = self._command("fork", self.source.fork if self.source else None, rid)
+                if child is not None:
+                    self.emit(p.Injected(child))
+            case p.ResetPrefixCache():
+                self._command("reset prefix cache", self.source.reset_prefix_cache if self.source else None)
+            case p.SetAudit(on):
+                self.audit_enabled = on
+                if self.source is not None and not self.source.info.read_only:
+                    self.source.set_audit(on)
+                    self._send(self.source.current())
+            case p.Shutdown():
+                self.shutdown()
+                return False
+            case _:
+                self.emit(p.Error(f"unknown command {cmd!r}"))
+        return True
+
+    def _source(self) -> Source:
+        return self.source
+
+    # -- lifecycle -------------------------------------------------------------------
+    def load(self, scenario: str | None) -> None:
+        self._set_running(False)
+        self.emit(p.Progress(f"loading {'scenario ' + scenario if scenario else 'the model'}…"))
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+        try:
+            source = self.factory(scenario)
+        except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
+            self.emit(p.LoadFailed(one_line(e)))
+            return
+        self.source = source
+        info = source.info
+        if self.audit_enabled and not info.read_only:
+            source.set_audit(True)
+        dev = info.device
+        self._probe = MemoryProbe(int(dev.split(":")[1]) if dev.startswith("cuda:") else
+                                  (0 if dev == "cuda" else None))
+        self.emit(p.Loaded(info, vocab_of(source)))
+        if not info.read_only:
+            self._send(source.current())
+
+    def shutdown(self) -> None:
+        self._set_running(False)
+        if self.source is not None:
+            self.source.close()
+        self.source = None
+
+    # -- running -------------------------------------------------------------------
+    def _set_running(self, on: bool) -> None:
+        if on != self.running:
+            self.running = on
+            self.emit(p.RunningChanged(on))
+
+    def tick(self) -> bool:
+        """One step of a run; pauses (and returns False) when there is nothing left to do."""
+        if not self.running:
+            return False
+        if self.source is None or not self.source.has_work() or not self.step_once():
+            self._set_running(False)
+        return self.running
+
+    def step_once(self) -> bool:
+        src = self.source
+        if src is None or (src.info.read_only and not src.has_work()):
+            return False
+        try:
+            rec = src.step()
+        except Exception as e:  # noqa: BLE001 - report, keep the host alive
+            traceback.print_exc()
+            self.emit(p.Error(f"step failed: {one_line(e)}"))
+            return False
+        self._send(rec)
+        if rec.error:
+            self.emit(p.Error(f"step {rec.step} failed: {rec.error} (its requests were finished with an error)"))
+        return True
+
+    def _command(self, what: str, fn, *args):
+        if self.source is None or fn is None:
+            self.emit(p.Error("no model is loaded"))
+            return None
+        try:
+            result = fn(*args)
+        except Exception as e:  # noqa: BLE001 - a refused command is a message, not a crash
+            self.emit(p.Error(f"{what}: {one_line(e)}"))
+            return None
+        self._send(self.source.current())
+        return result
+
+    def _send(self, rec) -> None:
+        mem = self._probe.read() if self._probe else MemoryReading()
+        self.emit(p.Stepped(rec, mem))

@@ -1,0 +1,112 @@
+"""``LiveSource``: one engine in this process, driven step by step (the window's engine side and ``--headless``)."""
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from engine import LLMEngine
+from engine.inspect.trace import TraceWriter
+from engine.outputs import StepOutput
+
+from ..scenario import ScenarioRunner
+from .base import LIVE_CAPABILITIES, SourceInfo, StepRecord
+
+
+class StepHook(Protocol):
+    """Something that drives the engine between steps on the engine's own thread (a scenario, a server).
+
+    ``before_step`` may add and abort requests; ``after_step`` reads the step's outputs;
+    ``has_work`` keeps a run going while the hook still has requests to bring.
+    """
+
+    def before_step(self, engine: LLMEngine) -> object: ...
+
+    def after_step(self, engine: LLMEngine, out: StepOutput) -> None: ...
+
+    def has_work(self, engine: LLMEngine) -> bool: ...
+
+
+class LiveSource:
+    """Drives one engine: step hooks (a scenario, a server), optional audit after every step, optional trace."""
+
+    def __init__(self, engine: LLMEngine, scenario: ScenarioRunner | None = None, trace_path: str | None = None,
+                 audit: bool = False, hooks: list[StepHook] | None = None) -> None:
+        self.engine = engine
+        self.scenario = scenario
+        self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
+        self.audit_enabled = audit or bool(engine.config.fault)
+        self.trace = None
+        if trace_path:
+            c = engine.config
+            self.trace = TraceWriter(trace_path, {
+                "model": engine.model_name, "num_blocks": engine.pool.num_blocks, "block_size": c.block_size,
+                "num_cpu_blocks": engine.kv.cpu_pool.num_blocks, "block_bytes": engine.runner.block_bytes,
+                "config": {k: getattr(c, k) for k in c.__slots__},
+                "scenario": scenario.scenario.name if scenario else None})
+        self.info = self._info()
+
+    def _info(self) -> SourceInfo:
+        e = self.engine
+        sc = self.scenario.scenario if self.scenario else None
+        return SourceInfo(
+            model_name=e.model_name, device=str(e.device), dtype=str(e.runner.dtype).split(".")[-1],
+            num_blocks=e.pool.num_blocks, block_size=e.config.block_size, block_bytes=e.runner.block_bytes,
+            max_model_len=e.max_model_len, load_seconds=e.load_seconds, num_cpu_blocks=e.kv.cpu_pool.num_blocks,
+            scenario=sc.title if sc else None, scenario_name=sc.name if sc else None,
+            kv_cache_dtype=e.config.kv_cache_dtype, capabilities=LIVE_CAPABILITIES,
+            has_tokenizer=e.tokenizer is not None, watch=getattr(sc, "watch", "") or (sc.description if sc else ""),
+            notes=tuple(getattr(sc, "notes", ()) or ()))
+
+    @property
+    def step_count(self) -> int:
+        return self.engine.step_count
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished() or any(h.has_work(self.engine) for h in self.hooks)
+
+    def step(self) -> StepRecord:
+        t0 = time.perf_counter()
+        for h in self.hooks:
+            h.before_step(self.engine)
+        out = self.engine.step()
+        for h in self.hooks:
+            h.after_step(self.engine, out)
+        return self._record(out, time.perf_counter() - t0)
+
+    def _record(self, out: StepOutput | None, seconds: float = 0.0) -> StepRecord:
+        e = self.engine
+        audit = e.audit(emit_events=True) if self.audit_enabled else None
+        events = (list(out.events) if out else []) + e.pool.drain_events()
+        snap = e.snapshot()
+        if self.trace is not None:
+            self.trace.record(snap, events, audit.bad_blocks if audit else None)
+        return StepRecord(e.step_count, snap, events, out, seconds, audit)
+
+    def current(self) -> StepRecord:
+        """A record of the state now (after a command between steps), with its events."""
+        return self._record(None)
+
+    # -- commands between steps --------------------------------------------------------
+    def inject(self, prompt, params, request_id: str | None = None) -> str:
+        return self.engine.add_request(prompt, params, request_id=request_id)
+
+    def abort(self, request_id: str) -> bool:
+        return self.engine.abort(request_id)
+
+    def fork(self, request_id: str) -> str:
+        return self.engine.fork(request_id)
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
+    def set_audit(self, on: bool) -> None:
+        self.audit_enabled = on or bool(self.engine.config.fault)
+
+    def decode(self, token_ids: list[int]) -> str | None:
+        tok = self.engine.tokenizer
+        return tok.decode(list(token_ids), skip_special_tokens=False) if tok is not None else None
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None

@@ -1,0 +1,129 @@
+"""The engine in its own process: same results as on a thread, and a crash, a hang or a close handled."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings, QTimer
+
+from engine import EngineConfig, SamplingParams
+from engine.inspect.trace import replay_trace
+from kvscope.main_window import MainWindow
+from kvscope.sources.base import InjectSpec
+from kvscope.sources.build import SourceSpec
+from kvscope.worker import ProcessBackend
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [list(range(10, 30)) + [1, 2], list(range(10, 30)) + [3]]
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+
+
+@pytest.fixture
+def process_window(qtbot, settings, tiny_dir):
+    wins = []
+
+    def make(trace: str | None = None, hang_timeout_s: float = 15.0, **kw) -> MainWindow:
+        kw.setdefault("num_gpu_blocks", 48)
+        kw.setdefault("block_size", 4)
+        spec = SourceSpec(EngineConfig(model=tiny_dir, **kw), trace=trace)
+        win = MainWindow(ProcessBackend(spec, hang_timeout_s=hang_timeout_s), settings)
+        qtbot.addWidget(win)
+        wins.append(win)
+        win.show()
+        win.start()
+        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=90_000)
+        return win
+
+    yield make
+    for w in wins:
+        w.shutdown()
+
+
+def drive(qtbot, win: MainWindow, steps: int) -> None:
+    win.inject([InjectSpec(p, GREEDY) for p in PROMPTS])
+    qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == len(PROMPTS), timeout=20_000)
+    target = win.latest.step + steps
+    win.step(steps)
+    qtbot.waitUntil(lambda: win.latest.step >= target, timeout=30_000)
+    win.flush()
+
+
+def test_same_snapshots_as_an_engine_in_this_process(qtbot, process_window, tiny_engine, tiny_dir):
+    win = process_window()
+    assert win.worker.pid != os.getpid() and win.worker.is_running
+    drive(qtbot, win, 6)
+    from engine import LLMEngine
+    from kvscope.sources.live import LiveSource
+    here = LiveSource(LLMEngine(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4)))
+    for p in PROMPTS:
+        here.inject(p, GREEDY)
+    for _ in range(6):
+        rec = here.step()
+    shown = win.latest.snapshot
+    for f in ("state", "ref_cnt", "owner", "has_hash", "filled", "free_queue"):
+        assert np.array_equal(getattr(shown, f), getattr(rec.snapshot, f)), f
+    assert shown.requests == rec.snapshot.requests
+    assert dict(shown.cached_tokens) == dict(rec.snapshot.cached_tokens)
+    assert np.array_equal(win.grid.grid.ravel()[:48], shown.state)
+
+
+def test_a_killed_engine_leaves_the_window_alive_and_restarts(qtbot, process_window, tmp_path):
+    trace = tmp_path / "run.trace"
+    win = process_window(trace=str(trace))
+    drive(qtbot, win, 4)
+    last = win.latest
+    pid = win.worker.pid
+    os.kill(pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: win.banner.isVisible() and "SIGKILL" in win.banner.text(), timeout=10_000)
+    assert win.latest is last  # the last state stays on screen
+    assert not win.act_step.isEnabled() and win.act_restart.isEnabled()
+    ticks = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(1))
+    timer.start(10)
+    qtbot.waitUntil(lambda: len(ticks) >= 5, timeout=2000)  # the event loop runs
+    timer.stop()
+    # The trace so far stays readable.
+    steps = [r.step for r in replay_trace(trace)]
+    assert steps and max(steps) == last.step
+    win.restart_engine()
+    qtbot.waitUntil(lambda: win.act_step.isEnabled() and win.latest is not None and win.latest.step == 0,
+                    timeout=90_000)
+    assert win.worker.pid != pid
+    drive(qtbot, win, 2)
+    assert win.latest.snapshot.counters["num_requests_running"] == 2
+
+
+def test_a_hung_engine_is_reported_and_can_be_replaced(qtbot, process_window):
+    win = process_window(hang_timeout_s=1.5)
+    pid = win.worker.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        qtbot.waitUntil(lambda: win.banner.isVisible() and "stopped responding" in win.banner.text(),
+                        timeout=10_000)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    win.restart_engine()
+    qtbot.waitUntil(lambda: win.act_step.isEnabled() and win.worker.pid != pid, timeout=90_000)
+    qtbot.waitUntil(lambda: win.latest is not None and win.latest.step == 0, timeout=30_000)
+
+
+def test_closing_the_window_ends_the_engine_process_and_frees_shared_memory(qtbot, process_window):
+    win = process_window()
+    drive(qtbot, win, 2)
+    proc = win.worker.proc
+    names = [s.name for s in win.worker._slots.shms]
+    assert all(Path("/dev/shm", n.lstrip("/")).exists() for n in names)
+    t0 = time.perf_counter()
+    win.close()
+    assert time.perf_counter() - t0 < 10
+    assert proc.exitcode == 0
+    assert not any(Path("/dev/shm", n.lstrip("/")).exists() for n in names)
