@@ -1,12 +1,13 @@
 """Scheduler and block-manager overhead: microseconds of Python per step, without a model.
 
-    python bench/scheduler_overhead.py [--quick]
+    python bench/scheduler_overhead.py [--quick] [--nano-vllm PATH]
 
 A fake runner replaces the model (``common.install_fake_runner``): everything else of
 ``LLMEngine.step`` runs for real (scheduling, slot allocation, block hashing and caching, events,
 stop checks, outputs). N requests decode together (prompts of 100-400 tokens, 256 output tokens);
 the steps where all N are running are timed. For scale: one decode step of a 7B model on a
-current GPU takes about 3 ms.
+current GPU takes about 3 ms. With ``--nano-vllm PATH`` (a checkout of nano-vllm, see
+``bench/nano_vllm_peer.py``) its scheduler and block manager run the same workload side by side.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from common import (
     engine_for,
     install_fake_runner,
     length_mix,
-    main,
     pyplot,
     random_prompts,
     save_figure,
@@ -30,13 +30,17 @@ from engine import SamplingParams
 GPU_DECODE_STEP_US = 3000
 
 
+def workload(n: int) -> list[list[int]]:
+    vocab = tiny_model()[0].config.vocab_size
+    return random_prompts([p for p, _ in length_mix(n, 31, (100, 400), (1, 1))], vocab, seed=32)
+
+
 def measure(n: int, steps: int, caching: bool) -> dict:
     engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=n * 48 + 64, max_num_seqs=n,
                         max_num_batched_tokens=max(2048, n * 400), enable_prefix_caching=caching,
                         max_model_len=4096)
     install_fake_runner(engine)
-    vocab = tiny_model()[0].config.vocab_size
-    prompts = random_prompts([p for p, _ in length_mix(n, 31, (100, 400), (1, 1))], vocab, seed=32)
+    prompts = workload(n)
     for p in prompts:
         engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True))
     engine.step()  # every prompt prefills in this step (the budget covers them all)
@@ -51,10 +55,20 @@ def measure(n: int, steps: int, caching: bool) -> dict:
             "us_per_request": us / n, "fraction_of_gpu_step": us / GPU_DECODE_STEP_US}
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, nano_vllm: str | None = None) -> dict:
     steps = 20 if quick else 200
     rows = [measure(n, steps, caching) for caching in (True, False) for n in (1, 64, 256)]
-    result = {"steps_timed": steps, "gpu_decode_step_us": GPU_DECODE_STEP_US, "rows": rows}
+    peers = []
+    if nano_vllm:
+        from nano_vllm_peer import measure as peer
+        vocab = tiny_model()[0].config.vocab_size
+        for n in (1, 64, 256):
+            # Alternate, so that the machine's noise hits both alike; nano-vllm always caches prefixes.
+            ours = [measure(n, steps, True)["us_per_step"] for _ in range(3)]
+            theirs = [peer(nano_vllm, workload(n), steps, 16, n * 48 + 64, vocab)["us_per_step"] for _ in range(3)]
+            a, b = statistics.median(ours), statistics.median(theirs)
+            peers.append({"running": n, "kvscope_us": a, "nano_vllm_us": b, "ratio": a / b})
+    result = {"steps_timed": steps, "gpu_decode_step_us": GPU_DECODE_STEP_US, "rows": rows, "nano_vllm": peers}
     write_results("scheduler_overhead", result, quick)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -70,8 +84,16 @@ def run(quick: bool) -> dict:
     print(table(rows, [("running", "running", "d"), ("prefix_caching", "caching", ""),
                        ("us_per_step", "µs / step", ".0f"), ("us_per_request", "µs / request", ".1f"),
                        ("fraction_of_gpu_step", "of a 3 ms GPU step", ".0%")]))
+    if peers:
+        print(table(peers, [("running", "running", "d"), ("kvscope_us", "kvscope µs / step", ".0f"),
+                            ("nano_vllm_us", "nano-vllm µs / step", ".0f"), ("ratio", "kvscope / nano-vllm", ".2f")]))
     return result
 
 
 if __name__ == "__main__":
-    main(run, __doc__)
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a small run (CI checks its JSON's shape, not speed)")
+    ap.add_argument("--nano-vllm", metavar="PATH", help="a nano-vllm checkout to measure side by side")
+    args = ap.parse_args()
+    run(args.quick, args.nano_vllm)
