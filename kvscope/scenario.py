@@ -20,9 +20,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine import LLMEngine, SamplingParams
+from engine import SamplingParams
 from engine.outputs import StepOutput
+
+if TYPE_CHECKING:
+    from engine import LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
 CONFIG_KEYS = {"block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .memory import zeros
+
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP16_TINY = 6.2e-5  # scales stay normal fp16 numbers (an all-zero row must not divide by 0)
@@ -39,17 +41,16 @@ class QuantizedKV:
         self.out_dtype = out_dtype
         self.head_dim = head_dim
         shape = (num_blocks, block_size, num_kv_heads)
-        kw = dict(device=device, pin_memory=pin)
         if fmt == "fp8":
-            self.data = torch.zeros(*shape, head_dim, dtype=torch.float8_e4m3fn, **kw)
+            self.data = zeros((*shape, head_dim), torch.float8_e4m3fn, device, pin)
             hs = head_scale if head_scale is not None else torch.ones(num_kv_heads)
             self.scale = hs.to(device=device, dtype=torch.float32).contiguous()
         elif fmt == "int8":
-            self.data = torch.zeros(*shape, head_dim, dtype=torch.int8, **kw)
-            self.scale = torch.zeros(shape, dtype=torch.float16, **kw)
+            self.data = zeros((*shape, head_dim), torch.int8, device, pin)
+            self.scale = zeros(shape, torch.float16, device, pin)
         elif fmt == "int4":
-            self.data = torch.zeros(*shape, head_dim // 2, dtype=torch.uint8, **kw)
-            self.scale = torch.zeros(shape, dtype=torch.float16, **kw)
+            self.data = zeros((*shape, head_dim // 2), torch.uint8, device, pin)
+            self.scale = zeros(shape, torch.float16, device, pin)
         else:
             raise ValueError(f"unknown KV format {fmt!r}")
 

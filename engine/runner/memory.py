@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 GiB = 2**30
 
 
@@ -53,3 +56,16 @@ class KVPoolPlan:
 
 def weights_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, pin: bool = False) -> torch.Tensor:
+    """A zeroed tensor; on the CPU its pages are mapped lazily (calloc), so a 2 GiB pool costs
+    nothing until blocks are written (``torch.zeros`` touches every page: ~0.5 s a GiB)."""
+    device = torch.device(device)
+    if device.type != "cpu" or pin:
+        return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+    n = 1
+    for s in shape:
+        n *= s
+    raw = np.zeros(n * torch.empty((), dtype=dtype).element_size(), np.uint8)
+    return torch.from_numpy(raw).view(dtype).reshape(shape)

@@ -12,7 +12,7 @@ from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
 from .cuda_graphs import DecodeGraphs
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
-from .memory import GiB, KVPoolPlan, weights_bytes
+from .memory import GiB, KVPoolPlan, weights_bytes, zeros
 from .models.llama import LlamaForCausalLM
 from .sampler import sample
 
@@ -63,8 +63,7 @@ class ModelRunner:
         out = []
         for part, fmt in enumerate(self.kv_formats):
             if fmt == "none":
-                out.append(torch.zeros((num_blocks, self.block_size, m.num_kv_heads, m.head_dim), dtype=self.kv_dtype,
-                                       device=device, pin_memory=pin))
+                out.append(zeros((num_blocks, self.block_size, m.num_kv_heads, m.head_dim), self.kv_dtype, device, pin))
             else:
                 scale = self.fp8_scales[layer][part] if fmt == "fp8" else None
                 out.append(QuantizedKV(fmt, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype,

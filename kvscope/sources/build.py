@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine import EngineConfig, LLMEngine
+from engine import EngineConfig
 
 from ..scenario import ScenarioRunner, load_scenario
 from .live import LiveSource
@@ -44,4 +44,5 @@ def build_source(spec: SourceSpec) -> LiveSource | ReplaySource:
         config = dataclasses.replace(config, **sc.config)
         config.validate()
         runner = ScenarioRunner(sc)
+    from engine import LLMEngine  # torch and transformers: only where an engine is built
     return LiveSource(LLMEngine(config), runner, spec.trace, audit=spec.audit)

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from engine import LLMEngine
 from engine.inspect.trace import TraceWriter
 from engine.outputs import StepOutput
 
 from ..scenario import ScenarioRunner
 from .base import LIVE_CAPABILITIES, SourceInfo, StepRecord
+
+if TYPE_CHECKING:
+    from engine import LLMEngine
 
 
 class StepHook(Protocol):

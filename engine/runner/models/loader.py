@@ -1,9 +1,11 @@
 """Find a model (embedded default, alias, local folder or file, hub id) and load it with transformers."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,8 +104,97 @@ def resolve_model(name: str | None) -> ModelSource:
     return ModelSource(hub_id, None, name)
 
 
-def load_hf_model(source: ModelSource, dtype: str, device: torch.device):
-    """Load weights (and the tokenizer if there is one) with transformers."""
+def cache_root() -> Path:
+    """Where converted models are kept: ``$KVSCOPE_CACHE_DIR``, else the user's cache folder."""
+    env = os.environ.get("KVSCOPE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kvscope"
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def gguf_cache_dir(source: ModelSource) -> Path:
+    """The converted copy of a GGUF file: keyed by the file's hash and the converter's version."""
+    import transformers
+    gguf = Path(source.path) / source.gguf_file
+    return cache_root() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
+
+
+def _save_converted(model, tokenizer, folder: Path) -> None:
+    """Write the converted model next to its final place, then rename: a crash leaves no half copy."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # transformers marks a GGUF-loaded model as quantized and will not save it; its weights are
+        # plain dequantized tensors, so write them (tied ones once) and a config without the mark.
+        from safetensors.torch import save_model
+        save_model(model, str(tmp / "model.safetensors"))
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        type(model.config).from_dict(cfg).save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / COMPLETE).write_text("ok\n")
+        shutil.rmtree(folder, ignore_errors=True)  # an unfinished copy from a crashed start
+        tmp.replace(folder)
+    except OSError as e:
+        logger.warning("could not cache the converted model in %s (%s); the next start converts again", folder, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+COMPLETE = "kvscope-complete"  # written last: a folder without it is not a finished copy
+
+
+def load_hf_model(source: ModelSource, dtype: str, device: torch.device, progress=None):
+    """Load weights (and the tokenizer if there is one) with transformers.
+
+    A GGUF file is dequantized once and kept converted (safetensors) in the cache folder, keyed
+    by the file's hash: later starts read that copy, which is many times faster. ``progress``,
+    if given, is called with (what is happening, fraction done or None).
+    """
+    report = progress or (lambda _text, _fraction=None: None)
+    if not source.gguf_file:
+        report(f"reading {source.name}", 0.1)
+        return _load(source, dtype, device)
+    cached = gguf_cache_dir(source)
+    if not (cached / COMPLETE).is_file():
+        report(f"converting {source.gguf_file} (once: the result is cached)", 0.1)
+        model, tokenizer = _load(source, "auto", torch.device("cpu"))
+        report("caching the converted model", 0.5)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        _save_converted(model, tokenizer, cached)
+        if not (cached / COMPLETE).is_file():
+            return _convert_dtype(model, dtype, device), tokenizer
+        del model
+    report(f"reading the converted {source.gguf_file} from the cache", 0.6)
+    try:
+        model, tokenizer = _load(ModelSource(str(cached), None, source.name), dtype, device)
+    except Exception as e:  # noqa: BLE001 - a broken cache entry is converted again next time
+        logger.warning("the cached conversion in %s cannot be read (%s); reading the GGUF file", cached, e)
+        shutil.rmtree(cached, ignore_errors=True)
+        return _load(source, dtype, device)
+    if tokenizer is not None:
+        tokenizer.name_or_path = source.path  # block hashes name the model, not where its copy lives
+    return model, tokenizer
+
+
+def _convert_dtype(model, dtype: str, device: torch.device):
+    if dtype != "auto":
+        model = model.to(getattr(torch, dtype))
+    return model.to(device)
+
+
+def _load(source: ModelSource, dtype: str, device: torch.device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {}

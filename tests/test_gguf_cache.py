@@ -1,0 +1,37 @@
+"""The embedded GGUF is converted once and read from the cache afterwards, with identical weights."""
+from __future__ import annotations
+
+import torch
+
+from engine.runner.models import loader
+
+
+def test_second_load_reads_the_cached_conversion_with_identical_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    src = loader.embedded_source()
+    calls = []
+    real = loader._load
+    monkeypatch.setattr(loader, "_load", lambda s, d, dev: (calls.append(s.gguf_file), real(s, d, dev))[1])
+    fresh, tok1 = loader.load_hf_model(src, "auto", torch.device("cpu"))
+    folder = loader.gguf_cache_dir(src)
+    assert (folder / loader.COMPLETE).is_file() and calls[0] == src.gguf_file
+    calls.clear()
+    again, tok2 = loader.load_hf_model(src, "auto", torch.device("cpu"))
+    assert calls == [None]  # from the safetensors copy: no GGUF dequantization
+    a, b = fresh.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = "Four score and seven years ago our fathers <|im_start|>user\nhi"
+    assert tok1.encode(text) == tok2.encode(text) and tok1.chat_template == tok2.chat_template
+    assert tok2.name_or_path == tok1.name_or_path  # block hashes stay the same across the cache
+    half, _ = loader.load_hf_model(src, "float16", torch.device("cpu"))
+    assert half.dtype == torch.float16 and calls[-1] is None
+
+
+def test_a_torn_cache_entry_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    src = loader.embedded_source()
+    folder = loader.gguf_cache_dir(src)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{")  # a crash mid-write: no completion marker
+    model, tok = loader.load_hf_model(src, "auto", torch.device("cpu"))
+    assert (folder / loader.COMPLETE).is_file() and tok is not None
