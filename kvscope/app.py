@@ -63,6 +63,20 @@ class StartupDriver(QObject):
 
 
 def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
+    server = None
+    if getattr(args, "serve", False):
+        from .serve import OpenAIServer, ServeOptions
+        if args.replay or args.screenshot:
+            print("kvscope: --serve needs a live engine in a window: not with --replay or --screenshot",
+                  file=sys.stderr)
+            return 2
+        server = OpenAIServer(ServeOptions.from_args(args))
+        try:
+            server.start()
+        except OSError as e:
+            print(f"kvscope: {e}", file=sys.stderr)
+            return 2
+        print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
@@ -72,9 +86,9 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
         ns = argparse.Namespace(**vars(args))
         if scenario is not None:
             ns.scenario, ns.replay = scenario, None
-        return build_session(config, ns)
+        return build_session(config, ns, hooks=[server.bridge] if server else None)
 
-    win = MainWindow(factory)
+    win = MainWindow(factory, bridge=server.bridge if server else None)
     if args.screenshot:
         win.resize(1600, 1000)
     prompts = args.inject or (_demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
@@ -82,7 +96,9 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     win.show()
     win.start()
     code = app.exec()
-    win.shutdown()
+    win.shutdown()  # detaches the bridge: open responses end before the server stops
+    if server is not None:
+        server.stop()
     return driver.exit_code or code
 
 

@@ -23,8 +23,11 @@ def one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def build_session(config: EngineConfig, args: argparse.Namespace):
-    """The session the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
+def build_session(config: EngineConfig, args: argparse.Namespace, hooks: list | None = None):
+    """The session the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line.
+
+    ``hooks``: more ``StepHook``s of a live session (the HTTP server's bridge).
+    """
     if args.replay:
         return ReplaySession(args.replay)
     runner = None
@@ -33,11 +36,14 @@ def build_session(config: EngineConfig, args: argparse.Namespace):
         config = dataclasses.replace(config, **sc.config)
         config.validate()
         runner = ScenarioRunner(sc)
-    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
+    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False), hooks=hooks)
     return session
 
 
 def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
+    if getattr(args, "serve", False):
+        from .serve.headless import serve_headless
+        return serve_headless(config, args)
     try:
         session = build_session(config, args)
     except TraceError as e:

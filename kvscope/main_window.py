@@ -52,7 +52,7 @@ class MainWindow(QMainWindow):
     sig_scenario = Signal(str)
     sig_shutdown = Signal()
 
-    def __init__(self, session_factory: SessionFactory, settings: QSettings | None = None) -> None:
+    def __init__(self, session_factory: SessionFactory, settings: QSettings | None = None, bridge=None) -> None:
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
@@ -69,7 +69,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_status()
         self._build_menu()
-        self._start_worker(session_factory)
+        self._start_worker(session_factory, bridge)
         self._redraw_timer = QTimer(self)
         self._redraw_timer.setInterval(REDRAW_MS)
         self._redraw_timer.timeout.connect(self.flush)
@@ -193,10 +193,10 @@ class MainWindow(QMainWindow):
         sb.addWidget(self.status_label, 1)
         sb.addPermanentWidget(self.busy)
 
-    def _start_worker(self, factory) -> None:
+    def _start_worker(self, factory, bridge=None) -> None:
         self.thread_ = QThread(self)
         self.thread_.setObjectName("engine")
-        self.worker = EngineWorker(factory)
+        self.worker = EngineWorker(factory, bridge)
         self.worker.moveToThread(self.thread_)
         for sig, slot in ((self.sig_load, self.worker.load), (self.sig_step, self.worker.step),
                           (self.sig_fork, self.worker.fork), (self.sig_scenario, self.worker.load_scenario),

@@ -78,12 +78,18 @@ class EngineWorker(QObject):
     error = Signal(str)
     running_changed = Signal(bool)
     injected = Signal(str)  # request id
+    wake_requested = Signal()  # emitted from any thread (the HTTP server's): there is work to step
 
-    def __init__(self, factory: SessionFactory) -> None:
+    def __init__(self, factory: SessionFactory, bridge=None) -> None:
         super().__init__()
         self._factory = factory
         self.session: Session | ReplaySession | None = None
         self._timer: QTimer | None = None
+        self._running = False  # the user's Run; while serving, the timer stops when idle and wakes on work
+        self.bridge = bridge  # a kvscope.serve RequestBridge, or None
+        if bridge is not None:
+            self.wake_requested.connect(self._on_wake)  # queued: runs on the worker's thread
+            bridge.wake = self.wake_requested.emit
         self._interval_ms = 0
         self._probe: MemoryProbe | None = None
         self.audit_enabled = False
@@ -102,11 +108,15 @@ class EngineWorker(QObject):
         self.pause()
         self.progress.emit(f"loading {'scenario ' + name if name else 'the model'}…")
         if self.session is not None:
+            if self.bridge is not None:
+                self.bridge.detach("the engine is being reloaded")
             self.session.close()
             self.session = None
         try:
             session = self._factory(name or None)
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
+            if self.bridge is not None:
+                self.bridge.detach(f"the model failed to load: {_one_line(e)}")
             self.load_failed.emit(_one_line(e))
             return
         self.session = session
@@ -122,12 +132,20 @@ class EngineWorker(QObject):
                                     kv_cache_dtype=d.get("kv_cache_dtype", "auto")))
         if not session.read_only:
             self._send(session.current())
+        if self.bridge is not None:
+            if isinstance(session, Session):
+                self.bridge.attach(session.engine)
+                self.run()  # serving: requests are stepped as they come
+            else:
+                self.bridge.detach("a trace replay cannot serve requests")
 
     @Slot()
     def shutdown(self) -> None:
         """Runs on the worker's thread (blocking call), so its timer dies on the thread it lives on."""
         self.pause()
         self._timer = None
+        if self.bridge is not None:
+            self.bridge.detach("the server is shutting down")
         if self.session is not None:
             self.session.close()
         self.session = None
@@ -154,18 +172,30 @@ class EngineWorker(QObject):
             self._timer.timeout.connect(self._tick)
         self._timer.setInterval(self._interval_ms)
         self._timer.start()
+        self._running = True
         self.running_changed.emit(True)
 
     @Slot()
     def pause(self) -> None:
-        if self._timer is not None and self._timer.isActive():
+        if self._running or (self._timer is not None and self._timer.isActive()):
             self._timer.stop()
+            self._running = False
             self.running_changed.emit(False)
 
     @Slot()
     def _tick(self) -> None:
-        if self.session is None or not self.session.has_work() or not self._step_once():
+        if self.session is not None and self.session.has_work():
+            if not self._step_once():
+                self.pause()
+        elif self.bridge is not None and isinstance(self.session, Session):
+            self._timer.stop()  # idle, still in Run: the server's wake starts the timer again
+        else:
             self.pause()
+
+    @Slot()
+    def _on_wake(self) -> None:
+        if self._running and self._timer is not None and not self._timer.isActive():
+            self._timer.start()
 
     def _command(self, what: str, fn, *args):
         if self.session is None:
@@ -177,6 +207,7 @@ class EngineWorker(QObject):
             self.error.emit(f"{what}: {_one_line(e)}")
             return None
         self._send(self.session.current())
+        self._on_wake()  # in Run, idle while serving: step the new work (an abort the server must hear of)
         return result
 
     @Slot(object)
