@@ -207,7 +207,9 @@ class EngineWorker(QObject):
             self.error.emit(f"{what}: {_one_line(e)}")
             return None
         self._send(self.session.current())
-        self._on_wake()  # in Run, idle while serving: step the new work (an abort the server must hear of)
+        if self.bridge is not None and isinstance(self.session, Session):
+            self.bridge.settle(self.session.engine)  # an HTTP request aborted here gets its answer now
+            self._on_wake()  # in Run but idle: step the new work
         return result
 
     @Slot(object)

@@ -206,3 +206,21 @@ def test_metrics_have_vllm_names_and_match_the_engine(served):
                if x.name.endswith("_total")}
     assert success["length"] == 5 and success["abort"] == 0
     assert sum(r.usage.completion_tokens for r in results) + 2 == counters["generation_tokens"]
+
+
+def test_smollm2_chat_with_its_real_template_equals_llm_generate(smollm2):
+    """The embedded model's own tokenizer and chat template, through the official client."""
+    model, tok, src = smollm2
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    ref = LLM.from_engine(LLMEngine.from_hf_model(model, tok, name=src.name, num_gpu_blocks=64)).generate(
+        chat, SamplingParams(max_tokens=16, temperature=0.0))[0]
+    s = Served(LLMEngine.from_hf_model(model, tok, name=src.name, num_gpu_blocks=64))
+    try:
+        c = s.client()
+        r = c.chat.completions.create(model=src.name, messages=chat, max_tokens=16, temperature=0)
+        assert r.choices[0].message.content == ref.outputs[0].text and "Paris" in r.choices[0].message.content
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model=src.name, messages=chat, max_tokens=16, temperature=0, stream=True))
+        assert streamed == ref.outputs[0].text
+    finally:
+        s.close()

@@ -222,8 +222,16 @@ class RequestBridge:
                 reason = "error" if o.error else next((c.finish_reason for c in o.outputs if c.finish_reason), "stop")
                 self.metrics.observe_finished(now - stream.submitted_at, reason)
             stream.push("output", o)
+        self.settle(engine)
+
+    def settle(self, engine: LLMEngine) -> None:
+        """Answer the requests that ended without an output (the window's Abort button), and refresh the gauges.
+
+        Runs after every step; the owner may also call it after a command between steps, so a paused
+        engine still answers the client of a request it aborted.
+        """
+        now = time.monotonic()
         for rid in self._vanished(engine):
-            # Ended without an output: aborted by someone else (the window's Abort button).
             stream = self._streams.pop(rid)
             self.metrics.observe_finished(now - stream.submitted_at, "abort")
             stream.push("output", _aborted_output(stream))
