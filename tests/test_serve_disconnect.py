@@ -160,7 +160,7 @@ def test_a_client_gone_before_its_request_reached_the_engine(served):
 
 
 def test_request_timeout_aborts_non_streaming_and_streaming(served):
-    s = served(ServeOptions(port=0, request_timeout=0.4))
+    s = served(ServeOptions(port=0, request_timeout=1.0))  # LONG needs 200 steps of >= 20 ms
     r = httpx.post(f"{s.url}/v1/completions", json=LONG, timeout=30)
     assert r.status_code == 504 and "--request-timeout" in r.json()["error"]["message"]
     rec = abort_record(s, "timeout")
@@ -169,7 +169,7 @@ def test_request_timeout_aborts_non_streaming_and_streaming(served):
         events = rest(r.iter_lines())
     assert events[-1] == "[DONE]"
     err = json.loads(events[-2])["error"]
-    assert err["code"] == 504 and len(events) > 3  # some tokens, then the error
+    assert err["code"] == 504 and "choices" in json.loads(events[0])  # tokens, then the error
     rid = json.loads(events[0])["id"]
     abort_record(s, "timeout", rid)
     assert_blocks_back(s, rid)

@@ -83,7 +83,8 @@ def test_paused_window_holds_requests_and_its_abort_answers_the_client(qtbot, wi
         win.flush()
         win.requests.select([info.request_id])
         win.act_abort.trigger()
-        qtbot.waitUntil(fut.done, timeout=10_000)
+        qtbot.waitUntil(lambda: fut.done() and win.latest.snapshot.request(info.request_id).status
+                        == "FINISHED_ABORTED", timeout=10_000)
     events = fut.result()
     assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
     assert win.latest.step == start + 3  # answered without another step

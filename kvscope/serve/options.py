@@ -16,8 +16,8 @@ class ServeOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
         # The key's default is read here, not in the parser: --help must never print it.
-        return cls(args.host, args.port, args.api_key or os.environ.get("KVSCOPE_API_KEY") or None,
-                   args.request_timeout)
+        key = getattr(args, "api_key", None) or os.environ.get("KVSCOPE_API_KEY") or None
+        return cls(args.host, args.port, key, args.request_timeout)
 
 
 def _port(text: str) -> int:
@@ -48,7 +48,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; serving beyond this machine needs an explicit one (e.g. 0.0.0.0)")
     g.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (0: any free port)")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $KVSCOPE_API_KEY, else none)")
+    g.add_argument("--api-key", default=argparse.SUPPRESS, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $KVSCOPE_API_KEY if set, "
+                        "else no key)")
     g.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
                    help="abort a request still running this long after it arrived (HTTP 504)")
