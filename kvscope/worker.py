@@ -146,6 +146,7 @@ class EngineWorker(QObject):
         self._timer = None
         if self.bridge is not None:
             self.bridge.detach("the server is shutting down")
+            self.bridge.wake = None  # this worker is going away: late requests must not emit into it
         if self.session is not None:
             self.session.close()
         self.session = None
