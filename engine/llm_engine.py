@@ -111,8 +111,11 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None) -> str:
-        """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input."""
+                    request_id: str | None = None, cache_salt: str | None = None, client: str = "") -> str:
+        """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input.
+
+        ``client`` names the sender (an HTTP client's address), shown beside the request.
+        """
         params = params or SamplingParams()
         params.validate()
         ids, text = to_token_ids(prompt, self.tokenizer, self.vocab_size)
@@ -136,7 +139,7 @@ class LLMEngine:
         beam = params.use_beam_search
         req = Request(rid, self._next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
                       cache_salt=cache_salt, generator=_generator(params.seed, 0),
-                      pending_forks=0 if beam else params.n - 1)
+                      pending_forks=0 if beam else params.n - 1, client=client)
         self.requests[rid] = req
         self.groups[rid] = [req]
         if beam:
@@ -172,7 +175,7 @@ class LLMEngine:
         child = Request(child_id, self._next_index(), list(parent.prompt_token_ids), parent.sampling_params,
                         prompt=parent.prompt, eos_token_ids=parent.eos_token_ids, cache_salt=parent.cache_salt,
                         generator=_generator(seed, sample_index or len(child_id)), group_id=group_id or "",
-                        sample_index=sample_index, parent_id=parent.request_id)
+                        sample_index=sample_index, parent_id=parent.request_id, client=parent.client)
         child.num_cached_tokens = parent.num_cached_tokens
         self.requests[child.request_id] = child
         if parent.status != RequestStatus.RUNNING:
@@ -423,7 +426,7 @@ class LLMEngine:
         return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
                            max(r.num_cached_tokens, 0), r.num_computed_tokens,
                            tuple(self.kv.get_block_ids(r.request_id)), r.output_text, tuple(r.all_token_ids),
-                           r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids))
+                           r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -64,15 +65,34 @@ class StartupDriver(QObject):
 
 
 def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
+    server = serve = None
+    if getattr(args, "serve", False):
+        from .serve import OpenAIServer, ServeOptions
+        from .serve.server import check_port
+        if args.replay or args.screenshot:
+            print("kvscope: --serve needs a live engine in a window: not with --replay or --screenshot",
+                  file=sys.stderr)
+            return 2
+        serve = ServeOptions.from_args(args)
+        try:
+            if args.engine_thread:  # the server beside the engine: in this process
+                server = OpenAIServer(serve)
+                server.start()
+                print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+            else:  # the engine process starts it; a port in use is told here, before the window opens
+                check_port(serve.host, serve.port)
+        except OSError as e:
+            print(f"kvscope: {e}", file=sys.stderr)
+            return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
     apply_style(app)
     spec = SourceSpec.from_args(config, args)
     if args.engine_thread:
-        backend = ThreadBackend(spec.factory)
+        backend = ThreadBackend(spec.factory, server.bridge if server else None)
     else:
-        backend = ProcessBackend(spec)
+        backend = ProcessBackend(dataclasses.replace(spec, serve=serve))
     win = MainWindow(backend)
     if args.screenshot:
         win.resize(1600, 1000)
@@ -81,7 +101,9 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     win.show()
     win.start()
     code = app.exec()
-    win.shutdown()
+    win.shutdown()  # detaches the bridge: open responses end before the server stops
+    if server is not None:
+        server.stop()
     return driver.exit_code or code
 
 

@@ -5,6 +5,8 @@ import argparse
 
 from engine import EngineConfig
 
+from .serve.options import add_serve_args
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the engine on a thread of the window's process instead of its own process")
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
+    add_serve_args(p)
     return p
 
 

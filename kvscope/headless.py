@@ -22,12 +22,18 @@ def one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def build_session(config: EngineConfig, args: argparse.Namespace):
-    """The source the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
-    return build_source(SourceSpec.from_args(config, args))
+def build_session(config: EngineConfig, args: argparse.Namespace, hooks: list | None = None):
+    """The source the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line.
+
+    ``hooks``: more ``StepHook``s of a live source (the HTTP server's bridge).
+    """
+    return build_source(SourceSpec.from_args(config, args), hooks)
 
 
 def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
+    if getattr(args, "serve", False):
+        from .serve.headless import serve_headless
+        return serve_headless(config, args)
     try:
         session = build_session(config, args)
     except TraceError as e:

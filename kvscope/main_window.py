@@ -38,8 +38,9 @@ SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 st
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, backend, settings: QSettings | None = None) -> None:
-        """``backend``: an ``EngineBackend``, or a factory of sources (scenario -> source) run on a thread."""
+    def __init__(self, backend, settings: QSettings | None = None, bridge=None) -> None:
+        """``backend``: an ``EngineBackend``, or a factory of sources (scenario -> source) run on a thread
+        (with ``bridge``, an HTTP server's, beside it)."""
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
@@ -55,7 +56,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_status()
         self._build_menu()
-        self._start_backend(backend if isinstance(backend, EngineBackend) else ThreadBackend(backend))
+        self._start_backend(backend if isinstance(backend, EngineBackend) else ThreadBackend(backend, bridge))
         self._redraw_timer = QTimer(self)
         self._redraw_timer.setInterval(self.state.pacer.interval_ms)
         self._redraw_timer.timeout.connect(self.flush)

@@ -28,7 +28,7 @@ class _FlatTableModel(QAbstractTableModel):
 
 
 class RequestTableModel(_FlatTableModel):
-    HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "text")
+    HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "client", "text")
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,7 +51,7 @@ class RequestTableModel(_FlatTableModel):
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
             return (r.request_id, r.status.lower(), r.num_prompt_tokens, r.num_output_tokens,
-                    r.num_cached_tokens, len(r.block_ids), r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
+                    r.num_cached_tokens, len(r.block_ids), r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
             return r.error or r.text
         if role == Qt.ItemDataRole.UserRole:

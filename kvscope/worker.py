@@ -100,14 +100,26 @@ class EngineBackend(QObject):
 class _HostWorker(QObject):
     """Lives on the engine's QThread; commands arrive as queued calls, results leave by ``out``."""
 
-    def __init__(self, factory: SourceFactory, out: Signal) -> None:
+    wake_requested = Signal()  # emitted from any thread (the HTTP server's): there is work to step
+
+    def __init__(self, factory: SourceFactory, out: Signal, bridge=None) -> None:
         super().__init__()
-        self.host = EngineHost(factory, out.emit)
+        self.host = EngineHost(factory, out.emit, bridge)
         self._timer: QTimer | None = None
+        self._idle = False  # in Run with nothing to do (serving): the timer waits for a wake-up
+        if bridge is not None:
+            self.wake_requested.connect(self.wake)  # queued: runs on this worker's thread
+            bridge.wake = self.wake_requested.emit
 
     @Slot(object)
     def command(self, cmd: p.Command) -> None:
         self.host.handle(cmd)
+        self._idle = False
+        self._sync_timer()
+
+    @Slot()
+    def wake(self) -> None:
+        self._idle = False
         self._sync_timer()
 
     @Slot()
@@ -118,7 +130,7 @@ class _HostWorker(QObject):
         self._timer = None
 
     def _sync_timer(self) -> None:
-        if self.host.running:
+        if self.host.running and not self._idle:
             if self._timer is None:
                 self._timer = QTimer()  # created here, so it lives on the worker's thread
                 self._timer.timeout.connect(self._tick)
@@ -130,7 +142,7 @@ class _HostWorker(QObject):
 
     @Slot()
     def _tick(self) -> None:
-        self.host.tick()
+        self._idle = not self.host.tick() and self.host.running
         self._sync_timer()
 
 
@@ -138,11 +150,11 @@ class ThreadBackend(EngineBackend):
     _command = Signal(object)
     _shutdown = Signal()
 
-    def __init__(self, factory: SourceFactory) -> None:
+    def __init__(self, factory: SourceFactory, bridge=None) -> None:
         super().__init__()
         self.thread_ = QThread()
         self.thread_.setObjectName("engine")
-        self.worker = _HostWorker(factory, self._result)
+        self.worker = _HostWorker(factory, self._result, bridge)
         self.worker.moveToThread(self.thread_)
         self._command.connect(self.worker.command)
         self._shutdown.connect(self.worker.shutdown, Qt.ConnectionType.BlockingQueuedConnection)

@@ -56,6 +56,37 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def byte_tokenizer():
+    """A byte-level tokenizer of exactly 256 tokens (one a byte, no merges) with a small chat template.
+
+    Built offline, it gives the tiny random Llama (vocab 256) text and chat: random bytes decode to
+    text with cut UTF-8 characters, which is what streaming must cope with.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    # GPT-2's byte -> printable character table (the one ByteLevel pre-tokenization uses).
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}<assistant>{% endif %}")
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return byte_tokenizer()
+
+
 @pytest.fixture(scope="session")
 def tiny_hf():
     return make_tiny_hf("llama")

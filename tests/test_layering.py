@@ -1,4 +1,4 @@
-"""engine/ never imports Qt (napari's rule for its models)."""
+"""engine/ never imports Qt (napari's rule for its models); neither does the server."""
 from __future__ import annotations
 
 import ast
@@ -24,5 +24,16 @@ def test_no_engine_module_imports_qt():
 
 def test_importing_engine_loads_no_qt():
     code = "import sys, engine; print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_server_loads_no_qt_and_the_command_line_no_server():
+    """The server must run wherever the engine runs (a child process, later); ``kvscope --help`` stays light."""
+    code = ("import sys, kvscope.serve.server, kvscope.serve.headless, kvscope.serve.driver; "
+            "print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    code = "import sys, kvscope.cli; print(any(m.split('.')[0] in ('fastapi', 'uvicorn') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -61,6 +61,7 @@ class Request:
     num_forks: int = 0  # on-demand forks made of this sequence (names the next one)
     cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
     awaiting_round: bool = False  # a beam whose logits are in, waiting for its siblings' (beam search)
+    client: str = ""  # who sent it (an HTTP client's host:port); "" for the window, scripts, scenarios
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id

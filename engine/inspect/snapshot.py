@@ -33,6 +33,7 @@ class RequestInfo:
     group_id: str = ""
     parent_id: str | None = None
     cpu_block_ids: tuple[int, ...] = ()
+    client: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from engine import EngineConfig
 
 from ..scenario import ScenarioRunner, load_scenario
+from ..serve.options import ServeOptions
 from .live import LiveSource
 from .replay import ReplaySource
 
@@ -19,6 +20,7 @@ class SourceSpec:
     replay: str | None = None
     trace: str | None = None
     audit: bool = False
+    serve: ServeOptions | None = None  # an HTTP server beside the engine, wherever the engine runs
 
     @classmethod
     def from_args(cls, config: EngineConfig, args) -> SourceSpec:
@@ -34,8 +36,11 @@ class SourceSpec:
         return build_source(self if scenario is None else self.with_scenario(scenario))
 
 
-def build_source(spec: SourceSpec) -> LiveSource | ReplaySource:
-    """Raises ``ValueError`` (bad input or configuration) or ``TraceError`` with a one-line message."""
+def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | ReplaySource:
+    """Raises ``ValueError`` (bad input or configuration) or ``TraceError`` with a one-line message.
+
+    ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
+    """
     if spec.replay:
         return ReplaySource(spec.replay)
     config, runner = spec.config, None
@@ -45,4 +50,4 @@ def build_source(spec: SourceSpec) -> LiveSource | ReplaySource:
         config.validate()
         runner = ScenarioRunner(sc)
     from engine import LLMEngine  # torch and transformers: only where an engine is built
-    return LiveSource(LLMEngine(config), runner, spec.trace, audit=spec.audit)
+    return LiveSource(LLMEngine(config), runner, spec.trace, audit=spec.audit, hooks=hooks)

@@ -6,11 +6,14 @@ process sends a heartbeat, so that a hung engine is told from a busy one.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 
 from . import protocol as p
 from .build import SourceSpec
@@ -58,7 +61,31 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             encoder.loaded()
         send(res)
 
-    host = EngineHost(spec.factory, emit)
+    # An HTTP server beside the engine lives in this process too: its handlers wake the loop below
+    # through a self-pipe, which wait() watches with the window's pipe.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    server = None
+    if spec.serve is not None:
+        from ..serve.server import OpenAIServer
+        server = OpenAIServer(spec.serve)
+        try:
+            server.start()
+        except OSError as e:
+            send(p.LoadFailed(f"cannot serve: {e}"))
+            server = None
+        else:
+            print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+
+    def wake() -> None:
+        try:
+            os.write(wake_w, b"w")
+        except BlockingIOError:  # a wake-up is already pending
+            pass
+
+    host = EngineHost(spec.factory, emit, server.bridge if server else None)
+    if server is not None:
+        server.bridge.wake = wake
     queue: deque = deque()
 
     def pump(timeout: float | None = 0.0) -> None:
@@ -87,21 +114,31 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             time.sleep(heartbeat_s)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    next_tick = 0.0
+    next_tick, idle = 0.0, False
     try:
         while True:
-            wait = 0.0 if queue else (max(0.0, next_tick - time.monotonic()) if host.running else None)
-            pump(wait)
             if queue:
+                idle = False
                 if not host.handle(queue.popleft()):
                     break
                 continue
-            if host.running and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + host.interval_ms / 1000
-                host.tick()
+            now = time.monotonic()
+            if host.running and not idle and now >= next_tick:
+                next_tick = now + host.interval_ms / 1000
+                idle = not host.tick() and host.running  # serving with nothing to do: wait for a wake-up
+                continue
+            timeout = None if not host.running or idle else max(0.0, next_tick - now)
+            ready = wait([conn, wake_r], timeout)
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+                idle = False
+            if conn in ready:
+                pump()
     except (EOFError, OSError):
         pass  # the window went away: nothing to report to
     finally:
         alive.clear()
         host.shutdown()
         encoder.detach()
+        if server is not None:
+            server.stop()

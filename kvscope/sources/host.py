@@ -34,9 +34,14 @@ def vocab_of(source) -> tuple[str, ...]:
 
 
 class EngineHost:
-    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None]) -> None:
+    """``bridge``: an HTTP server's ``RequestBridge`` (kvscope.serve): with one, a live source starts
+    in Run and stays in Run when idle (the driver waits for the bridge's wake-up), and every command
+    settles the bridge, so a client whose request was aborted here gets its answer at once."""
+
+    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None], bridge=None) -> None:
         self.factory = factory
         self.emit = emit
+        self.bridge = bridge
         self.source: Source | None = None
         self.running = False
         self.interval_ms = 0
@@ -47,6 +52,10 @@ class EngineHost:
     @property
     def engine(self):
         return getattr(self.source, "engine", None)
+
+    @property
+    def serving(self) -> bool:
+        return self.bridge is not None and self.engine is not None
 
     # -- dispatch ------------------------------------------------------------------------
     def handle(self, cmd: p.Command) -> bool:
@@ -99,11 +108,15 @@ class EngineHost:
         self._set_running(False)
         self.emit(p.Progress(f"loading {'scenario ' + scenario if scenario else 'the model'}…"))
         if self.source is not None:
+            if self.bridge is not None:
+                self.bridge.detach("the engine is being reloaded")
             self.source.close()
             self.source = None
         try:
             source = self.factory(scenario)
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
+            if self.bridge is not None:
+                self.bridge.detach(f"the model failed to load: {one_line(e)}")
             self.emit(p.LoadFailed(one_line(e)))
             return
         self.source = source
@@ -116,9 +129,20 @@ class EngineHost:
         self.emit(p.Loaded(info, vocab_of(source)))
         if not info.read_only:
             self._send(source.current())
+        if self.bridge is not None:
+            if self.serving:
+                if self.bridge not in source.hooks:
+                    source.hooks.append(self.bridge)
+                self.bridge.attach(self.engine)
+                self._set_running(True)  # serving: requests are stepped as they come
+            else:
+                self.bridge.detach("a trace replay cannot serve requests")
 
     def shutdown(self) -> None:
         self._set_running(False)
+        if self.bridge is not None:
+            self.bridge.detach("the server is shutting down")
+            self.bridge.wake = None  # late requests must not wake a host that is gone
         if self.source is not None:
             self.source.close()
         self.source = None
@@ -130,12 +154,17 @@ class EngineHost:
             self.emit(p.RunningChanged(on))
 
     def tick(self) -> bool:
-        """One step of a run; pauses (and returns False) when there is nothing left to do."""
+        """One step of a run; returns whether a step ran. With nothing left to do it pauses, except
+        while serving: then it stays in Run, idle, until the bridge wakes the driver."""
         if not self.running:
             return False
-        if self.source is None or not self.source.has_work() or not self.step_once():
-            self._set_running(False)
-        return self.running
+        if self.source is not None and self.source.has_work():
+            if self.step_once():
+                return True
+        elif self.serving:
+            return False
+        self._set_running(False)
+        return False
 
     def step_once(self) -> bool:
         src = self.source
@@ -162,6 +191,8 @@ class EngineHost:
             self.emit(p.Error(f"{what}: {one_line(e)}"))
             return None
         self._send(self.source.current())
+        if self.serving:
+            self.bridge.settle(self.engine)  # an HTTP request aborted here gets its answer now
         return result
 
     def _send(self, rec) -> None:

@@ -1,0 +1,78 @@
+"""A served engine for tests: the session stepped on its own thread, the HTTP server on loopback."""
+from __future__ import annotations
+
+import time
+
+import openai
+
+from engine import LLMEngine
+from kvscope.serve import OpenAIServer, ServeOptions
+from kvscope.serve.driver import SessionLoop
+from kvscope.session import Session
+
+
+class SlowSteps:
+    """A hook that makes every step take at least ``seconds``: time for a client to leave mid-request."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def before_step(self, engine) -> None:
+        time.sleep(self.seconds)
+
+    def after_step(self, engine, out) -> None:
+        pass
+
+    def has_work(self, engine) -> bool:
+        return False
+
+
+class Served:
+    def __init__(self, engine: LLMEngine, options: ServeOptions | None = None, hooks: tuple = (),
+                 attach: bool = True) -> None:
+        self.engine = engine
+        self.server = OpenAIServer(options or ServeOptions(port=0))
+        self.bridge = self.server.bridge
+        self.session = Session(engine, hooks=[self.bridge, *hooks])
+        self.loop = SessionLoop(self.session)
+        self.bridge.wake = self.loop.wake
+        self.server.start()
+        self.loop.start()
+        if attach:
+            self.attach()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def attach(self) -> None:
+        self.call(lambda: self.bridge.attach(self.engine))
+
+    def call(self, fn):
+        """Run ``fn`` on the engine's thread, between steps."""
+        return self.loop.call(fn)
+
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kw)
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the engine and the bridge have nothing left to do."""
+        t0 = time.monotonic()
+        while self.call(self.session.has_work):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError("the engine did not go idle")
+            time.sleep(0.01)
+
+    def wait_for(self, predicate, timeout: float = 20.0) -> None:
+        t0 = time.monotonic()
+        while not predicate():
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError("condition not reached")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        try:
+            self.call(lambda: self.bridge.detach("test over"))
+        finally:
+            self.server.stop()
+            self.loop.join()
