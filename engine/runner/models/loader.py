@@ -102,9 +102,28 @@ def resolve_model(name: str | None) -> ModelSource:
     return ModelSource(hub_id, None, name)
 
 
-def load_hf_model(source: ModelSource, dtype: str, device: torch.device):
-    """Load weights (and the tokenizer if there is one) with transformers."""
+def load_tokenizer(name: str):
+    """``EngineConfig.tokenizer``: a tokenizer by folder, .gguf file or hub id; raises ``ModelNotFoundError``."""
+    from transformers import AutoTokenizer
+
+    p = Path(os.path.expanduser(name))
+    path, kwargs = str(p), {}
+    if p.is_file() and p.suffix == ".gguf":
+        path, kwargs = str(p.parent), {"gguf_file": p.name}
+    elif not p.exists():
+        path = name  # a hub id
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one clear line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelNotFoundError(f"cannot load tokenizer {name!r}: {msg[:200]}") from None
+
+
+def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None):
+    """Load weights, and the tokenizer (``tokenizer`` if given, else the model's own if it has one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    chosen = load_tokenizer(tokenizer) if tokenizer is not None else None  # before the weights: fail fast
 
     kwargs: dict = {}
     if source.gguf_file:
@@ -124,11 +143,12 @@ def load_hf_model(source: ModelSource, dtype: str, device: torch.device):
     model.eval()
     if device.type != "cuda":
         model.to(device)
-    tokenizer = None
+    if chosen is not None:
+        return model, chosen
     try:
         tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
+        return model, AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
     except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
         logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
                        source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    return model, tokenizer
+    return model, None
