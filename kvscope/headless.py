@@ -7,7 +7,6 @@ import json
 import sys
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.inspect.trace import TraceError
 
 from .scenario import ScenarioRunner, load_scenario
 from .session import ReplaySession, Session, Summary
@@ -33,16 +32,18 @@ def build_session(config: EngineConfig, args: argparse.Namespace):
         config = dataclasses.replace(config, **sc.config)
         config.validate()
         runner = ScenarioRunner(sc)
-    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
-    return session
+    engine = LLMEngine(config)
+    if runner is not None:
+        runner.check(engine)  # a request the engine would refuse stops the run here, with one line
+    return Session(engine, runner, args.trace, audit=getattr(args, "audit", False))
 
 
 def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     try:
         session = build_session(config, args)
-    except TraceError as e:
+    except ValueError as e:  # bad input or configuration (TraceError, an unknown model, no CUDA, ...)
         return _fail(one_line(e), 2)
-    except ValueError as e:
+    except OSError as e:  # e.g. a --trace path that cannot be written
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
@@ -60,8 +61,10 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     try:
         while session.has_work() and (limit is None or session.step_count < limit):
             summary.add(session.step())
-    except TraceError as e:
+    except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
         return _fail(one_line(e), 2)
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
+        return _fail(one_line(e), 1)
     finally:
         session.close()
     if summary.last is None:
