@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 
-import numpy as np
 import torch
 
 from .config import EngineConfig, SamplingParams
@@ -25,35 +24,15 @@ from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
+from .inspect.snapshot import KVSnapshot, pool_snapshot, request_info
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
+from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
 from .runner.model_runner import DeviceCopyError, ModelRunner
 from .runner.models.loader import ModelSource, load_hf_model, load_tokenizer, resolve_model
 
 logger = logging.getLogger("engine")
-
-
-class DeviceNotAvailableError(ValueError, RuntimeError):
-    """The configured device does not exist here: a bad configuration (a ``ValueError``;
-    also a ``RuntimeError``, which it was before, for callers that catch that)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise DeviceNotAvailableError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceNotAvailableError("--device cuda was asked for, but CUDA is not available here "
-                                      f"(torch {torch.__version__}); use --device cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise DeviceNotAvailableError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
-                                      "device(s)")
-    return dev
 
 
 def _one_line(e: BaseException) -> str:
@@ -367,27 +346,12 @@ class LLMEngine:
 
     def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
-        pool = self.pool
-        n = pool.num_blocks
         finished = list(self.finished_log)
         shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
-        infos = [self.request_info(r) for r in shown]
-        return assemble_snapshot(
-            self.step_count, self.config.block_size,
-            ref_cnt=np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n),
-            has_hash=np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n),
-            last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
-            free_queue=np.array(pool.free_queue.ids(), np.int32), requests=infos,
-            cached_tokens={b.block_id: b.token_ids for b in pool.cached.values()},
-            block_hashes={b.block_id: b.block_hash.hex() for b in pool.cached.values()},
-            counters=self.metrics(), num_cpu_blocks=self.kv.cpu_pool.num_blocks,
-            block_bytes=self.runner.block_bytes, model_name=self.model_name)
-
-    def request_info(self, r: Request) -> RequestInfo:
-        return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
-                           max(r.num_cached_tokens, 0), r.num_computed_tokens,
-                           tuple(self.kv.get_block_ids(r.request_id)), r.output_text, tuple(r.all_token_ids),
-                           r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids))
+        infos = [request_info(r, self.kv.get_block_ids(r.request_id)) for r in shown]
+        return pool_snapshot(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
+                             self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
+                             model_name=self.model_name)
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()

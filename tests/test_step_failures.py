@@ -319,3 +319,28 @@ def test_a_failing_device_work_call_of_any_kind_is_contained(tiny_engine, monkey
     good = [i for i in ids if not run.outputs[i].error]
     assert good and len(good) < len(ids)
     assert all(run.tokens(i) == expected[i] for i in good)
+
+
+def test_a_trace_of_failed_steps_replays_to_the_live_snapshots(tiny_hf, tmp_path, monkeypatch):
+    from engine import LLMEngine
+    from engine.inspect.trace import replay_trace
+    from kvscope.session import Session
+    from tests.test_scenarios_traces import assert_same_snapshot
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16,
+                                     preemption_mode="swap", num_cpu_blocks=32)
+    failing_copy(engine.runner, "swap_out")
+    session = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    real = engine.runner.execute
+    live = {}
+    for p in pressure(7):
+        session.inject(p, SamplingParams(max_tokens=16, **GREEDY))
+    for step in range(60):
+        monkeypatch.setattr(engine.runner, "execute", failing_execute(engine.runner) if step in (2, 9) else real)
+        rec = session.step()
+        live[rec.step] = rec.snapshot
+    session.close()
+    kinds = {e.kind for r in replay_trace(tmp_path / "t.trace") for e in r.events}
+    assert {"unpublished", "swap_out"} <= kinds
+    seen = {r.step: r.snapshot for r in replay_trace(tmp_path / "t.trace")}
+    for step, snap in live.items():
+        assert_same_snapshot(seen[step], snap)
