@@ -289,8 +289,10 @@ class LLMEngine:
         swap_out, _, _ = self.kv.take_device_work()
         lost = {c for _, c in swap_out}
         swapped = [r for r in self.scheduler.swapped if lost.intersection(r.cpu_block_ids)]
+        # Anything not safely queued (running, or dropped between two queues) or holding device blocks.
+        queued = {r.request_id for q in (self.scheduler.waiting, self.scheduler.swapped) for r in q}
         holding = [r for r in self.requests.values()
-                   if r.status == RequestStatus.RUNNING or r.request_id in self.kv.req_to_blocks]
+                   if r.request_id not in queued or r.request_id in self.kv.req_to_blocks]
         return SchedulerOutput([ScheduledRequest(r, 0, r.num_computed_tokens) for r in holding], swapped)
 
     def _fail_step(self, sched: SchedulerOutput, error: str, swap_outs_lost: bool) -> list[Request]:

@@ -58,9 +58,11 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
             return _fail(f"request refused: {one_line(e)}", 2)
         summary.add(session.current())
     limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
+    taken = 0  # steps run (a replay's step numbers start at 0, so count them rather than read them)
     try:
-        while session.has_work() and (limit is None or session.step_count < limit):
+        while session.has_work() and (limit is None or taken < limit):
             summary.add(session.step())
+            taken += 1
     except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback

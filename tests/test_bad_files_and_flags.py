@@ -327,3 +327,11 @@ def test_kvscope_says_what_to_install_instead_of_aborting(tmp_path):
 def test_setup_names_the_packages():
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert all(pkg in setup for pkg in XCB_PACKAGES) and "kvscope.platform_check" in setup
+
+
+def test_headless_steps_count_replayed_steps(capsys, small_trace):
+    code = main(["--headless", "--json", "--replay", str(small_trace), "--steps", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["steps"] == 2  # two replayed records: the trace's steps 1 and 2
+    code = main(["--headless", "--json", "--replay", str(small_trace), "--steps", "500"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["steps"] == 4  # the whole trace, then it stops
