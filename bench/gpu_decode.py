@@ -71,7 +71,8 @@ def engine_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) 
     outs: dict[str, list[int]] = {}
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()) or \
             engine.scheduler.waiting:
-        engine.step()
+        for o in engine.step().outputs:
+            outs[o.request_id] = o.outputs[0].token_ids
     sync(engine.device)
     steps, kv_tokens = 0, 0
     t0 = time.perf_counter()
@@ -82,8 +83,6 @@ def engine_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) 
         steps += 1
     sync(engine.device)
     dt = time.perf_counter() - t0
-    for r in engine.finished_log:
-        outs.setdefault(r.request_id, r.output_token_ids)
     return {"seconds": dt, "steps": steps, "kv_tokens_read": kv_tokens,
             "tokens": [list(outs[i]) for i in ids]}
 

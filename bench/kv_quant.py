@@ -22,9 +22,10 @@ import torch
 
 from common import engine_for, main, model_for, pyplot, random_prompts, save_figure, table, write_results
 from engine import SamplingParams
+from engine.config import KV_CACHE_DTYPES
 from engine.runner.kv_quant import part_formats, token_bytes
 
-DTYPES = ["auto", "fp8", "int8", "int4"]
+DTYPES = list(KV_CACHE_DTYPES)
 
 
 class Recorder:
@@ -67,10 +68,11 @@ def _drift_one(mtn, dtype: str, prompts: list[list[int]], n_out: int, reference:
         forced = {f"forced{i}": reference["tokens"][i] for i in range(len(prompts))}
     rec = Recorder(engine, forced)
     t0 = time.perf_counter()
+    done: dict[str, list[int]] = {}
     while engine.has_unfinished():
-        engine.step()
+        for o in engine.step().finished:
+            done[o.request_id] = o.outputs[0].token_ids
     seconds = time.perf_counter() - t0
-    done = {r.request_id: r.output_token_ids for r in engine.finished_log}
     out = {"tokens": [done[r] for r in ids["free"]], "seconds": seconds}
     if reference is None:
         out["logprobs"] = [rec.logprobs[r] for r in ids["free"]]

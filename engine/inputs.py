@@ -16,11 +16,21 @@ def is_token_ids(prompt: Any) -> bool:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
 
 
+def check_text(text: str, what: str = "the prompt") -> None:
+    """Refuse text a tokenizer cannot encode: a lone surrogate (an undecodable byte on a command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text: a lone surrogate {text[e.start]!r} at character "
+                         f"{e.start}") from None
+
+
 def to_token_ids(prompt: PromptType, tokenizer, vocab_size: int) -> tuple[list[int], str | None]:
     """Returns (token ids, prompt text or None). Raises ``ValueError`` with a clear message."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("the prompt is empty")
+        check_text(prompt)
         if tokenizer is None:
             raise ValueError("this model has no tokenizer: pass token ids instead of text")
         ids = tokenizer.encode(prompt)
@@ -31,6 +41,9 @@ def to_token_ids(prompt: PromptType, tokenizer, vocab_size: int) -> tuple[list[i
         for m in prompt:
             if "role" not in m or "content" not in m:
                 raise ValueError("a chat message needs 'role' and 'content'")
+            if not isinstance(m["role"], str) or not isinstance(m["content"], str):
+                raise ValueError("a chat message's 'role' and 'content' must be strings")
+            check_text(m["content"], "a chat message")
         text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif is_token_ids(prompt):

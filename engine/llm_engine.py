@@ -1,40 +1,43 @@
-"""``LLMEngine``: the step-level API (add_request, step, abort, snapshot, audit)."""
+"""``LLMEngine``: the step-level API (add_request, step, abort, fork, snapshot, audit).
+
+A coordinator: the scheduler picks the step's work, the model runner runs it, the
+output processor applies stop rules and builds outputs, request groups own samples,
+forks and beams. What is here is the step's failure rule: anything that raises while
+a step runs fails that step's requests (their blocks freed, the step's cache
+publications rolled back, a swapped-out request whose copy failed recomputed), and
+``step()`` itself never raises.
+"""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 
-import numpy as np
 import torch
 
-from .beam_search import BeamGroup
 from .config import EngineConfig, SamplingParams
 from .core.block_pool import BlockPool
 from .core.cpu_pool import CpuBlockPool
 from .core.kv_cache_manager import KVCacheManager, cdiv
 from .core.request import Request, RequestStatus
-from .core.scheduler import Scheduler
+from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
-from .outputs import CompletionOutput, RequestOutput, StepOutput
-from .runner.model_runner import ModelRunner
-from .runner.models.loader import ModelSource, load_hf_model, resolve_model
+from .inspect.snapshot import KVSnapshot, pool_snapshot, request_info
+from .output_processor import OutputProcessor
+from .outputs import RequestOutput, StepOutput
+from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
+from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
+from .runner.model_runner import DeviceCopyError, ModelRunner
+from .runner.models.loader import ModelSource, load_hf_model, load_tokenizer, resolve_model
 
 logger = logging.getLogger("engine")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but CUDA is not available here "
-                           f"(torch {torch.__version__}); use --device cpu")
-    return dev
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 class LLMEngine:
@@ -44,7 +47,7 @@ class LLMEngine:
         device = resolve_device(config.device)
         source = resolve_model(config.model)
         t0 = time.perf_counter()
-        hf_model, tokenizer = load_hf_model(source, config.dtype, device)
+        hf_model, tokenizer = load_hf_model(source, config.dtype, device, tokenizer=config.tokenizer)
         self._setup(config, device, source, hf_model, tokenizer, consume=True)
         del hf_model  # its fused projections were consumed; the rest lives on in the runner
         self.load_seconds = time.perf_counter() - t0
@@ -55,10 +58,13 @@ class LLMEngine:
         """Serve a transformers model that is already loaded (a notebook's, a test's).
 
         The engine reads its weights (fusing q/k/v and gate/up into new tensors) and
-        leaves the model itself untouched.
+        leaves the model itself untouched. Without a ``tokenizer``, ``config.tokenizer``
+        (a hub id or folder) is loaded, if set.
         """
         config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
         config.validate()
+        if tokenizer is None and config.tokenizer:
+            tokenizer = load_tokenizer(config.tokenizer)
         self = cls.__new__(cls)
         device = next(hf_model.parameters()).device
         self._setup(config, device, ModelSource(name, None, name), hf_model, tokenizer)
@@ -77,6 +83,9 @@ class LLMEngine:
         self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
+        if tokenizer is not None and len(tokenizer) > self.vocab_size:
+            logger.warning("the tokenizer has %d tokens, the model %d: prompts with ids beyond the model's are "
+                           "refused", len(tokenizer), self.vocab_size)
         contiguous = config.kv_layout == "contiguous"
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous)
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
@@ -85,15 +94,12 @@ class LLMEngine:
                                  hash_algo=config.hash_algo, cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
                                  fault=config.fault, reserve_tokens=self.max_model_len if contiguous else 0)
         self.scheduler = Scheduler(config, self.kv)
-        self.requests: dict[str, Request] = {}  # the unfinished ones
-        self.groups: dict[str, list[Request]] = {}  # user request id -> its samples (n > 1) and forks
-        self.beam_groups: dict[str, BeamGroup] = {}  # user request id -> its beam search
+        self.output = OutputProcessor(tokenizer, self.max_model_len)
+        self.request_groups = RequestGroups(self.scheduler, self.kv, self.output)
         self.reported_problems: set[tuple[int, str]] = set()
-        self.finished_log: list[Request] = []  # every finished request, for snapshots
         self.step_count = 0
-        self._ids = itertools.count()
-        self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0
+        self.num_failed_steps = 0
 
     @property
     def model_name(self) -> str:
@@ -109,14 +115,39 @@ class LLMEngine:
                 ids.update(v)
         return frozenset(ids)
 
-    # -- requests ------------------------------------------------------------------------
-    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None, client: str = "") -> str:
-        """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input.
+    # -- what the groups hold (the names tests and tools read) ----------------------------
+    @property
+    def requests(self) -> dict[str, Request]:
+        """Every unfinished sequence, by id."""
+        return self.request_groups.requests
 
-        ``client`` names the sender (an HTTP client's address), shown beside the request.
+    @property
+    def groups(self) -> dict[str, list[Request]]:
+        return self.request_groups.groups
+
+    @property
+    def beam_groups(self):
+        return self.request_groups.beam_groups
+
+    @property
+    def finished_log(self):
+        """The last ``MAX_FINISHED`` finished sequences (what snapshots show)."""
+        return self.request_groups.finished_log
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.output.num_generated_tokens
+
+    # -- requests ------------------------------------------------------------------------
+    def validate_request(self, prompt: PromptType,
+                         params: SamplingParams | None = None) -> tuple[list[int], str | None]:
+        """Everything ``add_request`` checks about a prompt and its params; returns (token ids, text).
+
+        Raises ``ValueError`` with one line; changes nothing.
         """
         params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
         ids, text = to_token_ids(prompt, self.tokenizer, self.vocab_size)
         if len(ids) >= self.max_model_len:
@@ -133,241 +164,152 @@ class LLMEngine:
         if need > self.pool.num_blocks:
             raise ValueError(f"this request can never fit: {what} need {need} blocks of {bs}, "
                              f"but the whole pool has {self.pool.num_blocks}")
-        rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self.requests or rid in self.groups:
-            raise ValueError(f"request id {rid!r} is already in use")
-        beam = params.use_beam_search
-        req = Request(rid, self._next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
-                      cache_salt=cache_salt, generator=_generator(params.seed, 0),
-                      pending_forks=0 if beam else params.n - 1, client=client)
-        self.requests[rid] = req
-        self.groups[rid] = [req]
-        if beam:
-            stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-            group = BeamGroup(rid, params.beam_width, params.max_tokens, params.length_penalty,
-                              params.early_stopping, frozenset(stop))
-            group.add_beam(req, 0.0)
-            self.beam_groups[rid] = group
-        self.scheduler.add_request(req)
-        return rid
+        return ids, text
 
-    def _next_index(self) -> int:
-        return len(self.finished_log) + len(self.requests)
+    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
+                    request_id: str | None = None, cache_salt: str | None = None, client: str = "") -> str:
+        """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input.
+
+        ``client`` names the sender (an HTTP client's address), shown beside the request.
+        """
+        params = params or SamplingParams()
+        groups = self.request_groups
+        if request_id is not None:
+            check_user_request_id(request_id)
+            if groups.is_live(request_id):
+                raise ValueError(f"request id {request_id!r} is already in use")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        ids, text = self.validate_request(prompt, params)
+        rid = request_id if request_id is not None else groups.auto_id()
+        beam = params.use_beam_search
+        req = Request(rid, groups.next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
+                      cache_salt=cache_salt, generator=make_generator(params.seed, 0),
+                      pending_forks=0 if beam else params.n - 1, client=client)
+        groups.add(req)
+        return rid
 
     def fork(self, request_id: str) -> str:
         """Fork a running sequence on demand: the copy shares every block until it writes (CoW)."""
-        parent = self.requests.get(request_id)
-        if parent is None or parent.status != RequestStatus.RUNNING:
-            raise ValueError(f"request {request_id} is not running: only a running sequence can fork")
-        if parent.num_computed_tokens < parent.num_prompt_tokens:
-            raise ValueError(f"request {request_id} is still prefilling its prompt")
-        if parent.group_id in self.beam_groups:
-            raise ValueError(f"request {request_id} is a beam: beam search forks its beams itself")
-        parent.num_forks += 1
-        child = self._spawn(parent, f"{request_id}+{parent.num_forks}", group_id=None, sample_index=0)
-        child.output_token_ids = list(parent.output_token_ids)
-        child.output_text = parent.output_text
-        self.groups[child.request_id] = [child]
-        return child.request_id
-
-    def _spawn(self, parent: Request, child_id: str, group_id: str | None, sample_index: int) -> Request:
-        seed = parent.sampling_params.seed
-        child = Request(child_id, self._next_index(), list(parent.prompt_token_ids), parent.sampling_params,
-                        prompt=parent.prompt, eos_token_ids=parent.eos_token_ids, cache_salt=parent.cache_salt,
-                        generator=_generator(seed, sample_index or len(child_id)), group_id=group_id or "",
-                        sample_index=sample_index, parent_id=parent.request_id, client=parent.client)
-        child.num_cached_tokens = parent.num_cached_tokens
-        self.requests[child.request_id] = child
-        if parent.status != RequestStatus.RUNNING:
-            # A preempted or swapped beam has no device blocks to share: the child
-            # recomputes (mostly from the prefix cache), ahead of newer requests.
-            child.status = RequestStatus.PREEMPTED
-            self.scheduler.waiting.appendleft(child)
-            return child
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.status = RequestStatus.RUNNING
-        self.kv.fork(parent, child)
-        self.scheduler.running.append(child)
-        return child
+        return self.request_groups.fork(request_id)
 
     def abort(self, request_id: str) -> bool:
         """Abort one sequence, or every sequence of a user request (its n samples)."""
-        req = self.requests.get(request_id)
-        group_id = req.group_id if req is not None else request_id
-        if req is None or group_id == request_id or group_id in self.beam_groups:
-            # A beam search cannot go on without one of its beams: it ends as a whole.
-            targets = self.groups.get(group_id, [])
-        else:
-            targets = [req]
-        if group_id in self.beam_groups:
-            self.beam_groups[group_id].done = True
-        live = [r for r in targets if not r.is_finished]
-        for r in live:
-            r.pending_forks = 0
-            self._finish(r, RequestStatus.FINISHED_ABORTED)
-        return bool(live)
+        return self.request_groups.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def _finish(self, req: Request, status: RequestStatus) -> None:
-        self.scheduler.finish_request(req, status)
-        self.requests.pop(req.request_id, None)
-        self.finished_log.append(req)
-
     # -- the step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
+        """One step: schedule, copy, forward, sample, post-process. Never raises: a failure
+        finishes the step's requests with ``error`` and the engine keeps serving."""
         self.step_count += 1
         self.pool.step = self.step_count
-        sched = self.scheduler.schedule()
+        self.request_groups.created.clear()
         touched: list[Request] = []
-        error = None
         sampled: dict[str, int] = {}
-        forking: dict[str, torch.Tensor] = {}
-        rounds: dict[str, BeamGroup] = {}
+        error = None
+        swap_outs_lost = True  # until the device work has run
         try:
-            self.runner.apply_device_work(sched)
-            if sched.scheduled:
-                sampled, forking = self.runner.execute(sched)
-        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
-            error = f"{type(e).__name__}: {e}"
-            logger.exception("model step %d failed", self.step_count)
-            self._fail_step(sched, error)
+            sched = self.scheduler.schedule()
+        except Exception as e:  # noqa: BLE001 - an engine bug must not leave requests holding blocks
+            error = f"scheduling failed: {_one_line(e)}"
+            logger.exception("scheduling step %d failed", self.step_count)
+            sched = self._salvage_schedule()
         if error is None:
-            for s in sched.scheduled:
-                req = s.request
-                req.num_computed_tokens += s.num_new_tokens
-                if req.num_computed_tokens <= req.num_prompt_tokens:
-                    self.num_prompt_tokens_computed += s.num_new_tokens
-                tok = sampled.get(req.request_id)
-                if tok is None:
-                    continue
-                group = self.beam_groups.get(req.group_id)
-                if group is not None:
-                    group.report(req, forking[req.request_id])
-                    rounds[group.group_id] = group
-                    touched.append(req)
-                    continue
-                if req.request_id in forking:
-                    touched += self._fork_samples(req, forking[req.request_id])
-                self._append_token(req, tok)
-                touched.append(req)
-            for group in rounds.values():
-                if group.ready():
-                    touched += self._beam_round(group)
-        else:
-            touched = [s.request for s in sched.scheduled]
-        outputs = list({r.group_id: self._output(r) for r in touched}.values())
-        return StepOutput(self.step_count, outputs, self.pool.drain_events(),
-                          sched.num_scheduled_tokens, sampled, error)
+            try:
+                try:
+                    self.runner.apply_device_work(sched)
+                except DeviceCopyError as e:
+                    swap_outs_lost = e.kind == "swap-out"  # a later kind: the swap-outs had completed
+                    raise
+                swap_outs_lost = False
+                if sched.scheduled:
+                    sampled = self._run(sched, touched)
+                outputs = self._outputs(touched)
+                self.pool.commit_step()
+            except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
+                error = _one_line(e)
+                logger.exception("step %d failed", self.step_count)
+        if error is not None:
+            sampled = {}
+            touched += self._fail_step(sched, error, swap_outs_lost)
+            outputs = self._outputs(touched, decode=False)
+        self.request_groups.sweep()
+        return StepOutput(self.step_count, outputs, self.pool.drain_events(), sched.num_scheduled_tokens,
+                          sampled, error)
 
-    def _fork_samples(self, parent: Request, logits: torch.Tensor) -> list[Request]:
-        """n > 1: after the prompt's prefill, the other n - 1 samples share its blocks (ref count n)."""
-        children = [self._spawn(parent, f"{parent.request_id}#{i}", parent.group_id, i)
-                    for i in range(1, parent.pending_forks + 1)]
-        parent.pending_forks = 0
-        self.groups[parent.group_id] += children
-        tokens = self.runner.sample(logits.expand(len(children), -1), children)
-        for child, tok in zip(children, tokens):
-            self._append_token(child, tok)
-        return children
-
-    def _beam_round(self, group: BeamGroup) -> list[Request]:
-        """Apply one round of beam search: fork the beams chosen more than once, prune the others."""
-        head = self.groups[group.group_id][0]
-        rnd = group.advance(self.max_model_len - head.num_prompt_tokens)
-        for req in rnd.pruned:
-            self._finish(req, RequestStatus.FINISHED_STOPPED if rnd.done else RequestStatus.FINISHED_PRUNED)
-        touched = list(rnd.pruned)
-        for parent, choices in rnd.continuations:
-            for tok, score in choices[1:]:
-                child = self._spawn(parent, f"{group.group_id}~{len(self.groups[group.group_id])}",
-                                    group.group_id, len(self.groups[group.group_id]))
-                child.output_token_ids = list(parent.output_token_ids)
-                self.groups[group.group_id].append(child)
-                self._append_beam_token(child, tok)
-                group.add_beam(child, score)
-                touched.append(child)
-            tok, score = choices[0]
-            self._append_beam_token(parent, tok)
-            group.add_beam(parent, score)
-            touched.append(parent)
-        group.sort_beams()
-        return touched
-
-    def _append_beam_token(self, req: Request, tok: int) -> None:
-        """Beam search decides when a beam ends, so no stop rule applies here."""
-        req.awaiting_round = False
-        self._push_token(req, tok)
-
-    def _push_token(self, req: Request, tok: int) -> None:
-        req.output_token_ids.append(tok)
-        self.num_generated_tokens += 1
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-        if self.tokenizer is not None:
-            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
-
-    def _fail_step(self, sched, error: str) -> None:
-        # KV of this step may be half written: unpublish the blocks it cached.
+    def _run(self, sched: SchedulerOutput, touched: list[Request]) -> dict[str, int]:
+        """The forward and everything after it; ``touched`` collects the requests to report."""
+        sampled, forking = self.runner.execute(sched)
+        groups = self.request_groups
+        rounds = {}
         for s in sched.scheduled:
             req = s.request
-            req.error = error
-            for b in self.kv.req_to_blocks.get(req.request_id, []):
-                if b.ref_cnt == 1 and b.block_hash is not None and b.last_access == self.step_count:
-                    self.pool.cached.pop(b.block_hash, None)
-                    b.block_hash, b.token_ids = None, ()
-            self._finish(req, RequestStatus.FINISHED_ERROR)
-        # A beam search cannot go on without one of its beams.
-        for s in sched.scheduled:
-            group = self.beam_groups.get(s.request.group_id)
-            if group is not None and not group.done:
-                group.done = True
-                for r in self.groups[group.group_id]:
-                    if not r.is_finished:
-                        r.error = error
-                        self._finish(r, RequestStatus.FINISHED_ERROR)
+            req.num_computed_tokens += s.num_new_tokens
+            if req.num_computed_tokens <= req.num_prompt_tokens:
+                self.num_prompt_tokens_computed += s.num_new_tokens
+            tok = sampled.get(req.request_id)
+            if tok is None:
+                continue
+            beams = groups.beam_groups.get(req.group_id)
+            if beams is not None:
+                beams.report(req, forking[req.request_id])
+                rounds[beams.group_id] = beams
+                touched.append(req)
+                continue
+            if req.request_id in forking:
+                children = groups.spawn_samples(req)
+                touched += children
+                # Each new sample draws its first token from the same distribution as the first.
+                logits = forking[req.request_id]
+                for child, t in zip(children, self.runner.sample(logits.expand(len(children), -1), children)):
+                    self._append(child, t)
+            self._append(req, tok)
+            touched.append(req)
+        for beams in rounds.values():
+            if beams.ready():
+                touched += groups.beam_round(beams, self.max_model_len)
+        return sampled
 
-    def _append_token(self, req: Request, tok: int) -> None:
-        p = req.sampling_params
-        self._push_token(req, tok)
-        status = None
-        if not p.ignore_eos and tok in req.eos_token_ids:
-            status = RequestStatus.FINISHED_STOPPED
-        elif tok in p.stop_token_ids:
-            status = RequestStatus.FINISHED_STOPPED
-        elif p.stop and any(s in req.output_text for s in p.stop):
-            cut = min(req.output_text.find(s) for s in p.stop if s in req.output_text)
-            req.output_text = req.output_text[:cut]
-            status = RequestStatus.FINISHED_STOPPED
-        elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            status = RequestStatus.FINISHED_LENGTH
+    def _append(self, req: Request, tok: int) -> None:
+        status = self.output.append_token(req, tok)
         if status is not None:
-            self._finish(req, status)
+            self.request_groups.finish(req, status)
 
-    def _output(self, req: Request) -> RequestOutput:
-        """The user-visible output of the request's group: one completion per sample."""
-        members = self.groups.get(req.group_id, [req])
-        head = members[0]
-        if len(members) == 1 and not head.pending_forks and req.group_id not in self.beam_groups:  # the common case
-            comp = CompletionOutput(0, head.output_text, head.output_token_ids[:], head.status.finish_reason)
-            # prompt_token_ids is never mutated after admission: shared, not copied every step.
-            return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, [comp], head.is_finished,
-                                 max(head.num_cached_tokens, 0), head.error)
-        group = self.beam_groups.get(req.group_id)
-        if group is not None:
-            comps = [CompletionOutput(i, self._decode(h.token_ids), h.token_ids,
-                                      ("stop" if h.stopped else "length") if group.done else None, h.cum_logprob)
-                     for i, h in enumerate(group.results(head.sampling_params.n))]
-        else:
-            comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids),
-                                      r.status.finish_reason) for r in sorted(members, key=lambda r: r.sample_index)]
-        done = all(r.is_finished for r in members) and not head.pending_forks
-        return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, comps, done,
-                             max(head.num_cached_tokens, 0), next((r.error for r in members if r.error), None))
+    def _outputs(self, touched: list[Request], decode: bool = True) -> list[RequestOutput]:
+        """One output per group that got a token or finished, in the order first touched."""
+        groups = self.request_groups
+        first: dict[str, Request] = {}
+        for r in touched:
+            first.setdefault(r.group_id, r)
+        return [self.output.make_output(groups.groups.get(gid, [r]), groups.beam_groups.get(gid), decode)
+                for gid, r in first.items()]
 
-    def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+    def _salvage_schedule(self) -> SchedulerOutput:
+        """What a failed ``schedule()`` left: every request holding device blocks, and the swap-outs never run."""
+        swap_out, _, _ = self.kv.take_device_work()
+        lost = {c for _, c in swap_out}
+        swapped = [r for r in self.scheduler.swapped if lost.intersection(r.cpu_block_ids)]
+        # Anything not safely queued (running, or dropped between two queues) or holding device blocks.
+        queued = {r.request_id for q in (self.scheduler.waiting, self.scheduler.swapped) for r in q}
+        holding = [r for r in self.requests.values()
+                   if r.request_id not in queued or r.request_id in self.kv.req_to_blocks]
+        return SchedulerOutput([ScheduledRequest(r, 0, r.num_computed_tokens) for r in holding], swapped)
+
+    def _fail_step(self, sched: SchedulerOutput, error: str, swap_outs_lost: bool) -> list[Request]:
+        """Fail the step's requests; returns them (for the step's outputs)."""
+        self.num_failed_steps += 1
+        # The step's KV may be unwritten: nothing it was to complete may stay in the cache.
+        self.pool.rollback_step(f"step {self.step_count} failed: {error}")
+        if swap_outs_lost:
+            for r in sched.preempted:
+                if r.status == RequestStatus.SWAPPED:
+                    self.scheduler.recompute_swapped(
+                        r, f"its swap-out in step {self.step_count} never completed ({error}); recomputing")
+        victims = [s.request for s in sched.scheduled] + list(self.request_groups.created)
+        return self.request_groups.fail(victims, error)
 
     # -- inspection ------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
@@ -391,6 +333,8 @@ class LLMEngine:
             "num_free_cpu_blocks": kv.cpu_pool.num_free_blocks,
             "generation_tokens": self.num_generated_tokens,
             "prompt_tokens": self.num_prompt_tokens_computed,
+            "num_requests_finished": sum(self.request_groups.num_finished.values()),
+            "num_failed_steps": self.num_failed_steps,
             "step": self.step_count,
         }
 
@@ -405,35 +349,14 @@ class LLMEngine:
                     self.pool.events.append(LeakFound(p.block_id, str(p)))
         return report
 
-    def snapshot(self, max_finished: int = 64) -> KVSnapshot:
-        """A copy of the pool and of the live (and last ``max_finished`` finished) requests."""
-        pool = self.pool
-        n = pool.num_blocks
-        shown = list(self.requests.values()) + self.finished_log[-max_finished:]
-        infos = [self.request_info(r) for r in shown]
-        return assemble_snapshot(
-            self.step_count, self.config.block_size,
-            ref_cnt=np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n),
-            has_hash=np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n),
-            last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
-            free_queue=np.array(pool.free_queue.ids(), np.int32), requests=infos,
-            cached_tokens={b.block_id: b.token_ids for b in pool.cached.values()},
-            block_hashes={b.block_id: b.block_hash.hex() for b in pool.cached.values()},
-            counters=self.metrics(), num_cpu_blocks=self.kv.cpu_pool.num_blocks,
-            block_bytes=self.runner.block_bytes, model_name=self.model_name)
-
-    def request_info(self, r: Request) -> RequestInfo:
-        return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
-                           max(r.num_cached_tokens, 0), r.num_computed_tokens,
-                           tuple(self.kv.get_block_ids(r.request_id)), r.output_text, tuple(r.all_token_ids),
-                           r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
+    def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
+        """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
+        finished = list(self.finished_log)
+        shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
+        infos = [request_info(r, self.kv.get_block_ids(r.request_id)) for r in shown]
+        return pool_snapshot(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
+                             self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
+                             model_name=self.model_name)
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
-
-
-def _generator(seed: int | None, index: int) -> torch.Generator | None:
-    """Per-sequence generator: sample i of a seeded request draws from its own stream."""
-    if seed is None:
-        return None
-    return torch.Generator(device="cpu").manual_seed(seed + 1_000_003 * index)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import signal
 import sys
 from pathlib import Path
 
@@ -17,49 +19,121 @@ from .sources.build import SourceSpec
 from .style import apply_style
 from .worker import ProcessBackend, ThreadBackend
 
+SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a timer lets it in
+
+
+def count_replay_steps(path: str) -> int:
+    """The steps a replay of this trace shows (records of one step number fold into one), up to a bad line."""
+    steps, last = 0, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            next(f, None)  # the header
+            for line in f:
+                step = json.loads(line)["step"]
+                if step != last:
+                    steps, last = steps + 1, step
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        pass  # the replay itself reports a bad line when it reaches it
+    return steps
+
 
 class StartupDriver(QObject):
-    """Once the model is loaded: inject the requests; with a path, run N steps, save a PNG, quit."""
+    """Once the model is loaded: inject the requests; with a path, run N steps, save a PNG, quit.
 
-    def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int) -> None:
+    It never waits for ever: a replay counts the steps it replays (a trace's steps start at 0)
+    and stops at the trace's end; a load failure, a failed step or a refused command saves the
+    window as it stands and exits non-zero; a save that fails says so and exits non-zero.
+    """
+
+    def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
+                 replay_steps: int | None = None) -> None:
         super().__init__(win)
         self.win, self.path, self.steps = win, path, steps
         self.prompts, self.max_tokens = prompts, max_tokens
+        self.replay_steps = replay_steps
         self.exit_code = 0
+        self.bad_input = False  # the first load failed on bad input (the engine host says which)
+        self._first_load = True
+        self._waiting = False
+        self._received = 0
+        self._saving = False
         win.worker.loaded.connect(self.on_loaded)
         win.worker.load_failed.connect(self.on_failed)
         win.worker.stepped.connect(self.on_stepped)
+        win.worker.error.connect(self.on_error)
 
     @Slot(object)
-    def on_loaded(self, _info) -> None:
+    def on_loaded(self, info) -> None:
+        self._first_load = False
         params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
         if self.prompts:
             self.win.inject([InjectSpec(p, params) for p in self.prompts])
-        if self.path:
-            self.win.step(self.steps)
+        if not self.path:
+            return
+        self._waiting = True
+        if info.read_only:
+            self._target = min(self.steps, self.replay_steps if self.replay_steps is not None else self.steps)
+            if self._target == 0:
+                self._schedule_save()
+                return
+        self.win.step(self.steps)
 
     @Slot(str)
     def on_failed(self, msg: str) -> None:
+        if not (self._first_load or self.path):
+            return  # a scenario picked later from the menu: the window shows why and stays
+        self._first_load = False
         print(f"kvscope: {msg}", file=sys.stderr)
-        self.exit_code = 1
-        QTimer.singleShot(0, self.save)
+        self.exit_code = 2 if self.bad_input or self.win.worker.load_failed_on_bad_input else 1
+        if self.path:
+            self._schedule_save(0)
+        else:
+            self.win.close()
 
     @Slot(object)
     def on_stepped(self, result) -> None:
-        if self.path and result.step >= self.steps:
-            QTimer.singleShot(100, self.save)
+        if not (self.path and self._waiting):
+            return
+        if self.win.info is not None and self.win.info.read_only:
+            self._received += 1
+            done = self._received >= self._target
+        else:
+            done = result.step >= self.steps
+        if done:
+            self._schedule_save()
+
+    @Slot(str)
+    def on_error(self, msg: str) -> None:
+        if not self.path:
+            return  # the window shows it in its banner
+        print(f"kvscope: {msg}", file=sys.stderr)
+        self.exit_code = self.exit_code or 1
+        self._schedule_save()
+
+    def _schedule_save(self, delay_ms: int = 100) -> None:
+        if self._saving:
+            return
+        self._saving, self._waiting = True, False
+        QTimer.singleShot(delay_ms, self.save)
 
     def save(self) -> None:
-        self.win.flush()
-        # Select the request with the most blocks, so the block table and path show up.
-        model = self.win.requests.model
-        if model.rows and not self.win.requests.selected_id:
-            best = max(model.rows, key=lambda r: len(r.block_ids))
-            self.win.requests.select([best.request_id])
-        QApplication.processEvents()
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        ok = self.win.grab().save(self.path)
-        print(f"kvscope: saved {self.path}" if ok else f"kvscope: could not save {self.path}")
+        try:
+            self.win.flush()
+            # Select the request with the most blocks, so the block table and path show up.
+            model = self.win.requests.model
+            if model.rows and not self.win.requests.selected_id:
+                best = max(model.rows, key=lambda r: len(r.block_ids))
+                self.win.requests.select([best.request_id])
+            QApplication.processEvents()
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            ok = self.win.grab().save(self.path)
+        except OSError as e:
+            ok = False
+            print(f"kvscope: {e}", file=sys.stderr)
+        if ok:
+            print(f"kvscope: saved {self.path}")
+        else:
+            print(f"kvscope: could not save {self.path}", file=sys.stderr)
         self.exit_code = self.exit_code or (0 if ok else 1)
         self.win.close()
 
@@ -97,13 +171,31 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     if args.screenshot:
         win.resize(1600, 1000)
     prompts = args.inject or (_demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
-    driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens)
-    win.show()
-    win.start()
-    code = app.exec()
+    driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens,
+                           count_replay_steps(args.replay) if args.replay else None)
+    # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
+    interrupted: list[int] = []
+
+    def on_sigint(signum, _frame) -> None:
+        interrupted.append(signum)
+        QTimer.singleShot(0, win.close)  # runs once the event loop does, even if it has not started yet
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    poll = QTimer()
+    poll.timeout.connect(lambda: None)
+    poll.start(SIGNAL_POLL_MS)
+    try:
+        win.show()
+        win.start()
+        code = app.exec()
+    finally:
+        poll.stop()
+        signal.signal(signal.SIGINT, previous)
     win.shutdown()  # detaches the bridge: open responses end before the server stops
     if server is not None:
         server.stop()
+    if interrupted:
+        print("kvscope: interrupted", file=sys.stderr)
+        return 130
     return driver.exit_code or code
 
 

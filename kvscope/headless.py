@@ -6,7 +6,6 @@ import json
 import sys
 
 from engine import EngineConfig, SamplingParams
-from engine.inspect.trace import TraceError
 
 from .sources.build import SourceSpec, build_source
 from .sources.summary import Summary
@@ -36,9 +35,9 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return serve_headless(config, args)
     try:
         session = build_session(config, args)
-    except TraceError as e:
+    except ValueError as e:  # bad input or configuration (TraceError, an unknown model, no CUDA, ...)
         return _fail(one_line(e), 2)
-    except ValueError as e:
+    except OSError as e:  # e.g. a --trace path that cannot be written
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
@@ -53,11 +52,15 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
             return _fail(f"request refused: {one_line(e)}", 2)
         summary.add(session.current())
     limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
+    taken = 0  # steps run (a replay's step numbers start at 0, so count them rather than read them)
     try:
-        while session.has_work() and (limit is None or session.step_count < limit):
+        while session.has_work() and (limit is None or taken < limit):
             summary.add(session.step())
-    except TraceError as e:
+            taken += 1
+    except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
         return _fail(one_line(e), 2)
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
+        return _fail(one_line(e), 1)
     finally:
         session.close()
     if summary.last is None:

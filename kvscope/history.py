@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,20 +244,15 @@ class RunHistory:
         if i < 0:
             return None
         kf = self._keyframes[i]
-        pool = _replayer_from(kf)
-        last_access = kf.last_access.copy()
+        pool = PoolReplayer.from_state(kf.ref_cnt, kf.last_access, kf.free_queue, kf.hashes, kf.tokens)
         j = bisect.bisect_right(self.steps, kf.step)
         for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
-            for ev in self._events.get(s, ()):
-                pool.apply(ev)
-                b = getattr(ev, "block_id", None)
-                if ev.kind in ("allocated", "hit", "freed") and b is not None:
-                    last_access[b] = s
+            pool.apply_all(self._events.get(s, ()), s)
         requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
         return assemble_snapshot(
-            step, kf.block_size, ref_cnt=pool.ref_cnt, has_hash=np.array([h is not None for h in pool.block_hash]),
-            last_access=last_access, free_queue=np.array(list(pool.free_queue), np.int32), requests=requests,
-            cached_tokens=pool.cached_tokens, block_hashes={b: h for b, h in enumerate(pool.block_hash) if h},
+            step, kf.block_size, ref_cnt=pool.ref_cnt, has_hash=pool.has_hash, last_access=pool.last_access,
+            free_queue=np.array(list(pool.free_queue), np.int32), requests=requests,
+            cached_tokens=pool.cached_tokens, block_hashes=pool.hashes,
             counters=self._counters.get(step, {}), num_cpu_blocks=kf.num_cpu_blocks, block_bytes=kf.block_bytes,
             model_name=kf.model_name)
 
@@ -283,14 +277,3 @@ def _keyframe(snap: KVSnapshot) -> _Keyframe:
         hashes[b] = h
     return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, snap.last_access, snap.free_queue, tokens.freeze(),
                      hashes.freeze(), len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name)
-
-
-def _replayer_from(kf: _Keyframe) -> PoolReplayer:
-    pool = PoolReplayer(len(kf.ref_cnt))
-    pool.ref_cnt = kf.ref_cnt.copy()
-    pool.free_queue = OrderedDict((int(b), None) for b in kf.free_queue)
-    pool.block_hash = [None] * len(kf.ref_cnt)
-    for b, h in kf.hashes.items():
-        pool.block_hash[b] = h
-    pool.cached_tokens = dict(kf.tokens)
-    return pool

@@ -23,14 +23,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import SamplingParams
+from engine.config import check_value, config_fields, scenario_keys
+from engine.inputs import check_text, is_chat, is_token_ids
 from engine.outputs import StepOutput
 
 if TYPE_CHECKING:
     from engine import LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
-CONFIG_KEYS = {"block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "max_num_seqs", "max_num_batched_tokens",
-               "enable_prefix_caching", "preemption_mode", "num_cpu_blocks", "swap_space", "fault", "seed"}
+CONFIG_KEYS = scenario_keys()  # every EngineConfig field but the machine's (model, tokenizer, device)
+MAX_STEP = 100_000  # "at" / "abort_at": a scenario must not idle the engine for ever
+MAX_COPIES = 4096
+REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature", "seed", "top_p", "copies",
+                "abort_at", "beam_width", "ignore_eos"}
 
 
 def available() -> list[str]:
@@ -47,7 +52,59 @@ class Scenario:
     requests: list[dict]
 
 
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_prompt(prompt: object) -> None:
+    """A prompt's shape (text, token ids or chat messages); the engine checks the rest (vocabulary, fit)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("'prompt' is empty")
+        check_text(prompt, "'prompt'")
+    elif is_chat(prompt):
+        for m in prompt:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError("each chat message needs a string 'role' and 'content'")
+            check_text(m["content"], "a chat message")
+    elif not is_token_ids(prompt):
+        raise ValueError(f"'prompt' must be text, a non-empty list of token ids or of chat messages, "
+                         f"got {json.dumps(prompt)[:60]}")
+
+
+def check_request(spec: object) -> None:
+    """One request of a scenario file; raises ``ValueError`` naming the field."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"must be an object, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - REQUEST_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; known: {', '.join(sorted(REQUEST_KEYS))}")
+    for key, least, most in (("at", 0, MAX_STEP), ("copies", 1, MAX_COPIES), ("abort_at", 0, MAX_STEP),
+                             ("beam_width", 0, None)):
+        if key not in spec or (key == "abort_at" and spec[key] is None):
+            continue
+        v = spec[key]
+        if not _int(v) or v < least or (most is not None and v > most):
+            bounds = f"in {least}..{most:,}" if most is not None else f">= {least}"
+            raise ValueError(f"'{key}' must be an integer {bounds}, got {json.dumps(v)}")
+    if ("prompt" in spec) == ("conversation" in spec):
+        raise ValueError("needs a 'prompt' or a 'conversation' (one of them)")
+    if "prompt" in spec:
+        check_prompt(spec["prompt"])
+    else:
+        conv = spec["conversation"]
+        if not isinstance(conv, dict) or not isinstance(conv.get("turns"), list) or not conv["turns"] or \
+                not all(isinstance(t, str) and t.strip() for t in conv["turns"]):
+            raise ValueError("'conversation' needs 'turns', a non-empty list of non-empty strings")
+        if not isinstance(conv.get("system", ""), str) or set(conv) - {"system", "turns"}:
+            raise ValueError("'conversation' takes 'turns' and an optional string 'system'")
+        for t in conv["turns"] + [conv.get("system", "")]:
+            check_text(t, "a conversation turn")
+    ScenarioRunner.params(spec)  # the sampling fields, by SamplingParams' own rules
+
+
 def load_scenario(name_or_file: str) -> Scenario:
+    """Read and check a scenario file; every problem is one line naming the file and the field."""
     p = Path(name_or_file)
     if not (p.suffix == ".json" and p.is_file()):
         p = SCENARIO_DIR / f"{name_or_file}.json"
@@ -55,15 +112,36 @@ def load_scenario(name_or_file: str) -> Scenario:
         raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())}")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read scenario {p}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
         raise ValueError(f"scenario {p} needs a 'requests' list")
-    bad = set(data.get("config", {})) - CONFIG_KEYS
+    config = data.get("config", {})
+    if not isinstance(config, dict):
+        raise ValueError(f"scenario {p}: 'config' must be an object")
+    bad = set(config) - CONFIG_KEYS
     if bad:
-        raise ValueError(f"scenario {p}: unknown config keys {sorted(bad)}")
-    return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), data.get("config", {}),
-                    data.get("steps"), data["requests"])
+        raise ValueError(f"scenario {p}: unknown config keys {sorted(bad)} (a scenario may set "
+                         f"{', '.join(sorted(CONFIG_KEYS))})")
+    by_name = {f.name: f for f in config_fields()}
+    for key, value in config.items():
+        try:
+            check_value(by_name[key], value)
+        except ValueError as e:
+            raise ValueError(f"scenario {p}: config: {e}") from None
+    steps = data.get("steps")
+    if steps is not None and (not _int(steps) or steps < 1):
+        raise ValueError(f"scenario {p}: 'steps' must be an integer >= 1, got {json.dumps(steps)}")
+    for key in ("title", "description"):
+        if not isinstance(data.get(key, ""), str):
+            raise ValueError(f"scenario {p}: '{key}' must be a string")
+    for i, spec in enumerate(data["requests"]):
+        try:
+            check_request(spec)
+        except ValueError as e:
+            raise ValueError(f"scenario {p}: request {i}: {e}") from None
+    return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
+                    data["requests"])
 
 
 @dataclass
@@ -89,11 +167,36 @@ class ScenarioRunner:
 
     @staticmethod
     def params(spec: dict) -> SamplingParams:
-        beam = int(spec.get("beam_width", 0))
+        beam = spec.get("beam_width", 0)
+        if not _int(beam) or beam < 0:
+            raise ValueError(f"'beam_width' must be an integer >= 0, got {json.dumps(beam)}")
         return SamplingParams(max_tokens=spec.get("max_tokens", 32), temperature=spec.get("temperature", 0.0),
                               n=spec.get("n", 1), seed=spec.get("seed"), top_p=spec.get("top_p", 1.0),
                               ignore_eos=spec.get("ignore_eos", False), use_beam_search=beam > 0,
                               beam_width=max(beam, 1))
+
+    def check(self, engine: LLMEngine) -> None:
+        """Ask the engine about every request before the run (a prompt larger than the pool, a text prompt
+        for a model without a tokenizer, ...): a bad scenario stops at load, not at step 40."""
+        for i, spec in enumerate(self.scenario.requests):
+            if "conversation" in spec:
+                conv = spec["conversation"]
+                prompt = ([{"role": "system", "content": conv["system"]}] if conv.get("system") else []) + \
+                    [{"role": "user", "content": conv["turns"][0]}]
+            else:
+                prompt = spec["prompt"]
+            try:
+                engine.validate_request(prompt, self.params(spec))
+            except ValueError as e:
+                raise ValueError(f"scenario {self.scenario.name}: request {i} is refused: {e}") from None
+
+    def _add(self, engine: LLMEngine, prompt, spec: dict) -> str:
+        try:
+            return engine.add_request(prompt, self.params(spec))
+        except ValueError as e:
+            i = self.scenario.requests.index(spec) if spec in self.scenario.requests else "?"
+            raise ValueError(f"scenario {self.scenario.name}: request {i} is refused at step "
+                             f"{engine.step_count}: {e}") from None
 
     def before_step(self, engine: LLMEngine) -> list[str]:
         """Inject what is due at the coming step; returns the new request ids."""
@@ -109,7 +212,7 @@ class ScenarioRunner:
                 added.append(self._next_turn(engine, c))
                 continue
             for _ in range(spec.get("copies", 1)):
-                rid = engine.add_request(spec["prompt"], self.params(spec))
+                rid = self._add(engine, spec["prompt"], spec)
                 added.append(rid)
                 if spec.get("abort_at") is not None:
                     self.aborts.setdefault(int(spec["abort_at"]), []).append(rid)
@@ -120,7 +223,7 @@ class ScenarioRunner:
 
     def _next_turn(self, engine: LLMEngine, c: _Conversation) -> str:
         c.messages.append({"role": "user", "content": c.turns.pop(0)})
-        c.request_id = engine.add_request(list(c.messages), self.params(c.spec))
+        c.request_id = self._add(engine, list(c.messages), c.spec)
         return c.request_id
 
     def after_step(self, engine: LLMEngine, out: StepOutput) -> None:

@@ -48,6 +48,7 @@ class EngineBackend(QObject):
     def __init__(self) -> None:
         super().__init__()
         self.vocab: tuple[str, ...] = ()
+        self.load_failed_on_bad_input = False  # the last load failed on bad input, not on a crash
         self._result.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
 
     @Slot(object)
@@ -56,7 +57,8 @@ class EngineBackend(QObject):
             case p.Loaded(info, vocab):
                 self.vocab = vocab
                 self.loaded.emit(info)
-            case p.LoadFailed(message):
+            case p.LoadFailed(message, bad_input):
+                self.load_failed_on_bad_input = bad_input
                 self.load_failed.emit(message)
             case p.Progress(text, _):
                 self.progress.emit(text)
@@ -256,8 +258,9 @@ class ProcessBackend(EngineBackend):
     def _spawn(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=engine_process_main, args=(child, self.spec), name="kvscope-engine",
-                                daemon=True)
+        level = logging.getLogger().getEffectiveLevel()
+        self.proc = ctx.Process(target=engine_process_main, args=(child, self.spec),
+                                kwargs={"log_level": level}, name="kvscope-engine", daemon=True)
         self.proc.start()
         child.close()
         self.conn = parent

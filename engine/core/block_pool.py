@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
+from ..inspect.events import (
+    BlockAllocated,
+    BlockEvicted,
+    BlockFreed,
+    BlockStored,
+    BlockTouched,
+    BlockUnpublished,
+    CacheReset,
+    Event,
+)
 from .kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 
@@ -13,6 +22,13 @@ class BlockPool:
     A free block may still be cached (ref 0, hash kept): it stays reusable until it is
     handed out again, at which point its hash is dropped (eviction). Handing out from
     the head of the free queue makes eviction "least recently freed first".
+
+    Only this class changes a block's hash or the hash map. Publication is two-phase:
+    ``cache_block`` stores a block as soon as the step that completes it is scheduled
+    (vLLM's same-step hits: each layer stores the whole batch's K/V before attention
+    reads it), and remembers it as *tentative*; the engine calls ``commit_step`` once the
+    step's forward, sampling and post-processing succeeded, or ``rollback_step`` when
+    anything failed, which unpublishes every tentative block (its KV may be unwritten).
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
@@ -27,6 +43,7 @@ class BlockPool:
         self.step = 0  # stamped into last_access
         self.num_evictions = 0
         self.tolerate_faults = False  # set when EngineConfig.fault injects a bug on purpose
+        self.tentative: list[tuple[KVCacheBlock, BlockHash]] = []  # published since the last commit
 
     # -- queries ----------------------------------------------------------------
     @property
@@ -107,7 +124,29 @@ class BlockPool:
             return
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
+        self.tentative.append((b, block_hash))
         self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id, token_ids))
+
+    def commit_step(self) -> None:
+        """The step that wrote the tentative blocks' last slots succeeded: they stay published."""
+        self.tentative.clear()
+
+    def rollback_step(self, reason: str) -> list[int]:
+        """Unpublish every block published since the last commit (newest first); returns their ids.
+
+        A block already evicted (or re-published under another hash) since is left alone:
+        each entry is undone only while the block still carries the hash it was given.
+        """
+        undone = []
+        for b, h in reversed(self.tentative):
+            if b.block_hash != h or self.cached.get(h) is not b:
+                continue
+            del self.cached[h]
+            b.block_hash, b.token_ids = None, ()
+            self.events.append(BlockUnpublished(b.block_id, h.hex(), reason))
+            undone.append(b.block_id)
+        self.tentative.clear()
+        return undone
 
     def reset_prefix_cache(self) -> None:
         used = self.num_blocks - self.num_free_blocks
@@ -118,6 +157,7 @@ class BlockPool:
         for b in self.blocks:
             b.block_hash, b.token_ids = None, ()
         self.cached.clear()
+        self.tentative.clear()
         self.events.append(CacheReset(self.num_blocks))
 
     def drain_events(self) -> list[Event]:

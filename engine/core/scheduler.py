@@ -160,6 +160,21 @@ class Scheduler:
         self.waiting.appendleft(req)
         self._events.append(RequestPreempted(req.request_id, "recompute", reason))
 
+    def recompute_swapped(self, req: Request, reason: str) -> None:
+        """A request swapped out whose KV never reached the CPU pool: it must not resume on it.
+
+        Its CPU blocks are released and it goes back to the front of the waiting queue to be
+        recomputed (its device blocks were freed at the swap-out, so their cached prefix may
+        still hit); the preemption was already counted.
+        """
+        if req in self.swapped:
+            self.swapped.remove(req)
+        self.kv.free(req)  # releases the CPU blocks; the device table is already gone
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        self._events.append(RequestPreempted(req.request_id, "recompute", reason))
+
     # -- after the model ran ---------------------------------------------------------------
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         assert status.finished

@@ -5,6 +5,8 @@ start (``engine.replay.PoolReplayer``) rebuilds the block pool exactly.
 """
 from __future__ import annotations
 
+import functools
+import typing
 from dataclasses import asdict, dataclass, fields
 
 
@@ -99,6 +101,23 @@ class BlockEvicted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class BlockUnpublished(Event):
+    """A block published during a step that then failed: its hash left the cache again.
+
+    Publication is two-phase (see ``BlockPool``): a block completed by a step is stored
+    while that step is scheduled (so a request admitted in the same step can hit it) and
+    committed once the step's forward, sampling and post-processing all succeeded. When the
+    step fails its KV may never have been written, so every publication of that step is
+    rolled back, one ``unpublished`` event a block. The block itself (ref count, free
+    queue position) is untouched.
+    """
+    block_id: int
+    block_hash: str
+    reason: str = ""
+    kind = "unpublished"
+
+
+@dataclass(frozen=True, slots=True)
 class CacheReset(Event):
     """``reset_prefix_cache``: every hash dropped (all blocks were free)."""
     num_blocks: int
@@ -154,20 +173,46 @@ class LeakFound(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockCopied, CacheReset,
-                SwappedOut, SwappedIn, RequestAdmitted, RequestForked, RequestPreempted, RequestFinished,
+    for cls in (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished, BlockCopied,
+                CacheReset, SwappedOut, SwappedIn, RequestAdmitted, RequestForked, RequestPreempted, RequestFinished,
                 RequestAborted, LeakFound)
 }
 
 
+@functools.cache
+def _field_types(cls: type[Event]) -> dict[str, object]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _well_typed(tp: object, v: object) -> bool:
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if tp is str:
+        return isinstance(v, str)
+    if typing.get_origin(tp) is tuple:
+        return isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    return True
+
+
 def event_from_dict(d: dict) -> Event:
-    """Inverse of ``Event.to_dict``; raises ``ValueError`` on an unknown kind or fields."""
+    """Inverse of ``Event.to_dict``; raises ``ValueError`` on an unknown kind, missing or ill-typed fields.
+
+    Only types are checked here; whether a block id exists is the replayer's to say (it knows the pool).
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"an event must be an object, got {type(d).__name__}")
     kind = d.get("kind")
-    cls = EVENT_TYPES.get(kind)
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown event kind {kind!r}")
-    names = {f.name for f in fields(cls)}
+    types = _field_types(cls)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in types}
+    for k, v in values.items():
+        if not _well_typed(types[k], v):
+            want = {int: "an integer", str: "a string"}.get(types[k], "a list of integers")
+            raise ValueError(f"bad {kind} event: {k} = {v!r} is not {want}")
     try:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
+        return cls(**values)
     except TypeError as e:
         raise ValueError(f"bad {kind} event: {e}") from None

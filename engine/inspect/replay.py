@@ -6,21 +6,97 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched, CacheReset, Event
+from .events import (
+    BlockAllocated,
+    BlockCopied,
+    BlockEvicted,
+    BlockFreed,
+    BlockStored,
+    BlockTouched,
+    BlockUnpublished,
+    CacheReset,
+    Event,
+    RequestForked,
+    SwappedIn,
+    SwappedOut,
+)
+
+
+def apply_cache_event(ev: Event, tokens, hashes) -> bool:
+    """Keep copies of the prefix cache's maps (block id -> tokens, block id -> hex hash) up to date,
+    rule for rule with ``BlockPool``; returns whether the event was one of the cache's."""
+    if isinstance(ev, BlockStored):
+        tokens[ev.block_id] = tuple(ev.token_ids)
+        hashes[ev.block_id] = ev.block_hash
+    elif isinstance(ev, (BlockEvicted, BlockUnpublished)):
+        # Evicted: handed out again. Unpublished: its step failed (BlockPool.rollback_step).
+        tokens.pop(ev.block_id, None)
+        hashes.pop(ev.block_id, None)
+    elif isinstance(ev, CacheReset):
+        tokens.clear()
+        hashes.clear()
+    else:
+        return False
+    return True
 
 
 class PoolReplayer:
-    """Applies events in order; every rule here mirrors one in ``BlockPool``."""
+    """Applies events in order; every rule here mirrors one in ``BlockPool``.
+
+    An event that names a block the pool does not have (out of range, negative) raises
+    ``ValueError`` before anything changes: a trace is outside input. ``apply(ev, step)``
+    stamps ``last_access`` as the pool does (an allocation, a hit or a release).
+    """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_cnt = np.zeros(num_blocks, np.int32)
-        self.block_hash: list[str | None] = [None] * num_blocks
+        self.last_access = np.zeros(num_blocks, np.int64)
+        self.hashes: dict[int, str] = {}  # block id -> hex hash of every hashed block
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.owners: list[list[str]] = [[] for _ in range(num_blocks)]
         self.cached_tokens: dict[int, tuple[int, ...]] = {}
 
-    def apply(self, ev: Event) -> None:
+    @classmethod
+    def from_state(cls, ref_cnt: np.ndarray, last_access: np.ndarray, free_queue, hashes, tokens) -> PoolReplayer:
+        """Resume from a pool's state (a timeline keyframe) instead of an empty pool."""
+        r = cls(len(ref_cnt))
+        r.ref_cnt, r.last_access = ref_cnt.astype(np.int32), last_access.astype(np.int64)
+        r.free_queue = OrderedDict((int(b), None) for b in free_queue)
+        r.hashes, r.cached_tokens = dict(hashes), dict(tokens)
+        return r
+
+    @property
+    def block_hash(self) -> list[str | None]:
+        """Per block id, its hex hash or None."""
+        out: list[str | None] = [None] * self.num_blocks
+        for b, h in self.hashes.items():
+            out[b] = h
+        return out
+
+    @property
+    def has_hash(self) -> np.ndarray:
+        a = np.zeros(self.num_blocks, bool)
+        a[list(self.hashes)] = True
+        return a
+
+    def _check(self, ev: Event) -> None:
+        ids: tuple[int, ...] = ()
+        if isinstance(ev, BlockCopied):
+            ids = (ev.src_block_id, ev.dst_block_id)
+        elif isinstance(ev, (SwappedOut, SwappedIn, RequestForked)):
+            ids = ev.block_ids
+        elif isinstance(ev, (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished)):
+            ids = (ev.block_id,)
+        for b in ids:
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(f"{ev.kind} event names block {b}, but the pool has blocks 0..{self.num_blocks - 1}")
+
+    def apply(self, ev: Event, step: int = 0) -> None:
+        self._check(ev)
+        if isinstance(ev, (BlockAllocated, BlockTouched, BlockFreed)) and not (
+                isinstance(ev, BlockFreed) and self.ref_cnt[ev.block_id] <= 0):
+            self.last_access[ev.block_id] = step
         if isinstance(ev, BlockAllocated):
             head = next(iter(self.free_queue), None)
             if head != ev.block_id:
@@ -30,6 +106,8 @@ class PoolReplayer:
             self.owners[ev.block_id] = [ev.request_id]
         elif isinstance(ev, BlockTouched):
             if self.ref_cnt[ev.block_id] == 0:
+                if ev.block_id not in self.free_queue:
+                    raise ValueError(f"hit on block {ev.block_id}, which is neither in use nor free")
                 del self.free_queue[ev.block_id]
             self.ref_cnt[ev.block_id] += 1
             self.owners[ev.block_id].append(ev.request_id)
@@ -42,17 +120,10 @@ class PoolReplayer:
                 owners.remove(ev.request_id)
             if self.ref_cnt[ev.block_id] == 0:
                 self.free_queue[ev.block_id] = None
-        elif isinstance(ev, BlockStored):
-            self.block_hash[ev.block_id] = ev.block_hash
-            self.cached_tokens[ev.block_id] = tuple(ev.token_ids)
-        elif isinstance(ev, BlockEvicted):
-            self.block_hash[ev.block_id] = None
-            self.cached_tokens.pop(ev.block_id, None)
-        elif isinstance(ev, CacheReset):
-            self.block_hash = [None] * self.num_blocks
-            self.cached_tokens.clear()
+        else:
+            apply_cache_event(ev, self.cached_tokens, self.hashes)
 
-    def apply_all(self, events: Iterable[Event]) -> PoolReplayer:
+    def apply_all(self, events: Iterable[Event], step: int = 0) -> PoolReplayer:
         for ev in events:
-            self.apply(ev)
+            self.apply(ev, step)
         return self

@@ -98,3 +98,25 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
                       has_hash=has_hash, last_access=last_access, filled=filled, free_queue=free_queue,
                       requests=tuple(requests), cached_tokens=cached_tokens, block_hashes=block_hashes,
                       counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
+
+
+def request_info(r, block_ids: list[int]) -> RequestInfo:
+    """A row of the snapshot from a live ``Request``."""
+    return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
+                       max(r.num_cached_tokens, 0), r.num_computed_tokens, tuple(block_ids), r.output_text,
+                       tuple(r.all_token_ids), r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
+
+
+def pool_snapshot(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
+                  num_cpu_blocks: int, **extra) -> KVSnapshot:
+    """A snapshot of a live ``BlockPool`` (the replay builds the same from its event stream)."""
+    n = pool.num_blocks
+    return assemble_snapshot(
+        step, block_size,
+        ref_cnt=np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n),
+        has_hash=np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n),
+        last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
+        free_queue=np.array(pool.free_queue.ids(), np.int32), requests=requests,
+        cached_tokens={b.block_id: b.token_ids for b in pool.cached.values()},
+        block_hashes={b.block_id: b.block_hash.hex() for b in pool.cached.values()},
+        counters=counters, num_cpu_blocks=num_cpu_blocks, **extra)

@@ -21,6 +21,10 @@ from .snapshot import KVSnapshot, RequestInfo, assemble_snapshot
 
 FORMAT = "kvscope-trace"
 VERSION = 1
+# A header is outside input: it may not make the replayer allocate without bound. A million
+# blocks (the grid's design size) is far above any pool a real GPU holds at block size 16.
+MAX_TRACE_BLOCKS = 1 << 20
+MAX_TRACE_BLOCK_SIZE = 1 << 14  # the snapshot's fill counts are int16
 
 
 class TraceError(ValueError):
@@ -78,16 +82,46 @@ def read_header(path: str | Path) -> dict:
         raise TraceError(f"{path} was written by a newer kvscope (trace version {version}); "
                          f"this one reads version {VERSION}")
     for key in ("num_blocks", "block_size"):
-        if not isinstance(header.get(key), int) or header[key] < 1:
+        if not _is_int(header.get(key)) or header[key] < 1:
             raise TraceError(f"{path}: header field {key!r} is missing or invalid")
+    cpu = header.get("num_cpu_blocks", 0)
+    if not _is_int(cpu) or cpu < 0:
+        raise TraceError(f"{path}: header field 'num_cpu_blocks' is invalid ({cpu!r})")
+    for key, value, limit in (("num_blocks", header["num_blocks"], MAX_TRACE_BLOCKS),
+                              ("num_cpu_blocks", cpu, MAX_TRACE_BLOCKS),
+                              ("block_size", header["block_size"], MAX_TRACE_BLOCK_SIZE)):
+        if value > limit:
+            raise TraceError(f"{path}: header claims {key} = {value:,}, above the replay limit of {limit:,}")
     return header
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _request_row(d: object, num_blocks: int, num_cpu_blocks: int) -> RequestInfo:
+    """One request row of a record, checked: the snapshot indexes arrays by its block ids."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a request row must be an object, got {type(d).__name__}")
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    info = RequestInfo(**d)
+    for name, limit in (("block_ids", num_blocks), ("cpu_block_ids", num_cpu_blocks)):
+        ids = getattr(info, name)
+        if not isinstance(ids, tuple) or not all(_is_int(b) and 0 <= b < limit for b in ids):
+            raise ValueError(f"request {info.request_id!r}: {name} {ids!r} are not blocks 0..{limit - 1}")
+    for name in ("index", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "num_computed_tokens"):
+        if not _is_int(getattr(info, name)):
+            raise ValueError(f"request {info.request_id!r}: {name} is not an integer")
+    if not isinstance(info.request_id, str) or not isinstance(info.status, str):
+        raise ValueError("a request row's request_id and status must be strings")
+    return info
 
 
 def replay_trace(path: str | Path) -> Iterator[TraceRecord]:
     """Yield one record per line, each with the snapshot it rebuilds. Raises ``TraceError``."""
     header = read_header(path)
+    num_cpu = int(header.get("num_cpu_blocks", 0))
     pool = PoolReplayer(header["num_blocks"])
-    last_access = np.zeros(header["num_blocks"], np.int64)
     rows: dict[str, RequestInfo] = {}
     with Path(path).open(encoding="utf-8") as f:
         lines = f.readlines()[1:]
@@ -95,27 +129,27 @@ def replay_trace(path: str | Path) -> Iterator[TraceRecord]:
         torn = n == len(lines) + 1 and not line.endswith("\n")
         try:
             rec = json.loads(line)
-            step = int(rec["step"])
+            step = rec["step"]
+            if not _is_int(step) or not 0 <= step < 2**62:
+                raise ValueError(f"step {step!r} is not a step number")
             events = [event_from_dict(d) for d in rec["events"]]
             for d in rec["requests"]:
-                d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-                rows[d["request_id"]] = RequestInfo(**d)
+                info = _request_row(d, header["num_blocks"], num_cpu)
+                rows[info.request_id] = info
             shown = [rows[i] for i in rec["shown"]]
             counters, leaked = dict(rec["counters"]), list(rec.get("leaked", []))
+            if not all(_is_int(b) and -1 <= b < header["num_blocks"] for b in leaked):  # -1: pool-wide
+                raise ValueError(f"leaked blocks {leaked!r} are not blocks of the pool")
             for ev in events:
-                pool.apply(ev)
-                b = getattr(ev, "block_id", None)
-                if ev.kind in ("allocated", "hit", "freed") and b is not None:
-                    last_access[b] = step
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                pool.apply(ev, step)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             if torn:  # the writer died mid-line: everything before it is good
                 return
             raise TraceError(f"corrupt trace {path} at line {n}: {type(e).__name__}: {e}") from None
-        has_hash = np.array([h is not None for h in pool.block_hash], bool)
         snap = assemble_snapshot(
-            step, header["block_size"], ref_cnt=pool.ref_cnt.copy(), has_hash=has_hash,
-            last_access=last_access.copy(), free_queue=np.array(list(pool.free_queue), np.int32), requests=shown,
-            cached_tokens=dict(pool.cached_tokens), block_hashes={i: h for i, h in enumerate(pool.block_hash) if h},
-            counters=counters, num_cpu_blocks=int(header.get("num_cpu_blocks", 0)),
+            step, header["block_size"], ref_cnt=pool.ref_cnt.copy(), has_hash=pool.has_hash,
+            last_access=pool.last_access.copy(), free_queue=np.array(list(pool.free_queue), np.int32), requests=shown,
+            cached_tokens=dict(pool.cached_tokens), block_hashes=dict(pool.hashes),
+            counters=counters, num_cpu_blocks=num_cpu,
             block_bytes=int(header.get("block_bytes", 0)), model_name=str(header.get("model", "")))
         yield TraceRecord(step, events, snap, leaked)

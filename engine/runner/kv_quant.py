@@ -12,7 +12,6 @@ import torch
 
 from .memory import zeros
 
-KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP16_TINY = 6.2e-5  # scales stay normal fp16 numbers (an all-zero row must not divide by 0)
 QUANT_MODES = {"none": 0, "fp8": 1, "int8": 2, "int4": 3}  # the kernels' constexpr codes

@@ -19,6 +19,14 @@ from .sampler import sample
 logger = logging.getLogger("engine")
 
 
+class DeviceCopyError(RuntimeError):
+    """A swap-out, swap-in or copy-on-write copy failed; ``kind`` says which."""
+
+    def __init__(self, kind: str, cause: BaseException) -> None:
+        super().__init__(f"{kind} copy failed: {type(cause).__name__}: {cause}")
+        self.kind = kind
+
+
 def dtype_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -211,26 +219,50 @@ class ModelRunner:
             prefill_seqs=[i for i, (_, new, _) in enumerate(seqs) if new != 1],
         )
 
-    @torch.inference_mode()
     def apply_device_work(self, sched: SchedulerOutput) -> None:
-        """Swap out, swap in, then copy-on-write copies: all before the forward writes any KV."""
-        for pairs, to_cpu in ((sched.swap_out, True), (sched.swap_in, False)):
+        """Swap out, swap in, then copy-on-write copies: all before the forward writes any KV.
+
+        A failing copy raises ``DeviceCopyError`` naming its kind, so the engine knows whose
+        KV never arrived (a swap-out's requests recompute; the step's requests fail).
+        """
+        for kind, pairs, copy in (("swap-out", sched.swap_out, self.swap_out_blocks),
+                                  ("swap-in", sched.swap_in, self.swap_in_blocks),
+                                  ("copy-on-write", sched.copies, self.copy_on_write)):
             if not pairs:
                 continue
-            src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
-            dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
-            for dev_pair, cpu_pair in zip(self.kv_caches, self.cpu_caches):
-                for dev, cpu in zip(dev_pair, cpu_pair):
-                    if to_cpu:
-                        copy_blocks(cpu, dst, dev, src)
-                    else:
-                        copy_blocks(dev, dst, cpu, src)
-        if sched.copies:
-            src = torch.tensor([a for a, _ in sched.copies], dtype=torch.long, device=self.device)
-            dst = torch.tensor([b for _, b in sched.copies], dtype=torch.long, device=self.device)
-            for pair in self.kv_caches:
-                for cache in pair:
-                    copy_blocks(cache, dst, cache, src)
+            try:
+                copy(pairs)
+            except Exception as e:  # noqa: BLE001 - re-raised with what it was moving
+                raise DeviceCopyError(kind, e) from e
+
+    @torch.inference_mode()
+    def swap_out_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """(device block, CPU block) pairs: device -> CPU."""
+        self._swap(pairs, to_cpu=True)
+
+    @torch.inference_mode()
+    def swap_in_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """(CPU block, device block) pairs: CPU -> device."""
+        self._swap(pairs, to_cpu=False)
+
+    def _swap(self, pairs: list[tuple[int, int]], to_cpu: bool) -> None:
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
+        for dev_pair, cpu_pair in zip(self.kv_caches, self.cpu_caches):
+            for dev, cpu in zip(dev_pair, cpu_pair):
+                if to_cpu:
+                    copy_blocks(cpu, dst, dev, src)
+                else:
+                    copy_blocks(dev, dst, cpu, src)
+
+    @torch.inference_mode()
+    def copy_on_write(self, pairs: list[tuple[int, int]]) -> None:
+        """(src, dst) device block pairs: the filled slots of a shared block, before a sequence writes."""
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=self.device)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=self.device)
+        for pair in self.kv_caches:
+            for cache in pair:
+                copy_blocks(cache, dst, cache, src)
 
     def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
         """Run one forward over every scheduled token; sample where a request reached its end.
@@ -265,6 +297,7 @@ class ModelRunner:
         return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
 
     def sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
+        """The sampler (``sampler.sample``) over one row per request; tests replace it to force failures."""
         return sample(logits, [r.sampling_params for r in reqs], [r.generator or self.default_generator for r in reqs])
 
 

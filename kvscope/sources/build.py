@@ -50,4 +50,7 @@ def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | Re
         config.validate()
         runner = ScenarioRunner(sc)
     from engine import LLMEngine  # torch and transformers: only where an engine is built
-    return LiveSource(LLMEngine(config), runner, spec.trace, audit=spec.audit, hooks=hooks)
+    engine = LLMEngine(config)
+    if runner is not None:
+        runner.check(engine)  # a request the engine would refuse stops the run here, with one line
+    return LiveSource(engine, runner, spec.trace, audit=spec.audit, hooks=hooks)

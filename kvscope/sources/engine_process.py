@@ -6,6 +6,7 @@ process sends a heartbeat, so that a hung engine is told from a busy one.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -39,9 +40,13 @@ class Heartbeat:
     pass
 
 
-def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S) -> None:
+def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S,
+                        log_level: int = logging.INFO) -> None:
     # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The engine's log (the pool's size, the weights, warnings) goes to the terminal as it would
+    # with the engine in the window's process.
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     lock = threading.Lock()
     alive = threading.Event()
     alive.set()

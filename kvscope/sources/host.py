@@ -117,7 +117,7 @@ class EngineHost:
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
             if self.bridge is not None:
                 self.bridge.detach(f"the model failed to load: {one_line(e)}")
-            self.emit(p.LoadFailed(one_line(e)))
+            self.emit(p.LoadFailed(one_line(e), isinstance(e, (ValueError, OSError))))
             return
         self.source = source
         info = source.info

@@ -80,6 +80,7 @@ class Loaded:
 @dataclass(frozen=True, slots=True)
 class LoadFailed:
     message: str
+    bad_input: bool = False  # a bad model name, option, scenario or trace (exit code 2), not a crash
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.inspect.chunked_map import ChunkedMap
-from engine.inspect.events import BlockEvicted, BlockStored, CacheReset, Event
+from engine.inspect.events import Event
+from engine.inspect.replay import apply_cache_event
 from engine.inspect.snapshot import KVSnapshot
 from engine.outputs import StepOutput
 
@@ -41,20 +42,6 @@ class WireStepped:
     seconds: float
     audit: object
     memory: MemoryReading
-
-
-def apply_cache_events(events: list[Event], tokens, hashes) -> None:
-    """Keep a copy of the prefix cache's maps up to date, rule for rule with ``BlockPool``."""
-    for ev in events:
-        if isinstance(ev, BlockStored):
-            tokens[ev.block_id] = tuple(ev.token_ids)
-            hashes[ev.block_id] = ev.block_hash
-        elif isinstance(ev, BlockEvicted):
-            tokens.pop(ev.block_id, None)
-            hashes.pop(ev.block_id, None)
-        elif isinstance(ev, CacheReset):
-            tokens.clear()
-            hashes.clear()
 
 
 class RecordEncoder:
@@ -118,7 +105,8 @@ class RecordDecoder:
             for b, v in w.cache[1].items():
                 self.hashes[b] = v
         else:
-            apply_cache_events(w.events, self.tokens, self.hashes)
+            for ev in w.events:
+                apply_cache_event(ev, self.tokens, self.hashes)
         arrays = self.slots.read(w.slot, w.lengths) if w.slot is not None else dict(w.inline)
         for a in arrays.values():
             a.flags.writeable = False

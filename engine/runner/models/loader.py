@@ -155,14 +155,37 @@ def _save_converted(model, tokenizer, folder: Path) -> None:
 COMPLETE = "kvscope-complete"  # written last: a folder without it is not a finished copy
 
 
-def load_hf_model(source: ModelSource, dtype: str, device: torch.device, progress=None):
-    """Load weights (and the tokenizer if there is one) with transformers.
+def load_tokenizer(name: str):
+    """``EngineConfig.tokenizer``: a tokenizer by folder, .gguf file or hub id; raises ``ModelNotFoundError``."""
+    from transformers import AutoTokenizer
+
+    p = Path(os.path.expanduser(name))
+    path, kwargs = str(p), {}
+    if p.is_file() and p.suffix == ".gguf":
+        path, kwargs = str(p.parent), {"gguf_file": p.name}
+    elif not p.exists():
+        path = name  # a hub id
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one clear line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelNotFoundError(f"cannot load tokenizer {name!r}: {msg[:200]}") from None
+
+
+def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
+                  progress=None):
+    """Load weights, and the tokenizer (``tokenizer`` if given, else the model's own if it has one).
 
     A GGUF file is dequantized once and kept converted (safetensors) in the cache folder, keyed
     by the file's hash: later starts read that copy, which is many times faster. ``progress``,
     if given, is called with (what is happening, fraction done or None).
     """
-    report = progress or (lambda _text, _fraction=None: None)
+    chosen = load_tokenizer(tokenizer) if tokenizer is not None else None  # before the weights: fail fast
+    model, own = _load_weights(source, dtype, device, progress or (lambda _text, _fraction=None: None))
+    return model, chosen if chosen is not None else own
+
+
+def _load_weights(source: ModelSource, dtype: str, device: torch.device, report):
     if not source.gguf_file:
         report(f"reading {source.name}", 0.1)
         return _load(source, dtype, device)
@@ -215,11 +238,10 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
     model.eval()
     if device.type != "cuda":
         model.to(device)
-    tokenizer = None
     try:
         tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
+        return model, AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
     except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
         logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
                        source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    return model, tokenizer
+    return model, None
