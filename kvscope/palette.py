@@ -140,12 +140,13 @@ def state_codes(snap: KVSnapshot, leaked: np.ndarray | None = None) -> np.ndarra
 def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None,
                    cpu: bool = False) -> list[LegendEntry]:
     """Every class of ``mode`` with its colour(s) and its count of blocks in ``snap``."""
-    if cpu:
-        state, owner = snap.cpu_state, snap.cpu_owner
-    else:
-        state, owner = state_codes(snap, leaked), snap.owner
+    state, owner = (snap.cpu_state, snap.cpu_owner) if cpu else (snap.state, snap.owner)
     if mode == "state":
         counts = np.bincount(state, minlength=len(BlockState))
+        if not cpu and leaked is not None and len(leaked):  # leaked blocks count as leaked, not as their state
+            ids = np.unique(np.asarray(leaked, np.int64))
+            counts -= np.bincount(state[ids], minlength=len(BlockState))
+            counts[BlockState.LEAKED] += len(ids)
         shown = [BlockState.FREE, BlockState.SWAPPED] if cpu else \
             [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED]
         return [LegendEntry(STATES[s].name, (STATES[s].colour,), int(counts[s]), STATES[s].meaning) for s in shown]

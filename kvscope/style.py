@@ -19,7 +19,6 @@ QToolButton:disabled, QPushButton:disabled, QComboBox:disabled, QSpinBox:disable
 QLineEdit:disabled, QPlainTextEdit:disabled {
     color: #5c6370; background: #1a1c21; border-color: #2a2e36; }
 QCheckBox:disabled, QRadioButton:disabled, QLabel:disabled { color: #5c6370; }
-QCheckBox::indicator:disabled, QRadioButton::indicator:disabled { background: #2a2e36; border: 1px solid #3b4252; }
 QMenu::item:disabled { color: #5c6370; }
 """
 

@@ -82,11 +82,16 @@ def main() -> None:
     from kvscope.style import apply_style
     app = QApplication.instance() or QApplication([])
     apply_style(app)
+    from kvscope.history import RunHistory
     from kvscope.scenario import load_scenario
     from kvscope.views.banner import Banner
     from kvscope.views.block_grid import BlockGridView
+    from kvscope.views.event_log import EventLogView
     from kvscope.views.figure_view import FigureView
+    from kvscope.views.inject_dialog import InjectDialog
     from kvscope.views.legend import LegendView
+    from kvscope.views.plots import PlotsPanel
+    from kvscope.views.request_panel import RequestPanel
     from kvscope.views.scenario_notes import ScenarioNotesPanel
     from kvscope.views.welcome import WelcomeView
 
@@ -152,9 +157,55 @@ def main() -> None:
     save(wel, "welcome", 900, 600)
     notes = ScenarioNotesPanel()
     sc = load_scenario("four-score")
-    notes.set_scenario(sc.watch, sc.notes)
+    notes.set_scenario(sc.watch, sc.notes, sc.title)
     notes.set_step(3)
     save(notes, "scenario_notes", 320, 420)
+
+    log = EventLogView(decode=decode)
+    hist = RunHistory()
+    for step, snap, events in data["four-score"]:
+        log.append(step, events)
+        hist.record(snap, 0.05)
+    log.set_max_step(3)
+    save(log, "event_log_up_to_step_3", 640, 260)
+    plots = PlotsPanel()
+    plots.update_from(hist)
+    plots.set_cursor(3)
+    save(plots, "plots_cursor_step_3", 560, 420)
+    dlg = InjectDialog(None, None, has_tokenizer=False, vocab_size=256)
+    dlg.prompt.setPlainText("1, 5, 9")
+    save(dlg, "inject_no_tokenizer", 600, 420)
+
+    # A 1280x720 window's share of each view: the grid in the centre, the figure under it, notes beside.
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QSplitter
+    snap, ev = at("four-score", 3)
+    split = QSplitter(Qt.Orientation.Horizontal)
+    left = QSplitter(Qt.Orientation.Vertical)
+    g = BlockGridView("GPU block pool · SmolLM2 · 32 blocks × 4 tokens")
+    g.set_decode(decode)
+    g.set_snapshot(snap)
+    g.set_highlight(list(snap.block_tables["0"]))
+    f = FigureView()
+    f.set_decode(decode)
+    f.set_snapshot(snap)
+    f.set_events(ev)
+    f.set_requests(["0", "1"])
+    left.addWidget(g)
+    left.addWidget(f)
+    right = QSplitter(Qt.Orientation.Vertical)
+    req = RequestPanel()
+    req.set_snapshot(snap)
+    n2 = ScenarioNotesPanel()
+    n2.set_scenario(sc.watch, sc.notes, sc.title)
+    n2.set_step(3)
+    right.addWidget(n2)
+    right.addWidget(req)
+    split.addWidget(left)
+    split.addWidget(right)
+    split.setSizes([930, 350])
+    save(split, "window_1280x720_four_score_step3", 1280, 720)
+
     ban = Banner()
     ban.show_message("audit: 3 block(s) with wrong ref counts (red in the grid)", "audit")
     save(ban, "banner", 900, 40)

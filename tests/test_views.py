@@ -205,6 +205,28 @@ def test_zoom_levels_switch_detail_at_the_thresholds(qtbot, tiny_hf):
     assert grid.detail_level == DetailLevel.CELLS and grid.layer.painted_cells == 0
 
 
+def test_selected_blocks_get_their_logical_index_when_big(qtbot, tiny_hf):
+    eng = engine(tiny_hf)
+    eng.add_request(list(range(7)), GREEDY)
+    eng.step()
+    eng.add_request(list(range(20, 26)), GREEDY)
+    snap = run(eng, 2)
+    table = snap.block_tables["0"]
+    grid = show(qtbot, BlockGridView("GPU"), 900, 600)
+    grid.set_snapshot(snap)
+    grid.set_highlight(list(table))
+    grid.zoom_to(3.0, QPointF(3, 3))
+    assert grid.overlay.isVisible() and grid.path.isVisible()  # small cells: a wash and a path
+    grid.fit_used()
+    grid.grab()
+    assert grid.detail_level >= DetailLevel.LABELS
+    assert not grid.overlay.isVisible() and not grid.path.isVisible()  # nothing over the tokens
+    for i, b in enumerate(table):
+        assert grid.layer.texts[b][-1] == f"L{i}"
+    others = set(snap.block_tables["1"])
+    assert all(not t[-1].startswith("L") for b, t in grid.layer.texts.items() if b in others)
+
+
 def test_text_is_bounded_however_big_the_pool(qtbot):
     n = 1_048_576
     ref = np.ones(n, np.int32)

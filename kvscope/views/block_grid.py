@@ -74,6 +74,10 @@ OVERVIEW_TEXELS = 256  # the overview image is at most this many texels a side (
 MIN_FIT_CELLS = 4  # "fit used blocks" frames at least this many cells a side
 
 
+_ELIDE = Qt.TextElideMode.ElideRight  # enum lookups are slow in PySide: look them up once
+_LEFT_TOP = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop
+
+
 def slot_layout(block_size: int) -> tuple[int, int]:
     """(rows, cols) of a block's slots drawn inside its cell (plus one header row above them)."""
     cols = 1 if block_size <= 8 else 2 if block_size <= 32 else 4
@@ -185,6 +189,7 @@ class _DetailLayer(pg.GraphicsObject):
         level = v.detail_level
         self.painted_cells = 0
         self.texts, self.bars = {}, {}
+        self._style = None
         if v.grid is None or v.snapshot is None or level == DetailLevel.CELLS:
             return
         r0, r1, c0, c1 = v.visible_cells()
@@ -208,7 +213,7 @@ class _DetailLayer(pg.GraphicsObject):
         for r in range(r0, r1 + 1):
             y = o.y() + (r - r0) * dy
             p.drawLine(QPointF(o.x(), y), QPointF(o.x() + (c1 - c0) * dx, y))
-        if level >= DetailLevel.LABELS and (r1 - r0) * (c1 - c0) <= MAX_TEXT_CELLS:
+        if level >= DetailLevel.LABELS:  # _on_range keeps the visible cells under MAX_TEXT_CELLS here
             cols = v.grid.shape[1]
             n = v.num_cells()
             for r in range(r0, r1):
@@ -223,7 +228,11 @@ class _DetailLayer(pg.GraphicsObject):
                     if level == DetailLevel.SLOTS and not v.cpu:
                         self._paint_slots(p, rect, b)
                     else:
+                        if self._style is None:
+                            self._label_style(p, rect)
                         self._paint_label(p, rect, b)
+                    if b in v.logical_index:
+                        self._paint_selected(p, rect, b)
                     self.painted_cells += 1
         p.restore()
 
@@ -231,57 +240,103 @@ class _DetailLayer(pg.GraphicsObject):
         v = self.view
         return tuple(int(x) for x in v.lut[int(v.codes[b])])
 
-    def _paint_label(self, p, rect: QRectF, b: int) -> None:
-        v, s = self.view, self.view.snapshot
-        colour = self._cell_colour(b)
-        ink = QColor(*text_on(colour))
+    def _paint_selected(self, p, rect: QRectF, b: int) -> None:
+        """The selected request's block: a white outline and its logical index as a badge."""
+        pen = QPen(QColor(255, 255, 255))
+        pen.setWidthF(max(2.0, rect.width() * 0.04))
+        p.save()
+        p.setPen(pen)
+        p.setBrush(Qt.BrushStyle.NoBrush)
+        p.drawRect(rect)
+        badge = f"L{self.view.logical_index[b]}"
+        font = QFont()
+        font.setPixelSize(int(max(8, min(12, rect.height() * 0.15))))
+        font.setBold(True)
+        p.setFont(font)
+        fm = QFontMetrics(font)
+        w, h = fm.horizontalAdvance(badge) + 6, fm.height()
+        box = QRectF(rect.center().x() - w / 2, rect.top() + 1, w, h)
+        p.fillRect(box, QColor(255, 255, 255))
+        p.setPen(QColor(0, 0, 0))
+        p.drawText(box, Qt.AlignmentFlag.AlignCenter, badge)
+        p.restore()
+        self.texts.setdefault(b, []).append(badge)
+
+    def _label_style(self, p, rect: QRectF) -> None:
+        """Font, metrics and per-colour pens for this paint (every cell has the same size): made once."""
         font = QFont()
         font.setPixelSize(int(max(8, min(14, rect.height() * 0.22))))
         p.setFont(font)
-        p.setPen(ink)
-        pad = max(2.0, rect.width() * 0.06)
-        text_rect = rect.adjusted(pad, pad, -pad, -pad)
         fm = QFontMetrics(font)
+        pad = max(2.0, rect.width() * 0.06)
+        v = self.view
+        cpu_owner = {c: r.request_id for r in v.snapshot.requests for c in r.cpu_block_ids} if v.cpu else {}
+        colours = {}
+        for code, c in enumerate(v.lut):
+            c = tuple(int(x) for x in c)
+            colours[code] = (QColor(*c), QColor(*text_on(c)), _mix(c, (255, 255, 255), 0.35),
+                             _mix(c, (0, 0, 0), 0.55), _mix(c, (255, 255, 255), 0.6))
+        width = rect.width() - 2 * pad
+        self._style = {"fm": fm, "pad": pad, "long_ref": width > fm.horizontalAdvance("ref 00"),
+                       "fill_text": width > fm.horizontalAdvance("00/00") * 1.6, "cpu_owner": cpu_owner,
+                       "colours": colours, "ids_fit": fm.horizontalAdvance(f"#{max(v.num_cells() - 1, 0)}") <= width,
+                       "ascent": fm.ascent(), "line": fm.height(), "descent": fm.descent()}
+
+    def _paint_label(self, p, rect: QRectF, b: int) -> None:
+        v, s, st = self.view, self.view.snapshot, self._style
+        fm, pad = st["fm"], st["pad"]
+        fill, ink, dim, bar_bg, bar_fg = st["colours"][int(v.codes[b])]
+        p.fillRect(rect, fill)
+        text_rect = rect.adjusted(pad, pad, -pad, -pad)
+        width = int(text_rect.width())
+        x, y = text_rect.left(), text_rect.top() + st["ascent"]
+
+        def line(i: int, t: str) -> None:
+            if (i and (len(t) > 6 or not st["long_ref"])) or (not i and not st["ids_fit"]):
+                t = fm.elidedText(t, _ELIDE, width)
+            p.drawText(QPointF(x, y + i * st["line"]), t)
+
         if v.cpu:
-            owner = [r.request_id for r in s.requests if b in r.cpu_block_ids]
-            lines = [f"#{b}", f"req {owner[0]}" if owner else "free"]
+            owner = st["cpu_owner"].get(b)
+            lines = [f"#{b}", f"req {owner}" if owner is not None else "free"]
         elif s.state[b] == BlockState.FREE and b not in v.leaked_set:  # empty: just its id, quietly
-            p.setPen(_mix(colour, (255, 255, 255), 0.35))
-            p.drawText(text_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-                       fm.elidedText(f"#{b}", Qt.TextElideMode.ElideRight, int(text_rect.width())))
+            p.setPen(dim)
+            line(0, f"#{b}")
             self.texts[b] = [f"#{b}"]
             return
         else:
             ref = int(s.ref_cnt[b])
-            lines = [f"#{b}", f"ref {ref}" if rect.width() > fm.horizontalAdvance("ref 00") + 2 * pad else str(ref)]
-            if v.leaked_set and b in v.leaked_set:
+            lines = [f"#{b}", f"ref {ref}" if st["long_ref"] else str(ref)]
+            if b in v.leaked_set:
                 lines[1] += " !"
-        p.drawText(text_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-                   "\n".join(fm.elidedText(t, Qt.TextElideMode.ElideRight, int(text_rect.width())) for t in lines))
+        p.setPen(ink)
+        for i, t in enumerate(lines):
+            line(i, t)
         self.texts[b] = lines
         if not v.cpu:  # the fill bar: filled slots / block size
             filled = int(s.filled[b])
             self.bars[b] = filled
-            bar = QRectF(text_rect.left(), text_rect.bottom() - max(3.0, rect.height() * 0.12),
-                         text_rect.width(), max(3.0, rect.height() * 0.12))
-            p.fillRect(bar, _mix(colour, (0, 0, 0), 0.55))
+            h = max(3.0, rect.height() * 0.12)
+            bar = QRectF(text_rect.left(), text_rect.bottom() - h, text_rect.width(), h)
+            p.fillRect(bar, bar_bg)
             if filled:
-                p.fillRect(QRectF(bar.left(), bar.top(), bar.width() * filled / s.block_size, bar.height()),
-                           _mix(colour, (255, 255, 255), 0.6))
-            if bar.width() > fm.horizontalAdvance("00/00") * 1.6:
-                p.drawText(QRectF(text_rect.left(), bar.top() - fm.height(), text_rect.width(), fm.height()),
-                           Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom,
-                           f"{filled}/{s.block_size}")
+                p.fillRect(QRectF(bar.left(), bar.top(), bar.width() * filled / s.block_size, bar.height()), bar_fg)
+            if st["fill_text"]:
+                t = f"{filled}/{s.block_size}"
+                p.drawText(QPointF(text_rect.right() - fm.horizontalAdvance(t), bar.top() - st["descent"] - 1), t)
 
     def _paint_slots(self, p, rect: QRectF, b: int) -> None:
         v, s = self.view, self.view.snapshot
         colour = self._cell_colour(b)
+        p.fillRect(rect, QColor(*colour))
         rows, cols = slot_layout(s.block_size)
         row_h = rect.height() / (rows + 1)
-        font = QFont()
-        font.setPixelSize(int(max(8, min(15, row_h * 0.62))))
-        p.setFont(font)
-        fm = QFontMetrics(font)
+        if self._style is None:  # once per paint: every cell has this size
+            font = QFont()
+            font.setPixelSize(int(max(8, min(15, row_h * 0.62))))
+            p.setFont(font)
+            self._style = QFontMetrics(font)
+        fm = self._style
         p.setPen(QColor(*text_on(colour)))
         ref = int(s.ref_cnt[b])
         if v.leaked_set and b in v.leaked_set:
@@ -411,6 +466,7 @@ class BlockGridView(QWidget):
         self.leaked_set: set[int] = set()
         self.mode = "state"
         self.highlight: list[int] = []
+        self.logical_index: dict[int, int] = {}  # highlighted block -> its index in the highlight (logical block)
         self.grid: np.ndarray | None = None
         self.codes: np.ndarray | None = None
         self.lut: np.ndarray | None = None
@@ -574,8 +630,19 @@ class BlockGridView(QWidget):
     def set_highlight(self, block_ids: list[int]) -> None:
         """Outline these blocks; their order (a block table's logical order) is drawn as a path."""
         self.highlight = list(block_ids)
+        self.logical_index = {}
+        for i, b in enumerate(self.highlight):
+            self.logical_index.setdefault(int(b), i)
         self._key = None
         self.redraw()
+
+    def _highlight_style(self) -> None:
+        """Small cells: a light wash and a path in logical order. Big cells (text): an outline and an
+        "L<i>" badge (the logical index) instead, so nothing is drawn over the tokens."""
+        big = self._level >= DetailLevel.LABELS
+        self.overlay.setVisible(not big)
+        self.path.setVisible(not big)
+        self.image.setVisible(not big)  # the layer fills the few visible cells itself (cheaper than the image)
 
     def _draw_highlight(self) -> None:
         if self.grid is None:
@@ -615,17 +682,20 @@ class BlockGridView(QWidget):
 
         With none in use: the head of the free queue, where the next allocations land.
         """
-        s, cols = self.snapshot, self.grid.shape[1]
+        s = self.snapshot
+        rows, cols = self.grid.shape
         state = s.cpu_state if self.cpu else s.state
-        ids = np.flatnonzero(state != BlockState.FREE)
-        if not len(ids):
-            head = s.free_queue[:16] if not self.cpu else ()
-            ids = np.asarray(head) if len(head) else np.arange(min(16, len(state)))
-        if not len(ids):
-            ids = np.array([0])
-        r, c = ids // cols, ids % cols
-        r0, r1, c0, c1 = int(r.min()), int(r.max()) + 1, int(c.min()), int(c.max()) + 1
-        rows = self.grid.shape[0]
+        mask = np.zeros(rows * cols, bool)
+        mask[:len(state)] = state != BlockState.FREE
+        if not mask.any():
+            head = np.asarray(s.free_queue[:16] if not self.cpu else (), np.int64)
+            mask[head if len(head) else np.arange(min(16, len(state)))] = True
+        if not mask.any():
+            mask[0] = True
+        m = mask.reshape(rows, cols)
+        used_rows, used_cols = np.flatnonzero(m.any(axis=1)), np.flatnonzero(m.any(axis=0))
+        r0, r1 = int(used_rows[0]), int(used_rows[-1]) + 1
+        c0, c1 = int(used_cols[0]), int(used_cols[-1]) + 1
         w, h = max(c1 - c0, min(MIN_FIT_CELLS, cols)), max(r1 - r0, min(MIN_FIT_CELLS, rows))
         # Grow around the blocks, but stay inside the grid where it is big enough.
         x = min(max(0.0, (c0 + c1 - w) / 2), max(0.0, cols - w))
@@ -750,6 +820,9 @@ class BlockGridView(QWidget):
         px = self.pixels_per_cell()
         bs = self.snapshot.block_size if self.snapshot is not None else 16
         level = level_for(px, bs) if not self.cpu else min(level_for(px, bs), DetailLevel.LABELS)
+        r0, r1, c0, c1 = self.visible_cells()
+        if level >= DetailLevel.LABELS and (r1 - r0) * (c1 - c0) > MAX_TEXT_CELLS:
+            level = DetailLevel.BORDERS  # a huge screen: text would cost too much, the image draws instead
         names = {DetailLevel.CELLS: "cells", DetailLevel.BORDERS: "borders", DetailLevel.LABELS: "ids, ref, fill",
                  DetailLevel.SLOTS: "slots + tokens"}
         self.zoom_label.setText(f"{px:.0f} px/block · {names[level]}" if px >= 1 else
@@ -757,6 +830,7 @@ class BlockGridView(QWidget):
         self.overview.set_frame(self.plot.getViewBox().viewRect())
         if level != self._level:
             self._level = level
+            self._highlight_style()
             self.level_changed.emit(int(level))
         self.layer.update()
 
@@ -822,7 +896,7 @@ class BlockGridView(QWidget):
     def clear(self) -> None:
         """Forget the snapshot (a new session): no stale hover text, captions or highlight."""
         self.snapshot, self.leaked, self.leaked_set = None, None, set()
-        self.highlight = []
+        self.highlight, self.logical_index = [], {}
         self.grid = self.codes = None
         self._key = self._shape = None
         self._block_tokens = None

@@ -105,6 +105,7 @@ class InjectDialog(QDialog):
         self._preset_text: str | None = None  # the text the preset put in the box
         self._restore()
         if not has_tokenizer:  # text and chat need a tokenizer: token ids are the only way in
+            self.as_chat.setChecked(False)
             self.as_ids.setChecked(True)
             self.as_ids.setEnabled(False)
             self.preset.setEnabled(False)

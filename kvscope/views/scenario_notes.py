@@ -24,7 +24,7 @@ class ScenarioNotesPanel(QWidget):
         self.now_caption.setStyleSheet("color: #8a93a5")
         self.now = QLabel("")
         self.now.setWordWrap(True)
-        self.now.setStyleSheet("background: #2e3440; padding: 6px; border-left: 3px solid #fb8c00")
+        self.now.setStyleSheet("background: #2e3440; padding: 6px; border-left: 3px solid #d8dee9")
         self.now.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.list = QListWidget()
         self.list.setWordWrap(True)

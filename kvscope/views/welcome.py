@@ -28,11 +28,16 @@ def first_sentence(text: str) -> str:
     return text[:160]
 
 
+ORDER = ["four-score", "parallel-sampling", "shared-system-prompt", "multi-turn-chat", "beam-search",
+         "pool-exhaustion", "leak-hunt"]  # a classroom's order: the paper's figures first
+
+
 def scenario_lines() -> list[tuple[str, str, str]]:
-    """(name, title, one line) of every scenario that loads."""
+    """(name, title, one line) of every scenario that loads, the paper's figures first."""
     from ..scenario import available, load_scenario
     out = []
-    for name in available():
+    names = available()
+    for name in sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
         try:
             sc = load_scenario(name)
         except ValueError:
@@ -109,6 +114,6 @@ class WelcomeView(QWidget):
     @staticmethod
     def _heading(text: str) -> QLabel:
         h = QLabel(text)
-        h.setStyleSheet("font-weight: bold; color: #fb8c00; font-size: 11pt")
+        h.setStyleSheet("font-weight: bold; color: #eceff4; font-size: 11pt")
         return h
 
