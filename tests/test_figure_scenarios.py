@@ -65,10 +65,17 @@ def test_parallel_sampling_follows_its_notes(parallel):
     assert all(r.status.startswith("FINISHED") for r in parallel[10].snapshot.requests)
 
 
-def test_the_figure_view_draws_them(qtbot, four_score, parallel, smollm2):
-    tok = smollm2[1]
+@pytest.fixture
+def figure(qtbot):
+    """Held strongly until qtbot has closed it (tests/test_views.py's ``alive`` says why)."""
     fig = FigureView()
     qtbot.addWidget(fig)
+    yield fig
+
+
+def test_the_figure_view_draws_them(figure, four_score, parallel, smollm2):
+    tok = smollm2[1]
+    fig = figure
     fig.resize(1200, 420)
     fig.show()
     fig.set_decode(tok.decode)

@@ -70,7 +70,20 @@ def busy_snapshot(tiny_hf):
     return run(eng, 4)
 
 
+_ALIVE: list[QWidget] = []  # strong references until the test's teardown (see ``alive``)
+
+
+@pytest.fixture(autouse=True)
+def alive():
+    """pytest-qt holds test widgets weakly and paints them once more after the test: a widget kept only
+    by its (pyqtgraph) reference cycles could then be collected by the GC in the middle of its own
+    paint. The window owns its views; here this list does, until qtbot has closed them."""
+    yield
+    _ALIVE.clear()
+
+
 def show(qtbot, w: QWidget, width: int, height: int) -> QWidget:
+    _ALIVE.append(w)
     qtbot.addWidget(w)
     w.resize(width, height)
     w.show()
@@ -274,6 +287,29 @@ def test_opens_framed_on_the_blocks_in_use_and_keys_zoom_and_pan(qtbot, tiny_hf)
     grid.set_snapshot(snap)
     view = grid.plot.getViewBox().viewRect()
     assert all(view.contains(QPointF(b % cols + 0.5, b // cols + 0.5)) for b in snap.requests[0].block_ids)
+
+
+def test_mouse_wheel_zooms_and_a_click_on_the_overview_jumps(qtbot, tiny_hf):
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+    eng = engine(tiny_hf, num_gpu_blocks=4096)
+    eng.add_request(list(range(1, 30)), GREEDY)
+    snap = run(eng, 1)
+    grid = show(qtbot, BlockGridView("GPU"), 900, 600)
+    grid.set_snapshot(snap)
+    px = grid.pixels_per_cell()
+    vp = grid.plot.viewport()
+    centre = QPointF(vp.width() / 2, vp.height() / 2)
+    ev = QWheelEvent(centre, vp.mapToGlobal(centre), QPoint(0, 0), QPoint(0, -240), Qt.MouseButton.NoButton,
+                     Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(vp, ev)
+    assert grid.pixels_per_cell() < px and not grid.auto_fit  # the user zoomed: stop following
+    ov = grid.overview
+    target = ov.getViewBox().mapViewToScene(QPointF(40, 50))
+    qtbot.mouseClick(ov.viewport(), Qt.MouseButton.LeftButton, pos=ov.mapFromScene(target))
+    c = grid.plot.getViewBox().viewRect().center()
+    assert abs(c.x() - 40) < 1.5 and abs(c.y() - 50) < 1.5
 
 
 def test_overview_keeps_a_single_leaked_block_and_jumps(qtbot):

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPen
 from PySide6.QtWidgets import (
     QApplication,
@@ -155,15 +155,23 @@ def downsample(grid: np.ndarray, factor: int, pad_code: int, reduce: str = "max"
     r2, c2 = math.ceil(rows / factor), math.ceil(cols / factor)
     if reduce == "max":  # shift so that the padding code is the smallest
         work = np.zeros((r2 * factor, c2 * factor), np.uint8)
-        work[:rows, :cols] = grid + np.uint8(1)
+        np.add(grid, 1, out=work[:rows, :cols])
         work[:rows, :cols][grid == pad_code] = 0
-        out = work.reshape(r2, factor, c2, factor).max(axis=(1, 3))
-        out = np.where(out == 0, pad_code, out - 1).astype(np.uint8)
+        op = np.maximum
     else:
         work = np.full((r2 * factor, c2 * factor), pad_code, np.uint8)
         work[:rows, :cols] = grid
-        out = work.reshape(r2, factor, c2, factor).min(axis=(1, 3))
-    return out
+        op = np.minimum
+    # Strided element-wise max/min: ~10x faster than a reshape(...).max(axis=(1, 3)) over small axes.
+    out = work[0::factor].copy()
+    for k in range(1, factor):
+        op(out, work[k::factor], out=out)
+    cols_out = out[:, 0::factor].copy()
+    for k in range(1, factor):
+        op(cols_out, out[:, k::factor], out=cols_out)
+    if reduce == "max":
+        return np.where(cols_out == 0, pad_code, cols_out - 1).astype(np.uint8)
+    return cols_out
 
 
 def _mix(c: tuple[int, int, int], other: tuple[int, int, int], t: float) -> QColor:
@@ -475,6 +483,7 @@ class BlockGridView(QWidget):
         self._key = None
         self._shape: tuple[int, int] | None = None
         self._level = DetailLevel.CELLS
+        self._ui_pending = False
         self._block_tokens: BlockTokens | None = None
         self.decoder = TokenDecoder()
 
@@ -490,6 +499,7 @@ class BlockGridView(QWidget):
         self.fit_button.clicked.connect(self.fit_used)
         self.zoom_label = QLabel("")
         self.zoom_label.setStyleSheet("color: #8a93a5")
+        self.zoom_label.setFixedWidth(150)  # its text changes as the view zooms: never relayout for it
         self.hover_label = QLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -616,14 +626,16 @@ class BlockGridView(QWidget):
         codes, lut = cpu_codes_for(snap, self.mode) if self.cpu else codes_for(snap, self.mode, self.leaked)
         k = len(lut) - 1
         self.codes, self.lut = codes, lut
-        self.grid = to_grid(codes, k)
+        grid = to_grid(codes, k)
+        if self.grid is None or grid.shape != self.grid.shape:
+            self.layer.prepareGeometryChange()  # before the layer's bounding rect changes (the scene's index)
+        self.grid = grid
         self.image.setImage(self.grid, lut=lut, levels=(0, k + 1), autoLevels=False, autoDownsample=False)
         if self.show_overview:
             self.overview.set_grid(self.grid, lut, "min" if self.mode == "age" else "max")
         self.legend.set_snapshot(snap, self.leaked)
         self._draw_highlight()
         self._frame_view()
-        self.layer.prepareGeometryChange()
         self.layer.update()
         self.num_redraws += 1
 
@@ -823,15 +835,30 @@ class BlockGridView(QWidget):
         r0, r1, c0, c1 = self.visible_cells()
         if level >= DetailLevel.LABELS and (r1 - r0) * (c1 - c0) > MAX_TEXT_CELLS:
             level = DetailLevel.BORDERS  # a huge screen: text would cost too much, the image draws instead
+        changed = level != self._level
+        self._level = level
+        # The view box may settle its range while it paints (aspect lock): changing widgets or items
+        # then can free the device being painted, so those updates wait for the paint to end.
+        if self.plot.viewport().paintingActive():
+            if not self._ui_pending:
+                self._ui_pending = True
+                QTimer.singleShot(0, self._apply_range_ui)
+        else:
+            self._apply_range_ui()
+        if changed:
+            self.level_changed.emit(int(level))
+
+    def _apply_range_ui(self) -> None:
+        self._ui_pending = False
+        if self.grid is None:
+            return
+        px, level = self.pixels_per_cell(), self._level
         names = {DetailLevel.CELLS: "cells", DetailLevel.BORDERS: "borders", DetailLevel.LABELS: "ids, ref, fill",
                  DetailLevel.SLOTS: "slots + tokens"}
         self.zoom_label.setText(f"{px:.0f} px/block · {names[level]}" if px >= 1 else
                                 f"{1 / px:.1f} blocks/px · {names[level]}" if px > 0 else "")
         self.overview.set_frame(self.plot.getViewBox().viewRect())
-        if level != self._level:
-            self._level = level
-            self._highlight_style()
-            self.level_changed.emit(int(level))
+        self._highlight_style()
         self.layer.update()
 
     def _on_resized(self, *_) -> None:
@@ -897,6 +924,7 @@ class BlockGridView(QWidget):
         """Forget the snapshot (a new session): no stale hover text, captions or highlight."""
         self.snapshot, self.leaked, self.leaked_set = None, None, set()
         self.highlight, self.logical_index = [], {}
+        self.layer.prepareGeometryChange()
         self.grid = self.codes = None
         self._key = self._shape = None
         self._block_tokens = None
