@@ -75,7 +75,6 @@ MIN_FIT_CELLS = 4  # "fit used blocks" frames at least this many cells a side
 
 
 _ELIDE = Qt.TextElideMode.ElideRight  # enum lookups are slow in PySide: look them up once
-_LEFT_TOP = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop
 
 
 def slot_layout(block_size: int) -> tuple[int, int]:
