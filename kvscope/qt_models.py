@@ -1,6 +1,8 @@
 """Qt item models over snapshots and events (no widgets here)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 
 from engine.inspect.events import Event
@@ -62,10 +64,20 @@ class RequestTableModel(_FlatTableModel):
         return next((i for i, r in enumerate(self.rows) if r.request_id == request_id), -1)
 
 
-def describe(ev: Event) -> str:
+def describe(ev: Event, decode: Callable[[list[int]], str] | None = None) -> str:
+    """One line of an event's fields; with ``decode``, token ids are followed by their text."""
     d = ev.to_dict()
     d.pop("kind")
-    return ", ".join(f"{k}={v[:12] if k == 'block_hash' else v}" for k, v in d.items())
+    parts = []
+    for k, v in d.items():
+        part = f"{k}={v[:12] if k == 'block_hash' else v}"
+        if decode is not None and k == "token_ids" and v:
+            try:
+                part += f" {decode(list(v))!r}"
+            except Exception:  # noqa: BLE001 - a bad id must not break the log
+                pass
+        parts.append(part)
+    return ", ".join(parts)
 
 
 class EventLogModel(_FlatTableModel):
@@ -75,10 +87,19 @@ class EventLogModel(_FlatTableModel):
     KIND_ROLE = Qt.ItemDataRole.UserRole + 1
     EVENT_ROLE = Qt.ItemDataRole.UserRole + 2
 
-    def __init__(self, max_rows: int = 200_000) -> None:
+    def __init__(self, max_rows: int = 200_000, decode: Callable[[list[int]], str] | None = None) -> None:
         super().__init__()
         self.rows: list[tuple[int, Event, str]] = []
         self.max_rows = max_rows
+        self.decode = decode
+
+    def set_decode(self, decode: Callable[[list[int]], str] | None) -> None:
+        """Show token ids' text from now on (rows already there are described again)."""
+        self.decode = decode
+        if self.rows:
+            self.beginResetModel()
+            self.rows = [(step, e, describe(e, decode)) for step, e, _ in self.rows]
+            self.endResetModel()
 
     def append(self, step: int, events: list[Event]) -> None:
         if not events:
@@ -90,7 +111,7 @@ class EventLogModel(_FlatTableModel):
             self.endRemoveRows()
         n = len(self.rows)
         self.beginInsertRows(QModelIndex(), n, n + len(events) - 1)
-        self.rows.extend((step, e, describe(e)) for e in events)
+        self.rows.extend((step, e, describe(e, self.decode)) for e in events)
         self.endInsertRows()
 
     def clear(self) -> None:
@@ -112,12 +133,19 @@ class EventLogModel(_FlatTableModel):
 
 
 class EventFilterProxy(QSortFilterProxyModel):
-    """Filter by a set of kinds (empty: all) and a case-insensitive search over the details."""
+    """Filter by a set of kinds (empty: all), a case-insensitive search over the details, and a
+    last step (``max_step``: the timeline's position; None shows every step)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.kinds: set[str] = set()
         self.text = ""
+        self.max_step: int | None = None
+
+    def set_max_step(self, step: int | None) -> None:
+        if step != self.max_step:
+            self.max_step = step
+            self.invalidateFilter()
 
     def set_kinds(self, kinds: set[str]) -> None:
         self.kinds = set(kinds)
@@ -129,6 +157,8 @@ class EventFilterProxy(QSortFilterProxyModel):
 
     def filterAcceptsRow(self, row, parent) -> bool:  # noqa: N802
         step, ev, text = self.sourceModel().rows[row]
+        if self.max_step is not None and step > self.max_step:
+            return False
         if self.kinds and ev.kind not in self.kinds:
             return False
         return not self.text or self.text in f"{step} {ev.kind} {text}".lower()

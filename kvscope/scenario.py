@@ -2,7 +2,8 @@
 
 Format (JSON), every field but ``requests`` optional::
 
-    {"title": "...", "description": "what to watch",
+    {"title": "...", "description": "one paragraph", "watch": "what to watch, in a few sentences",
+     "notes": [{"at": 1, "text": "what just happened at step 1"}, {"at": 3, "text": "..."}],
      "config": {"block_size": 4, "num_gpu_blocks": 64, "preemption_mode": "swap", "fault": "abort-leak"},
      "steps": 80,
      "requests": [
@@ -11,7 +12,8 @@ Format (JSON), every field but ``requests`` optional::
         {"at": 0, "conversation": {"system": "...", "turns": ["q1", "q2"]}, "max_tokens": 24}
      ]}
 
-``at`` and ``abort_at`` are engine step numbers. A conversation sends each turn as
+``at`` and ``abort_at`` are engine step numbers. A note's ``at`` is the step number the window
+shows (the state after that many steps); a note holds until the next one. A conversation sends each turn as
 the whole chat so far (earlier replies included), when the previous turn finishes.
 No Qt here: the headless mode and the window's worker both drive it.
 """
@@ -50,6 +52,8 @@ class Scenario:
     config: dict
     steps: int | None
     requests: list[dict]
+    watch: str = ""
+    notes: list[tuple[int, str]] = field(default_factory=list)  # (step, text), sorted by step
 
 
 def _int(v: object) -> bool:
@@ -132,7 +136,7 @@ def load_scenario(name_or_file: str) -> Scenario:
     steps = data.get("steps")
     if steps is not None and (not _int(steps) or steps < 1):
         raise ValueError(f"scenario {p}: 'steps' must be an integer >= 1, got {json.dumps(steps)}")
-    for key in ("title", "description"):
+    for key in ("title", "description", "watch"):
         if not isinstance(data.get(key, ""), str):
             raise ValueError(f"scenario {p}: '{key}' must be a string")
     for i, spec in enumerate(data["requests"]):
@@ -141,7 +145,20 @@ def load_scenario(name_or_file: str) -> Scenario:
         except ValueError as e:
             raise ValueError(f"scenario {p}: request {i}: {e}") from None
     return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
-                    data["requests"])
+                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])))
+
+
+def _notes(p: Path, notes) -> list[tuple[int, str]]:
+    if not isinstance(notes, list):
+        raise ValueError(f"scenario {p}: 'notes' must be a list of {{\"at\": step, \"text\": \"...\"}}")
+    out = []
+    for i, n in enumerate(notes):
+        at = n.get("at") if isinstance(n, dict) else None
+        text = n.get("text") if isinstance(n, dict) else None
+        if not (isinstance(at, int) and not isinstance(at, bool) and at >= 0 and isinstance(text, str)):
+            raise ValueError(f"scenario {p}: notes[{i}] needs an integer 'at' >= 0 and a 'text' string, got {n!r}")
+        out.append((at, text))
+    return sorted(out, key=lambda t: t[0])
 
 
 @dataclass

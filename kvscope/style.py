@@ -13,6 +13,13 @@ QToolBar { border: 0; spacing: 6px; }
 QToolButton { padding: 3px 8px; border: 1px solid #3b4252; border-radius: 3px; }
 QToolButton:hover { background: #3b4252; }
 QDockWidget::title { background: #2e3440; padding: 3px; }
+QPushButton { padding: 3px 8px; border: 1px solid #3b4252; border-radius: 3px; background: #2e3440; }
+QPushButton:hover { background: #3b4252; }
+QToolButton:disabled, QPushButton:disabled, QComboBox:disabled, QSpinBox:disabled, QDoubleSpinBox:disabled,
+QLineEdit:disabled, QPlainTextEdit:disabled {
+    color: #5c6370; background: #1a1c21; border-color: #2a2e36; }
+QCheckBox:disabled, QRadioButton:disabled, QLabel:disabled { color: #5c6370; }
+QMenu::item:disabled { color: #5c6370; }
 """
 
 

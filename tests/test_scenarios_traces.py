@@ -52,8 +52,11 @@ def test_scenario_runs_headless_on_smollm2(smollm2, name, tmp_path):
     if name == "multi-turn-chat":
         cached = [r["cached_tokens"] for r in out["requests"]]
         assert len(cached) == 4 and cached == sorted(cached) and cached[-1] > cached[0]
-    if name in ("parallel-sampling", "four-score", "beam-search"):
+    if name in ("parallel-sampling", "beam-search"):
         assert out["cow_copies"] >= 1
+    if name == "four-score":  # the paper's figure 5: two requests' blocks interleave in one pool
+        assert any(s.block_tables.get("0") and s.block_tables.get("1")
+                   and min(s.block_tables["1"]) < max(s.block_tables["0"]) for s in live.values())
     if name == "beam-search":
         assert any(r["status"] == "finished_pruned" for r in out["requests"])
         assert session.current().snapshot.counters["num_free_blocks"] == engine.pool.num_blocks

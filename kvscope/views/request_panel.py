@@ -17,9 +17,8 @@ from PySide6.QtWidgets import (
 
 from engine.inspect.snapshot import KVSnapshot
 
+from .. import palette
 from ..qt_models import RequestTableModel
-
-REF_BRUSH = {1: QColor(52, 168, 83), 2: QColor(251, 192, 45), 3: QColor(251, 140, 0)}
 
 
 class BlockTableView(QTableWidget):
@@ -38,11 +37,11 @@ class BlockTableView(QTableWidget):
         for i, b in enumerate(block_ids):
             ref = int(snap.ref_cnt[b]) if snap is not None else 0
             phys, refc = QTableWidgetItem(str(b)), QTableWidgetItem(str(ref))
-            colour = REF_BRUSH.get(min(ref, 3))
-            if colour is not None:
+            if ref > 0:  # the grid's ref-count colours: green used, oranges shared
+                rgb = palette.ref_colour(ref)
                 for it in (phys, refc):
-                    it.setBackground(QBrush(colour))
-                    it.setForeground(QBrush(QColor(0, 0, 0)))
+                    it.setBackground(QBrush(QColor(*rgb)))
+                    it.setForeground(QBrush(QColor(*palette.text_on(rgb))))
             self.setItem(0, i, phys)
             self.setItem(1, i, refc)
 
