@@ -22,6 +22,12 @@ def has_display() -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from .sources.attach_trace import is_attach_trace
+    if args.attach or (args.replay and is_attach_trace(args.replay)):
+        if args.screenshot:
+            os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        from .kv_events_cli import run_attach
+        return run_attach(args)
     try:
         config = engine_config(args)
     except ValueError as e:

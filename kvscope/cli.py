@@ -5,6 +5,8 @@ import argparse
 
 from engine import EngineConfig
 
+from .kv_events_cli import add_kv_events_args
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU pool for swap preemption")
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
+    add_kv_events_args(p)
     return p
 
 

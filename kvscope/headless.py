@@ -9,6 +9,7 @@ import sys
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.inspect.trace import TraceError
 
+from .kv_events_cli import attach_publisher, open_publisher
 from .scenario import ScenarioRunner, load_scenario
 from .session import ReplaySession, Session, Summary
 
@@ -26,6 +27,8 @@ def one_line(e: BaseException) -> str:
 def build_session(config: EngineConfig, args: argparse.Namespace):
     """The session the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line."""
     if args.replay:
+        if getattr(args, "kv_events_endpoint", None):
+            raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
         return ReplaySession(args.replay)
     runner = None
     if args.scenario:
@@ -33,7 +36,14 @@ def build_session(config: EngineConfig, args: argparse.Namespace):
         config = dataclasses.replace(config, **sc.config)
         config.validate()
         runner = ScenarioRunner(sc)
-    session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
+    pub = open_publisher(args, config.block_size)
+    try:
+        session = Session(LLMEngine(config), runner, args.trace, audit=getattr(args, "audit", False))
+    except BaseException:
+        if pub is not None:
+            pub.close()
+        raise
+    attach_publisher(session, pub)
     return session
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,6 +88,9 @@ class Session:
         self.scenario = scenario
         self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
         self.audit_enabled = audit or bool(engine.config.fault)
+        # Called with every record, on the engine's thread, after the trace (e.g. the KV-event
+        # publisher). An observer with a ``close()`` is closed with the session.
+        self.observers: list[Callable[[StepRecord], None]] = []
         self.trace = None
         if trace_path:
             c = engine.config
@@ -130,7 +134,10 @@ class Session:
         snap = e.snapshot()
         if self.trace is not None:
             self.trace.record(snap, events, audit.bad_blocks if audit else None)
-        return StepRecord(e.step_count, snap, events, out, seconds, audit)
+        rec = StepRecord(e.step_count, snap, events, out, seconds, audit)
+        for observe in self.observers:
+            observe(rec)
+        return rec
 
     def current(self) -> StepRecord:
         """A record of the state now (after a command between steps), with its events."""
@@ -153,6 +160,9 @@ class Session:
         if self.trace is not None:
             self.trace.close()
             self.trace = None
+        for observe in self.observers:
+            getattr(observe, "close", lambda: None)()
+        self.observers = []
 
 
 class ReplaySession:
