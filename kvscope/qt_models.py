@@ -65,7 +65,7 @@ class RequestTableModel(_FlatTableModel):
 def describe(ev: Event) -> str:
     d = ev.to_dict()
     d.pop("kind")
-    return ", ".join(f"{k}={v[:12] if k == 'block_hash' else v}" for k, v in d.items())
+    return ", ".join(f"{k}={v[:12] if k.endswith('_hash') and isinstance(v, str) else v}" for k, v in d.items())
 
 
 class EventLogModel(_FlatTableModel):

@@ -539,8 +539,9 @@ def test_each_data_parallel_rank_is_its_own_forest():
 
 # --- headless and traces ---------------------------------------------------------------------
 
-def kvscope(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def kvscope(*args: str, timeout: int = 300, drop: tuple = ()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["OMP_NUM_THREADS"] = "1"
     return subprocess.run([sys.executable, "-m", "kvscope", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -581,6 +582,25 @@ def test_headless_attach_prints_counts_and_rates_as_json():
     assert out["rates"]["stored_per_s"] > 0 and out["tiers"] == [
         {"dp_rank": 0, "medium": "GPU", "blocks": out["blocks"], "tokens": out["tokens"], "roots": 1}]
     assert "ref counts" in out["cannot_show"]
+
+
+def test_attach_window_screenshot_from_the_command_line(tmp_path):
+    pub = publisher()
+    ticker = _Ticker(pub)
+    ticker.start()
+    png = tmp_path / "attach.png"
+    try:
+        r = kvscope("--attach", connectable(pub.endpoint), "--replay-endpoint", connectable(pub.replay_endpoint),
+                    "--screenshot", str(png), "--steps", "8")
+    finally:
+        ticker.stop.set()
+        ticker.join()
+        pub.close()
+    assert r.returncode == 0, r.stderr
+    assert png.stat().st_size > 10_000
+    no_display = kvscope("--attach", "tcp://127.0.0.1:5557", drop=("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+    assert no_display.returncode == 2 and "no display" in no_display.stderr
+    assert len(no_display.stderr.strip().splitlines()) == 1
 
 
 def test_attach_trace_records_and_replays_exactly(tmp_path):

@@ -30,12 +30,12 @@ def hash_text(h: ExternalHash | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RemoteStored(Event):
+    """(Its tokens stay in the forest, where hovering a block shows them.)"""
     block_hash: str
     parent_hash: str
     dp_rank: int
     medium: str
     num_tokens: int
-    token_ids: tuple[int, ...] = ()
     kind = "stored"
 
 
@@ -159,7 +159,7 @@ class RemoteCacheModel:
                 self.overflow += 1
             else:
                 self._insert(key, parent, tuple(toks), len(toks) or bs, tick)
-                out.append(RemoteStored(hash_text(h), hash_text(parent), rank, medium, len(toks) or bs, tuple(toks)))
+                out.append(RemoteStored(hash_text(h), hash_text(parent), rank, medium, len(toks) or bs))
             parent = h
         return out
 
