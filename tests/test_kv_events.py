@@ -136,6 +136,9 @@ def test_round_trip_attached_forest_equals_the_pool_after_every_step(tiny_engine
     def check() -> None:
         catch_up(src, pub)
         assert src.model.cached(0, "GPU") == pool_hashes(engine, hash_format)
+        snap = engine.snapshot()
+        assert src.model.cached(0, "GPU") == {external_hash(h, hash_format) for h in snap.block_hashes.values()}
+        assert src.model.summary().tokens == sum(len(t) for t in snap.cached_tokens.values())
         for b in engine.pool.cached.values():  # tokens and chain as the pool has them
             node = src.model.nodes[(0, "GPU", external_hash(b.block_hash.hex(), hash_format))]
             assert node.token_ids == b.token_ids
@@ -617,6 +620,9 @@ def test_attach_trace_records_and_replays_exactly(tmp_path):
                 _drop_next_send(pub)  # a gap, repaired by replay, recorded as replayed batches
             if i == 20:
                 pub.publish_payload(b"\xc1")  # a malformed batch, recorded too
+            if i == 25:
+                catch_up(src, pub)
+                pub._next_seq, pub._buffer = 0, type(pub._buffer)(maxlen=10)  # the publisher restarts
             pub.publish_payload(_stored(i, 1000 + i - 1) if i % 7 else
                                 encode_batch([WireRemoved((1000 + i - 3,))], 0.0), 1)
             if i % 4 == 0:
@@ -629,7 +635,8 @@ def test_attach_trace_records_and_replays_exactly(tmp_path):
         src.close()
         pub.close()
     assert live[-1].counters["gaps_repaired"] - base["gaps_repaired"] == 1
-    assert live[-1].counters["malformed_messages"] == 1
+    assert live[-1].counters["malformed_messages"] == 1 and live[-1].counters["publisher_restarts"] == 1
+    assert (0, "GPU", 1024) not in live_nodes and (0, "GPU", 1029) in live_nodes  # cleared at the restart
     header = json.loads(trace.read_text().splitlines()[0])
     assert header["format"] == "kvscope-attach-trace" and header["version"] == 1
     rep = AttachReplay(str(trace))

@@ -7,6 +7,7 @@ one of:
   batch the model applied (or tried to: malformed payloads are recorded too), in the order
   it was applied, byte for byte as it came off the wire;
 - ``{"k": "gap", "tick", "stream", "first", "last", "reason"}``: batches that never arrived;
+- ``{"k": "restart", "tick", "stream", "ranks"}``: the publisher restarted; those ranks were cleared;
 - ``{"k": "tick", "tick", "t", "counters"}``: the end of one poll, with the counters then.
 
 Replaying applies the same payloads in the same order, so the forest, the counters and the
@@ -48,6 +49,9 @@ class AttachTraceWriter:
     def gap(self, tick: int, stream: int, first: int, last: int, reason: str) -> None:
         self._write({"k": "gap", "tick": tick, "stream": stream, "first": first, "last": last, "reason": reason})
 
+    def restart(self, tick: int, stream: int, ranks: list[int]) -> None:
+        self._write({"k": "restart", "tick": tick, "stream": stream, "ranks": sorted(ranks)})
+
     def tick(self, tick: int, t: float, counters: dict) -> None:
         self._write({"k": "tick", "tick": tick, "t": round(t, 6), "counters": counters})
 
@@ -87,11 +91,12 @@ def read_attach_header(path: str | Path) -> dict:
 
 @dataclass
 class TraceTick:
+    """One poll's lines, in order: ("msg", stream, seq, src, payload), ("gap", stream, first, last,
+    reason), ("restart", stream, ranks)."""
     tick: int
     t: float
     counters: dict
-    msgs: list[tuple[int, int, str, bytes]] = field(default_factory=list)  # (stream, seq, src, payload)
-    gaps: list[tuple[int, int, int, str]] = field(default_factory=list)  # (stream, first, last, reason)
+    items: list[tuple] = field(default_factory=list)
 
 
 def read_attach_trace(path: str | Path) -> Iterator[TraceTick]:
@@ -106,10 +111,13 @@ def read_attach_trace(path: str | Path) -> Iterator[TraceTick]:
             rec = json.loads(line)
             kind = rec["k"]
             if kind == "msg":
-                pending.msgs.append((int(rec["stream"]), int(rec["seq"]), str(rec["src"]),
-                                     base64.b64decode(rec["payload"], validate=True)))
+                pending.items.append(("msg", int(rec["stream"]), int(rec["seq"]), str(rec["src"]),
+                                      base64.b64decode(rec["payload"], validate=True)))
             elif kind == "gap":
-                pending.gaps.append((int(rec["stream"]), int(rec["first"]), int(rec["last"]), str(rec["reason"])))
+                pending.items.append(("gap", int(rec["stream"]), int(rec["first"]), int(rec["last"]),
+                                      str(rec["reason"])))
+            elif kind == "restart":
+                pending.items.append(("restart", int(rec["stream"]), [int(r) for r in rec["ranks"]]))
             elif kind == "tick":
                 pending.tick, pending.t, pending.counters = int(rec["tick"]), float(rec["t"]), dict(rec["counters"])
                 yield pending

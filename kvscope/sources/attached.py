@@ -156,6 +156,14 @@ class _Applier:
         if self.trace is not None:
             self.trace.gap(self.tick, stream, first, last, reason)
 
+    def restart(self, stream: int, ranks: set[int]) -> None:
+        """The stream's publisher restarted: its ranks' caches restarted empty."""
+        self.counters["publisher_restarts"] += 1
+        for r in ranks:
+            self.model.clear(r)
+        if self.trace is not None:
+            self.trace.restart(self.tick, stream, list(ranks))
+
     def finish_tick(self, t: float) -> AttachRecord:
         c = self.counters
         self._rates.append((t, c["blocks_stored"], c["blocks_removed"]))
@@ -288,9 +296,7 @@ class AttachedSource:
             return
         if s.live_high is not None and seq <= s.live_high:
             # A live stream never goes back: the publisher restarted, and so did its cache.
-            c["publisher_restarts"] += 1
-            for r in s.ranks or {s.index}:
-                self.model.clear(r)
+            self._applier.restart(s.index, s.ranks or {s.index})
             s.last_seq = None
         s.live_high = seq
         if s.last_seq is not None and seq <= s.last_seq:
@@ -415,10 +421,15 @@ class AttachReplay:
         self._next = next(self._ticks, None)
         a = self._applier
         a.tick = tick.tick
-        for stream, seq, src, payload in tick.msgs:
-            a.apply(stream, seq, payload, src, stream)
-        for stream, first, last, reason in tick.gaps:
-            a.gaps.append(Gap(stream, first, last, reason))
+        for item in tick.items:
+            if item[0] == "msg":
+                _, stream, seq, src, payload = item
+                a.apply(stream, seq, payload, src, stream)
+            elif item[0] == "gap":
+                a.gaps.append(Gap(*item[1:]))
+            else:
+                for r in item[2]:
+                    a.model.clear(r)
         rec = a.finish_tick(tick.t)
         a.counters.update({k: v for k, v in tick.counters.items() if k in a.counters})
         counters = {**rec.counters, **tick.counters}
