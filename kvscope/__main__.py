@@ -44,6 +44,8 @@ def check_files(args) -> None:
     """The files the arguments name, read (and refused with one line) before anything starts."""
     if getattr(args, "serve", False) and args.replay:
         raise ValueError("--serve needs a live engine: a --replay cannot serve requests")
+    if getattr(args, "kv_events_endpoint", None) and args.replay:
+        raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
     if args.replay:
         from engine.inspect.trace import read_header
         read_header(args.replay)
@@ -57,6 +59,12 @@ def check_files(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a bad flag exits 2 with one line
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from .sources.attach_trace import is_attach_trace
+    if args.attach or (args.replay and is_attach_trace(args.replay)):
+        if args.screenshot:
+            os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        from .kv_events_cli import run_attach
+        return run_attach(args)
     try:
         config = engine_config(args)
         check_files(args)

@@ -14,6 +14,7 @@ import sys
 from engine import EngineConfig
 from engine.config import check_value, config_fields, field_type
 
+from .kv_events_cli import add_kv_events_args
 from .serve.options import add_serve_args
 
 ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
@@ -80,6 +81,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._Argume
     return groups
 
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="kvscope",
@@ -108,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
     add_serve_args(p)
+    add_kv_events_args(p)
     return p
 
 

@@ -70,7 +70,7 @@ def describe(ev: Event, decode: Callable[[list[int]], str] | None = None) -> str
     d.pop("kind")
     parts = []
     for k, v in d.items():
-        part = f"{k}={v[:12] if k == 'block_hash' else v}"
+        part = f"{k}={v[:12] if k.endswith('_hash') and isinstance(v, str) else v}"
         if decode is not None and k == "token_ids" and v:
             try:
                 part += f" {decode(list(v))!r}"

@@ -20,6 +20,7 @@ SHAPES = {
     "inspector_cost": ("rows", {"mode", "steps_s", "ms_per_step", "vs_bare"}),
     "scheduler_overhead": ("rows", {"running", "prefix_caching", "us_per_step", "us_per_request"}),
     "kv_quant": ("rows", {"kv_cache_dtype", "blocks", "tokens", "x_fp32", "x_16bit", "tok_s"}),
+    "kv_events": ("rows", {"what", "value", "unit", "vs_bare"}),
 }
 
 

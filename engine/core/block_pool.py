@@ -118,14 +118,19 @@ class BlockPool:
                 self.free_queue.append(b)
 
     def cache_block(self, b: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...],
-                    request_id: str) -> None:
-        """Publish a full block under its chained hash (first writer wins)."""
+                    request_id: str, parent_hash: BlockHash | None = None) -> None:
+        """Publish a full block under its chained hash (first writer wins).
+
+        ``parent_hash`` is the hash ``block_hash`` was chained from (None for a first block);
+        only the event carries it, for consumers that rebuild the prefix tree.
+        """
         if not self.enable_caching or b.block_hash is not None or block_hash in self.cached:
             return
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
         self.tentative.append((b, block_hash))
-        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id, token_ids))
+        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id, token_ids,
+                                       parent_hash.hex() if parent_hash is not None else None))
 
     def commit_step(self) -> None:
         """The step that wrote the tentative blocks' last slots succeeded: they stay published."""

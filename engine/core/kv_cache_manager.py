@@ -190,7 +190,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks[req.request_id]
         for i in range(start, end):
             self.pool.cache_block(blocks[i], hashes[i], tuple(req.token_slice(i * bs, (i + 1) * bs)),
-                                  req.request_id)
+                                  req.request_id, hashes[i - 1] if i else None)
         self.num_cached_blocks[req.request_id] = end
 
     def free(self, req: Request) -> None:

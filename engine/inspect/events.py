@@ -53,11 +53,17 @@ class BlockFreed(Event):
 
 @dataclass(frozen=True, slots=True)
 class BlockStored(Event):
-    """A full block's hash entered the prefix cache."""
+    """A full block's hash entered the prefix cache.
+
+    ``parent_hash`` is the hash of the previous block in the request's chain (the hash this
+    one was chained from), ``None`` for a request's first block; traces older than the field
+    read it as ``None``. It is what vLLM's ``BlockStored.parent_block_hash`` carries.
+    """
     block_id: int
     block_hash: str  # hex
     request_id: str
     token_ids: tuple[int, ...] = ()
+    parent_hash: str | None = None  # hex
     kind = "stored"
 
 

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine import EngineConfig
 
 from ..scenario import ScenarioRunner, load_scenario
 from ..serve.options import ServeOptions
+
+if TYPE_CHECKING:
+    from engine.inspect.kv_events import KVEventsConfig
 from .live import LiveSource
 from .replay import ReplaySource
 
@@ -21,11 +25,14 @@ class SourceSpec:
     trace: str | None = None
     audit: bool = False
     serve: ServeOptions | None = None  # an HTTP server beside the engine, wherever the engine runs
+    kv_events: KVEventsConfig | None = None  # publish the engine's KV events (vLLM's wire format)
 
     @classmethod
     def from_args(cls, config: EngineConfig, args) -> SourceSpec:
+        from ..kv_events_cli import kv_events_config
         return cls(config, getattr(args, "scenario", None), getattr(args, "replay", None),
-                   getattr(args, "trace", None), bool(getattr(args, "audit", False)))
+                   getattr(args, "trace", None), bool(getattr(args, "audit", False)),
+                   kv_events=kv_events_config(args))
 
     def with_scenario(self, name: str | None) -> SourceSpec:
         """The spec for a scenario picked from the menu ("" or None: the plain model)."""
@@ -42,6 +49,8 @@ def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | Re
     ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
     """
     if spec.replay:
+        if spec.kv_events is not None:
+            raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
         return ReplaySource(spec.replay)
     config, runner = spec.config, None
     if spec.scenario:
@@ -50,7 +59,20 @@ def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | Re
         config.validate()
         runner = ScenarioRunner(sc)
     from engine import LLMEngine  # torch and transformers: only where an engine is built
-    engine = LLMEngine(config)
-    if runner is not None:
-        runner.check(engine)  # a request the engine would refuse stops the run here, with one line
-    return LiveSource(engine, runner, spec.trace, audit=spec.audit, hooks=hooks)
+    publisher = None
+    if spec.kv_events is not None:  # bound before the model loads: a busy port fails at once
+        from engine.inspect.kv_events import KVEventPublisher
+        publisher = KVEventPublisher(spec.kv_events, config.block_size)
+    try:
+        engine = LLMEngine(config)
+        if runner is not None:
+            runner.check(engine)  # a request the engine would refuse stops the run here, with one line
+        source = LiveSource(engine, runner, spec.trace, audit=spec.audit, hooks=hooks)
+    except BaseException:
+        if publisher is not None:
+            publisher.close()
+        raise
+    if publisher is not None:
+        from ..kv_events_cli import KVEventsObserver
+        source.observers.append(KVEventsObserver(publisher))
+    return source

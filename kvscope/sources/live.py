@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from engine.inspect.trace import TraceWriter
@@ -37,6 +38,9 @@ class LiveSource:
         self.scenario = scenario
         self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
         self.audit_enabled = audit or bool(engine.config.fault)
+        # Called with every record, on the engine's thread, after the trace (e.g. the KV-event
+        # publisher). An observer with a ``close()`` is closed with the source.
+        self.observers: list[Callable[[StepRecord], None]] = []
         self.trace = None
         if trace_path:
             c = engine.config
@@ -82,7 +86,10 @@ class LiveSource:
         snap = e.snapshot()
         if self.trace is not None:
             self.trace.record(snap, events, audit.bad_blocks if audit else None)
-        return StepRecord(e.step_count, snap, events, out, seconds, audit)
+        rec = StepRecord(e.step_count, snap, events, out, seconds, audit)
+        for observe in self.observers:
+            observe(rec)
+        return rec
 
     def current(self) -> StepRecord:
         """A record of the state now (after a command between steps), with its events."""
@@ -112,3 +119,6 @@ class LiveSource:
         if self.trace is not None:
             self.trace.close()
             self.trace = None
+        for observe in self.observers:
+            getattr(observe, "close", lambda: None)()
+        self.observers = []

@@ -1,0 +1,439 @@
+"""Attach to a running engine's KV events (vLLM, SGLang, or a publishing kvscope); no Qt.
+
+``AttachedSource`` subscribes to one ZeroMQ PUB endpoint per data-parallel rank, checks each
+stream's sequence numbers, repairs gaps through the replay socket when there is one, and
+applies every batch to a ``RemoteCacheModel`` (the prefix forest). ``poll()`` returns one
+``AttachRecord`` per tick for a timeline, a trace recorder or ``--headless --json``.
+``AttachReplay`` plays an attach trace back through the same code.
+
+Bad input never stops it: a message that is not three frames, a payload that is not msgpack,
+an event of an unknown kind or with fields of the wrong type is counted and skipped. Memory
+stays bounded under a flood: ZeroMQ's receive queue holds at most ``rcvhwm`` messages (past
+it the publisher drops, which shows up as gaps), one poll handles at most
+``max_messages_per_poll`` messages, messages above ``max_message_bytes`` are refused, a record
+carries at most ``max_log_events`` events, and the forest holds at most ``max_nodes`` blocks
+(further stores are counted as overflow).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import zmq
+
+from engine.inspect.events import Event
+from engine.inspect.kv_events import MalformedBatch, decode_batch, offset_endpoint
+
+from .attach_trace import AttachTraceWriter, read_attach_header, read_attach_trace
+from .remote_cache import ForestSummary, RemoteCacheModel, RemoteEvicted, RemoteStored
+
+CANNOT_SHOW = ("Attached to an engine's KV events. They name cached blocks by hash (stores, evictions, "
+               "resets); they carry no block ids, block tables, ref counts, owners or free list, so those "
+               "views are not shown.")
+
+COUNTERS = ("batches", "batches_live", "batches_replayed", "events", "blocks_stored", "blocks_removed",
+            "caches_cleared", "malformed_messages", "oversized_messages", "unknown_event_kinds", "bad_events",
+            "gaps_detected", "gaps_repaired", "gaps_unrepaired", "batches_missing", "replay_requests",
+            "replay_timeouts", "duplicates", "publisher_restarts", "log_events_dropped")
+
+
+@dataclass
+class AttachConfig:
+    endpoint: str  # the PUB address of rank 0, e.g. tcp://10.0.0.5:5557
+    replay_endpoint: str | None = None  # rank 0's replay ROUTER, e.g. tcp://10.0.0.5:5558
+    topic: str = ""  # subscription prefix ("" = every topic)
+    dp_size: int = 1  # ranks publish on port + rank, as vLLM and SGLang do
+    block_size: int | None = None  # expected block size: events of another size are counted
+    max_nodes: int = 200_000
+    max_messages_per_poll: int = 2_000
+    rcvhwm: int = 10_000
+    max_message_bytes: int = 64 << 20
+    replay_timeout: float = 1.0  # seconds to wait for a replay's end marker
+    max_log_events: int = 2_000
+    rate_window: float = 10.0  # seconds of history behind the store / evict rates
+
+    def validate(self) -> None:
+        for ep in (self.endpoint, self.replay_endpoint):
+            if ep is not None and "://" not in ep:
+                raise ValueError(f"{ep!r} is not a ZeroMQ address (like tcp://127.0.0.1:5557)")
+        if self.dp_size < 1:
+            raise ValueError("--dp-size must be >= 1")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError("--block-size must be >= 1")
+        if min(self.max_nodes, self.max_messages_per_poll, self.rcvhwm, self.max_log_events) < 1:
+            raise ValueError("attach limits must be >= 1")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Batches ``first..last`` (inclusive) of a stream that never reached the model."""
+    stream: int
+    first: int
+    last: int
+    reason: str
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    def as_dict(self) -> dict:
+        return {"stream": self.stream, "first": self.first, "last": self.last, "batches": self.size,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class AttachRecord:
+    """One poll: what arrived, the forest's summary after it, and the counters so far."""
+    tick: int
+    t: float  # seconds since the source started
+    events: tuple[Event, ...]  # RemoteStored / RemoteEvicted / RemoteCleared, for the event log
+    summary: ForestSummary
+    counters: dict[str, int]
+    rates: dict[str, float]  # blocks stored / removed per second over the rate window
+    gaps: tuple[Gap, ...]  # unrepaired gaps so far (the latest 100)
+    batches: int  # batches applied in this poll
+
+    @property
+    def step(self) -> int:  # what timelines index by
+        return self.tick
+
+
+class _Applier:
+    """The part live attach and trace replay share: payload -> model, counters, rates."""
+
+    def __init__(self, config: AttachConfig, trace: AttachTraceWriter | None) -> None:
+        self.config = config
+        self.model = RemoteCacheModel(max_nodes=config.max_nodes)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.gaps: deque[Gap] = deque(maxlen=100)
+        self.trace = trace
+        self.tick = 0
+        self._events: list[Event] = []
+        self._batches = 0
+        self._rates: deque[tuple[float, int, int]] = deque(maxlen=100_000)
+        self.block_size_mismatches = 0
+
+    def apply(self, stream: int, seq: int, payload: bytes, src: str, rank: int) -> int | None:
+        """Apply one batch; returns the data-parallel rank it was for (None if it was malformed)."""
+        c = self.counters
+        if self.trace is not None:
+            self.trace.msg(self.tick, stream, seq, src, payload)
+        c["batches"] += 1
+        c["batches_live" if src == "live" else "batches_replayed"] += 1
+        self._batches += 1
+        try:
+            batch = decode_batch(payload)
+        except MalformedBatch:
+            c["malformed_messages"] += 1
+            return None
+        c["unknown_event_kinds"] += batch.unknown_tags
+        c["bad_events"] += batch.bad_events
+        c["events"] += len(batch.events)
+        rank = batch.data_parallel_rank if batch.data_parallel_rank is not None else rank
+        expected = self.config.block_size
+        for ev in batch.events:
+            if expected is not None and getattr(ev, "block_size", expected) != expected:
+                self.block_size_mismatches += 1
+            for out in self.model.apply(ev, rank, self.tick):
+                if isinstance(out, RemoteStored):
+                    c["blocks_stored"] += 1
+                elif isinstance(out, RemoteEvicted):
+                    c["blocks_removed"] += out.known
+                else:
+                    c["caches_cleared"] += 1
+                if len(self._events) < self.config.max_log_events:
+                    self._events.append(out)
+                else:
+                    c["log_events_dropped"] += 1
+        return rank
+
+    def gap(self, stream: int, first: int, last: int, reason: str) -> None:
+        g = Gap(stream, first, last, reason)
+        self.gaps.append(g)
+        self.counters["gaps_unrepaired"] += 1
+        self.counters["batches_missing"] += g.size
+        if self.trace is not None:
+            self.trace.gap(self.tick, stream, first, last, reason)
+
+    def restart(self, stream: int, ranks: set[int]) -> None:
+        """The stream's publisher restarted: its ranks' caches restarted empty."""
+        self.counters["publisher_restarts"] += 1
+        for r in ranks:
+            self.model.clear(r)
+        if self.trace is not None:
+            self.trace.restart(self.tick, stream, list(ranks))
+
+    def finish_tick(self, t: float) -> AttachRecord:
+        c = self.counters
+        self._rates.append((t, c["blocks_stored"], c["blocks_removed"]))
+        while len(self._rates) > 1 and self._rates[0][0] < t - self.config.rate_window:
+            self._rates.popleft()
+        t0, s0, r0 = self._rates[0]
+        span = t - t0
+        rates = {"stored_per_s": (c["blocks_stored"] - s0) / span if span > 0 else 0.0,
+                 "removed_per_s": (c["blocks_removed"] - r0) / span if span > 0 else 0.0}
+        counters = dict(c)
+        counters.update(overflow=self.model.overflow, unknown_removals=self.model.unknown_removals,
+                        token_mismatches=self.model.token_mismatches,
+                        block_size_mismatches=self.block_size_mismatches)
+        if self.trace is not None:
+            self.trace.tick(self.tick, t, counters)
+        rec = AttachRecord(self.tick, t, tuple(self._events), self.model.summary(), counters, rates,
+                           tuple(self.gaps), self._batches)
+        self.tick += 1
+        self._events, self._batches = [], 0
+        return rec
+
+
+@dataclass
+class _Stream:
+    """One publisher (one data-parallel rank): its sockets and where its sequence stands."""
+    index: int
+    endpoint: str
+    replay_endpoint: str | None
+    sub: zmq.Socket
+    dealer: zmq.Socket | None = None
+    last_seq: int | None = None  # the last batch applied (live or replayed)
+    live_high: int | None = None  # the highest sequence number seen live
+    ranks: set[int] = field(default_factory=set)
+
+
+class AttachedSource:
+    """Subscribe, keep sequences whole, and model the remote cache. Not thread-safe: one thread polls."""
+
+    read_only = True
+
+    def __init__(self, config: AttachConfig, trace_path: str | None = None) -> None:
+        config.validate()
+        self.config = config
+        self._ctx = zmq.Context()
+        self.streams: list[_Stream] = []
+        self.endpoints = [offset_endpoint(config.endpoint, r) for r in range(config.dp_size)]
+        self.replay_endpoints = [offset_endpoint(config.replay_endpoint, r) for r in range(config.dp_size)]
+        trace = None
+        if trace_path:
+            trace = AttachTraceWriter(trace_path, {
+                "endpoints": self.endpoints, "replay_endpoints": self.replay_endpoints,
+                "topic": config.topic, "block_size": config.block_size, "started": time.time()})
+        self._applier = _Applier(config, trace)
+        self._t0 = time.monotonic()
+        try:
+            for r in range(config.dp_size):
+                self.streams.append(self._open_stream(r))
+        except (zmq.ZMQError, ValueError) as e:
+            self.close()
+            raise ValueError(f"cannot attach to {config.endpoint}: {e}") from None
+        self._poller = zmq.Poller()
+        for s in self.streams:
+            self._poller.register(s.sub, zmq.POLLIN)
+
+    # -- sockets ---------------------------------------------------------------------------
+    def _open_stream(self, rank: int) -> _Stream:
+        c = self.config
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, c.rcvhwm)
+        sub.setsockopt(zmq.MAXMSGSIZE, c.max_message_bytes)
+        sub.setsockopt(zmq.SUBSCRIBE, c.topic.encode())
+        endpoint = offset_endpoint(c.endpoint, rank)
+        sub.connect(endpoint)
+        s = _Stream(rank, endpoint, offset_endpoint(c.replay_endpoint, rank), sub)
+        if s.replay_endpoint:
+            s.dealer = self._open_dealer(s.replay_endpoint)
+        return s
+
+    def _open_dealer(self, endpoint: str) -> zmq.Socket:
+        d = self._ctx.socket(zmq.DEALER)  # a DEALER, not a REQ: a replay answers with many messages
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
+        d.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        d.connect(endpoint)
+        return d
+
+    @property
+    def model(self) -> RemoteCacheModel:
+        return self._applier.model
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self._applier.counters
+
+    def describe(self) -> dict:
+        c = self.config
+        return {"model_name": f"attached to {c.endpoint}", "device": "KV events", "endpoints": self.endpoints,
+                "replay_endpoints": self.replay_endpoints, "topic": c.topic, "block_size": c.block_size,
+                "cannot_show": CANNOT_SHOW}
+
+    # -- polling ---------------------------------------------------------------------------
+    def poll(self, timeout: float = 0.1) -> AttachRecord:
+        """Wait up to ``timeout`` s for the first message, take what is queued (up to the cap), return a record."""
+        handled = 0
+        wait_ms = int(timeout * 1000)
+        while handled < self.config.max_messages_per_poll:
+            ready = dict(self._poller.poll(wait_ms))
+            wait_ms = 0
+            if not ready:
+                break
+            for s in self.streams:
+                if s.sub in ready and handled < self.config.max_messages_per_poll:
+                    try:
+                        frames = s.sub.recv_multipart(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue
+                    handled += 1
+                    self._on_live(s, frames)
+        return self._applier.finish_tick(time.monotonic() - self._t0)
+
+    def _on_live(self, s: _Stream, frames: list[bytes]) -> None:
+        c = self.counters
+        if len(frames) != 3 or len(frames[1]) != 8:
+            c["malformed_messages"] += 1
+            return
+        seq, payload = int.from_bytes(frames[1], "big"), frames[2]
+        if len(payload) > self.config.max_message_bytes:
+            c["oversized_messages"] += 1
+            return
+        if s.live_high is not None and seq <= s.live_high:
+            # A live stream never goes back: the publisher restarted, and so did its cache.
+            self._applier.restart(s.index, s.ranks or {s.index})
+            s.last_seq = None
+        s.live_high = seq
+        if s.last_seq is not None and seq <= s.last_seq:
+            c["duplicates"] += 1  # a replay already brought it
+            return
+        expected = 0 if s.last_seq is None else s.last_seq + 1
+        if seq > expected:
+            c["gaps_detected"] += 1
+            self._repair(s, expected, seq - 1)
+            if s.last_seq is not None and seq <= s.last_seq:
+                c["duplicates"] += 1
+                return
+        self._apply(s, seq, payload, "live")
+
+    def _apply(self, s: _Stream, seq: int, payload: bytes, src: str) -> None:
+        rank = self._applier.apply(s.index, seq, payload, src, s.index)
+        if rank is not None:
+            s.ranks.add(rank)
+        s.last_seq = seq
+
+    def _repair(self, s: _Stream, first: int, last: int) -> None:
+        """Ask the replay socket for ``first..last``; what does not come back is an unrepaired gap.
+
+        Only the missing range is applied from the replay; later batches come live as usual.
+        """
+        a = self._applier
+        if s.dealer is None:
+            a.gap(s.index, first, last, "joined late, no replay endpoint" if s.last_seq is None
+                  else "no replay endpoint")
+            return
+        a.counters["replay_requests"] += 1
+        s.dealer.send_multipart((b"", first.to_bytes(8, "big")))
+        deadline = time.monotonic() + self.config.replay_timeout
+        ended = timed_out = lost = False
+        while s.last_seq is None or s.last_seq < last:
+            left = deadline - time.monotonic()
+            if left <= 0 or not s.dealer.poll(int(left * 1000) + 1):
+                timed_out = True
+                break
+            frames = s.dealer.recv_multipart()
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            if len(body) == 3:
+                body = body[1:]  # vLLM >= #45177 sends the topic too
+            if len(body) != 2 or len(body[0]) != 8:
+                a.counters["malformed_messages"] += 1
+                continue
+            rseq = int.from_bytes(body[0], "big", signed=True)
+            if rseq == -1 or not body[1]:
+                ended = True
+                break
+            if s.last_seq is not None and rseq <= s.last_seq:
+                continue
+            if rseq > last:
+                break  # the buffer is in order: nothing more of the range will come
+            nxt = 0 if s.last_seq is None else s.last_seq + 1
+            if rseq > nxt:
+                a.gap(s.index, nxt, rseq - 1, "no longer in the publisher's replay buffer")
+                lost = True
+            if len(body[1]) > self.config.max_message_bytes:
+                a.counters["oversized_messages"] += 1
+                s.last_seq = rseq
+                continue
+            self._apply(s, rseq, body[1], "replay")
+        if timed_out:
+            a.counters["replay_timeouts"] += 1
+        if not ended:
+            # The rest of this answer must not be read as the answer to the next request.
+            s.dealer.close(linger=0)
+            s.dealer = self._open_dealer(s.replay_endpoint)
+        got = s.last_seq if s.last_seq is not None else first - 1
+        if got < last:
+            a.gap(s.index, max(got + 1, first), last,
+                  "replay timed out" if timed_out else "no longer in the publisher's replay buffer")
+            s.last_seq = last
+        elif not lost:
+            a.counters["gaps_repaired"] += 1
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.sub.close(linger=0)
+            if s.dealer is not None:
+                s.dealer.close(linger=0)
+        self.streams = []
+        if self._applier.trace is not None:
+            self._applier.trace.close()
+        if not self._ctx.closed:
+            self._ctx.term()
+
+
+class AttachReplay:
+    """Plays an attach trace back: the same payloads through the same model; counters as recorded."""
+
+    read_only = True
+
+    def __init__(self, path: str) -> None:
+        self.header = read_attach_header(path)
+        self.path = path
+        bs = self.header.get("block_size")
+        self.config = AttachConfig(endpoint=(self.header.get("endpoints") or ["replay://"])[0],
+                                   topic=str(self.header.get("topic", "")),
+                                   block_size=bs if isinstance(bs, int) and bs > 0 else None)
+        self._applier = _Applier(self.config, None)
+        self._ticks = read_attach_trace(path)
+        self._next = next(self._ticks, None)
+
+    @property
+    def model(self) -> RemoteCacheModel:
+        return self._applier.model
+
+    def describe(self) -> dict:
+        return {"model_name": f"replay of an attach to {self.config.endpoint}", "device": "attach trace",
+                "endpoints": self.header.get("endpoints", []), "topic": self.config.topic,
+                "block_size": self.config.block_size, "cannot_show": CANNOT_SHOW}
+
+    def has_work(self) -> bool:
+        return self._next is not None
+
+    def poll(self, timeout: float = 0.0) -> AttachRecord:
+        if self._next is None:
+            raise ValueError("the attach trace has ended")
+        tick = self._next
+        self._next = next(self._ticks, None)
+        a = self._applier
+        a.tick = tick.tick
+        for item in tick.items:
+            if item[0] == "msg":
+                _, stream, seq, src, payload = item
+                a.apply(stream, seq, payload, src, stream)
+            elif item[0] == "gap":
+                a.gaps.append(Gap(*item[1:]))
+            else:
+                for r in item[2]:
+                    a.model.clear(r)
+        rec = a.finish_tick(tick.t)
+        a.counters.update({k: v for k, v in tick.counters.items() if k in a.counters})
+        counters = {**rec.counters, **tick.counters}
+        return AttachRecord(rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches)
+
+    def close(self) -> None:
+        pass
