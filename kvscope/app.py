@@ -6,9 +6,10 @@ import dataclasses
 import json
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QTimer, Slot
+from PySide6.QtCore import QObject, QSettings, QTimer, Slot
 from PySide6.QtWidgets import QApplication
 
 from engine import EngineConfig, SamplingParams
@@ -167,10 +168,16 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
         backend = ThreadBackend(spec.factory, server.bridge if server else None)
     else:
         backend = ProcessBackend(dataclasses.replace(spec, serve=serve))
-    win = MainWindow(backend)
-    if args.screenshot:
-        win.resize(1600, 1000)
-    prompts = args.inject or (_demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
+    # A screenshot shows the default layout, never the user's saved one (nor does it change it).
+    settings = QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat) \
+        if args.screenshot else None
+    win = MainWindow(backend, settings)
+    if args.window_size or args.screenshot:
+        win.resize(*(args.window_size or (1600, 1000)))
+    prompts = args.inject + args.inject_ids or (
+        _demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
+    if args.audit:
+        win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens,
                            count_replay_steps(args.replay) if args.replay else None)
     # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.

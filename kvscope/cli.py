@@ -38,6 +38,28 @@ def positive_int(text: str) -> int:
     return v
 
 
+def window_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is WIDTHxHEIGHT, e.g. 1280x720, got {text!r}") from None
+    if w < 320 or h < 240:
+        raise argparse.ArgumentTypeError(f"a window of {w}x{h} is too small (at least 320x240)")
+    return w, h
+
+
+def token_ids(text: str) -> list[int]:
+    """``--inject-ids 1,5,9`` (commas or spaces)."""
+    parts = text.replace(",", " ").split()
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token ids must be integers separated by commas, got {text!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be a non-empty list of integers >= 0, got {text!r}")
+    return ids
+
+
 def _typed(f: dataclasses.Field, tp: type):
     """An argparse type that parses and checks one field's value against its metadata."""
     def parse(text: str):
@@ -98,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: until done")
     a.add_argument("--inject", action="append", default=[], metavar="TEXT",
                    help="inject a request with this prompt at start (repeatable)")
+    a.add_argument("--inject-ids", action="append", default=[], metavar="IDS", type=token_ids,
+                   help="inject a request whose prompt is these token ids, e.g. 1,5,9 (repeatable; for a model "
+                        "without a tokenizer)")
     a.add_argument("--max-tokens", type=positive_int, default=48, help="max tokens of --inject requests")
     a.add_argument("--scenario", default=None, metavar="NAME_OR_FILE",
                    help="run a scenario from resources/scenarios (its settings override the engine options)")
@@ -105,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--replay", default=None, metavar="FILE",
                    help="play a recorded trace back (no model, no GPU)")
     a.add_argument("--audit", action="store_true", help="audit ref counts after every step")
+    a.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
+                   help="the window's size, e.g. 1280x720 (default: as last time; --screenshot: 1600x1000)")
     a.add_argument("--engine-thread", action="store_true",
                    help="run the engine on a thread of the window's process instead of its own process")
     a.add_argument("--screenshot", metavar="FILE", default=None,

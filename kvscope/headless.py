@@ -43,7 +43,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 1)
     summary = Summary()
     if not session.info.read_only:
-        prompts = args.inject or ([] if args.scenario else ["Four score and seven years ago our"])
+        prompts = args.inject + args.inject_ids or ([] if args.scenario else ["Four score and seven years ago our"])
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         try:
             for p in prompts:

@@ -1,4 +1,6 @@
-"""The main window: only wiring. Views live in ``views/``, the engine on the worker thread."""
+"""The main window: only wiring. Views live in ``views/``, the engine behind a backend (its own
+process, or a thread), the view state (selection, timeline position, redraw pacing) in ``state``.
+"""
 from __future__ import annotations
 
 import time
@@ -17,6 +19,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSlider,
     QSpinBox,
+    QStackedLayout,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -26,15 +29,22 @@ from .history import RunHistory
 from .scenario import available, load_scenario
 from .sources import protocol as cmd
 from .sources.base import InjectSpec, SourceInfo
-from .state import ViewState
+from .state import ViewState, status_text
+from .views.banner import Banner
 from .views.block_grid import BlockGridView
 from .views.event_log import EventLogView
+from .views.figure_view import FigureView
 from .views.inject_dialog import InjectDialog
 from .views.plots import PlotsPanel
 from .views.request_panel import RequestPanel
+from .views.scenario_notes import ScenarioNotesPanel
+from .views.welcome import WelcomeView
 from .worker import EngineBackend, StepResult, ThreadBackend
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
+MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
+LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
+
 
 
 class MainWindow(QMainWindow):
@@ -71,55 +81,79 @@ class MainWindow(QMainWindow):
     def _build_views(self) -> None:
         self.grid = BlockGridView("GPU block pool")
         self.cpu_grid = BlockGridView("CPU swap pool", cpu=True)
-        self.cpu_grid.setMaximumHeight(220)
+        self.cpu_grid.setMaximumHeight(200)
         self.cpu_grid.hide()
         self.grid.mode_box.currentTextChanged.connect(self.cpu_grid.set_mode)
         self.requests = RequestPanel()
         self.plots = PlotsPanel()
         self.events = EventLogView()
-        self.banner = QLabel()
-        self.banner.setWordWrap(True)
-        self.banner.setStyleSheet("background:#b71c1c;color:white;padding:4px;font-weight:bold")
-        self.banner.hide()
+        self.figure = FigureView()
+        self.notes = ScenarioNotesPanel()
+        self.welcome = WelcomeView()
+        self.welcome.scenario_chosen.connect(self.load_scenario)
+        self.welcome.inject_requested.connect(self.open_inject)
+        self.banner = Banner()
         self.timeline = QSlider(Qt.Orientation.Horizontal)
         self.timeline.setRange(0, 0)
         self.timeline.valueChanged.connect(self._on_timeline)
         self.timeline_label = QLabel("live")
+        self.timeline_label.setMinimumWidth(70)
         self.live_button = QPushButton("Live")
+        self.live_button.setToolTip("follow the run again")
         self.live_button.clicked.connect(self.follow_live)
         tl = QHBoxLayout()
         tl.addWidget(QLabel("timeline"))
         tl.addWidget(self.timeline, 1)
         tl.addWidget(self.timeline_label)
         tl.addWidget(self.live_button)
+        pool = QWidget()
+        pl = QVBoxLayout(pool)
+        pl.setContentsMargins(0, 0, 0, 0)
+        pl.addWidget(self.grid, 1)
+        pl.addWidget(self.cpu_grid)
+        # The first screen lies over the (empty) pool until the first request, step or scenario.
+        area = QWidget()
+        self.pages = QStackedLayout(area)
+        self.pages.setStackingMode(QStackedLayout.StackingMode.StackAll)
+        self.pages.addWidget(pool)
+        self.pages.addWidget(self.welcome)
         centre = QWidget()
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(4, 4, 4, 4)
         cl.addWidget(self.banner)
-        cl.addWidget(self.grid, 1)
-        cl.addWidget(self.cpu_grid)
+        cl.addWidget(area, 1)
         cl.addLayout(tl)
         self.setCentralWidget(centre)
+        self.docks: dict[str, QDockWidget] = {}
         for title, widget, area, name in (
+                ("Scenario", self.notes, Qt.DockWidgetArea.RightDockWidgetArea, "scenario"),
                 ("Requests", self.requests, Qt.DockWidgetArea.RightDockWidgetArea, "requests"),
-                ("Plots", self.plots, Qt.DockWidgetArea.RightDockWidgetArea, "plots"),
-                ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events")):
+                ("Paper figure: the selected requests", self.figure, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "figure"),
+                ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events"),
+                ("Plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea, "plots")):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
             dock.setWidget(widget)
             self.addDockWidget(area, dock)
-        # The right-hand docks span the full height; the event log sits under the grid.
+            self.docks[name] = dock
+        # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
+        self.tabifyDockWidget(self.docks["figure"], self.docks["events"])
+        self.tabifyDockWidget(self.docks["events"], self.docks["plots"])
+        self.docks["figure"].raise_()
         self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
         self.grid.block_clicked.connect(self.on_block_clicked)
         self.requests.request_selected.connect(self.on_request_selected)
         self.events.event_activated.connect(self.on_event_activated)
+        self.setMinimumSize(*MIN_SIZE)
         self.resize(1500, 950)
+        self.show_welcome(True)
 
-    def _action(self, bar: QToolBar, text: str, slot, shortcut: str | None = None) -> QAction:
+    def _action(self, bar: QToolBar, text: str, slot, shortcut: str | None = None, tip: str = "") -> QAction:
         act = QAction(text, self)
         if shortcut:
             act.setShortcut(QKeySequence(shortcut))
-            act.setToolTip(f"{text} ({shortcut})")
+        act.setToolTip(f"{tip or text}" + (f" ({shortcut})" if shortcut else ""))
         act.triggered.connect(slot)
         bar.addAction(act)
         return act
@@ -128,24 +162,30 @@ class MainWindow(QMainWindow):
         bar = QToolBar("controls")
         bar.setObjectName("controls")
         self.addToolBar(bar)
-        self.act_step = self._action(bar, "Step", self.step, "F10")
+        self.act_step = self._action(bar, "Step", self.step, "F10", "run the scheduler one step")
         self.step_n = QSpinBox()
         self.step_n.setRange(1, 100_000)
         self.step_n.setValue(10)
-        self.act_step_n = self._action(bar, "Step N", lambda: self.step(self.step_n.value()))
+        self.act_step_n = self._action(bar, "Step N", lambda: self.step(self.step_n.value()),
+                                       tip="run the scheduler N steps")
         bar.addWidget(self.step_n)
-        self.act_run = self._action(bar, "Run", self.toggle_run, "F5")
+        self.act_run = self._action(bar, "Run", self.toggle_run, "F5", "step continuously / pause")
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))
+        self.speed.setToolTip("how fast Run steps")
         self.speed.currentTextChanged.connect(lambda t: self.worker.send(cmd.SetInterval(SPEEDS[t])))
         bar.addWidget(self.speed)
         bar.addSeparator()
-        self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I")
-        self.act_abort = self._action(bar, "Abort selected", self.abort_selected, "Del")
-        self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F")
-        self.act_reset = self._action(bar, "Reset prefix cache", lambda: self.worker.send(cmd.ResetPrefixCache()))
+        self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I", "add a request")
+        self.act_abort = self._action(bar, "Abort", self.abort_selected, "Del", "abort the selected requests")
+        self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F",
+                                     "fork the selected running request: the copy shares its blocks (CoW)")
+        self.act_reset = self._action(bar, "Reset cache", lambda: self.worker.send(cmd.ResetPrefixCache()),
+                                      tip="drop every cached hash (refused while blocks are in use)")
         bar.addSeparator()
-        self.audit_box = QCheckBox("Audit every step")
+        self.audit_box = QCheckBox("Audit")
+        self.audit_box.setToolTip("after every step, recompute every ref count from the block tables: "
+                                  "wrong ones turn red and a banner names them")
         self.audit_box.toggled.connect(lambda on: self.worker.send(cmd.SetAudit(on)))
         bar.addWidget(self.audit_box)
         self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
@@ -168,6 +208,13 @@ class MainWindow(QMainWindow):
         act = QAction("Plain model (no scenario)", self)
         act.triggered.connect(lambda _checked=False: self.load_scenario(""))
         menu.addAction(act)
+        view = self.menuBar().addMenu("&View")
+        act = QAction("Welcome: what to do first", self)
+        act.triggered.connect(lambda: self.show_welcome(True))
+        view.addAction(act)
+        view.addSeparator()
+        for dock in self.docks.values():
+            view.addAction(dock.toggleViewAction())
         engine_menu = self.menuBar().addMenu("&Engine")
         self.act_restart = QAction("Restart the engine process", self)
         self.act_restart.setEnabled(False)
@@ -179,6 +226,7 @@ class MainWindow(QMainWindow):
     def _build_status(self) -> None:
         sb = self.statusBar()
         self.status_label = QLabel("starting…")
+        self.status_label.setMinimumWidth(100)
         self.busy = QProgressBar()
         self.busy.setRange(0, 0)  # indeterminate while the model loads
         self.busy.setMaximumWidth(160)
@@ -199,17 +247,21 @@ class MainWindow(QMainWindow):
 
     # -- commands -------------------------------------------------------------------
     def step(self, n: int = 1) -> None:
+        self.show_welcome(False)
         self.worker.send(cmd.Step(int(n)))
 
     def toggle_run(self) -> None:
+        self.show_welcome(False)
         self.worker.send(cmd.Pause() if self.running else cmd.Run())
 
     def inject(self, specs: list[InjectSpec]) -> None:
+        self.show_welcome(False)
         for s in specs:
             self.worker.send(cmd.Inject(s))
 
     def open_inject(self) -> None:
-        dlg = InjectDialog(self, self.settings)
+        info = self.info
+        dlg = InjectDialog(self, self.settings, has_tokenizer=bool(info and info.has_tokenizer))
         if dlg.exec():
             try:
                 self.inject(dlg.specs())
@@ -217,11 +269,12 @@ class MainWindow(QMainWindow):
                 self.on_error(str(e))
 
     def load_scenario(self, name: str) -> None:
-        """Rebuild the engine with the scenario's settings (on the worker) and start over."""
+        """Rebuild the engine with the scenario's settings (in the engine's process) and start over."""
         self.info = None
         self.busy.show()
         for a in self.controls:
             a.setEnabled(False)
+        self.show_welcome(not name)
         self.worker.send(cmd.Load(name))
 
     def fork_selected(self) -> None:
@@ -231,30 +284,54 @@ class MainWindow(QMainWindow):
             self.on_error("select a running request to fork")
 
     def abort_selected(self) -> None:
-        rows = self.requests.table.selectionModel().selectedRows()
-        for idx in rows:
-            self.worker.send(cmd.Abort(self.requests.model.rows[idx.row()].request_id))
+        for rid in self.requests.selected_ids():
+            self.worker.send(cmd.Abort(rid))
 
-    # -- worker signals -----------------------------------------------------------------
+    def show_welcome(self, on: bool) -> None:
+        self.welcome.setVisible(on)
+        if on:
+            self.pages.setCurrentWidget(self.welcome)
+
+    # -- engine signals -----------------------------------------------------------------
     @Slot(object)
     def on_loaded(self, info: SourceInfo) -> None:
         self.info = info
-        self.grid.token_text = self.worker.decode if self.worker.vocab else None
+        decode = self.worker.decode if self.worker.vocab else None
+        # Nothing of the previous session may show: not its blocks, hover text or figure.
+        self.grid.clear()
+        self.cpu_grid.clear()
+        self.figure.set_requests([])
+        self.figure.set_snapshot(None)
+        for view in (self.grid, self.cpu_grid, self.figure):
+            view.set_decode(decode)
+        self.events.set_decode(decode)
         self.busy.hide()
-        self.history = RunHistory(decode=self.grid.token_text)
+        self.history = RunHistory(decode=decode)
         self.latest = None
         self.events.model.clear()
+        self.events.set_max_step(None)
+        self.plots.set_cursor(None)
         self.state.reset()
-        self.banner.hide()
+        self.banner.clear()
+        self.requests.select([])
         for a in self.controls:
             a.setEnabled(not (info.read_only and a in self.write_controls))
+        self.audit_box.setEnabled(not info.read_only)
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
         self.cpu_grid.title.setText(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
         self.setWindowTitle(title)
-        self.grid.title.setText(f"{info.model_name} · {info.num_blocks} blocks × {info.block_size} tokens "
-                                f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}"
-                                + ("" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"))
+        kv = "" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"
+        tok = "" if info.has_tokenizer or info.read_only else " · no tokenizer: prompts are token ids"
+        self.grid.title.setText(f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
+                                f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}{kv}{tok}")
+        if info.scenario or info.watch or info.notes:
+            self.notes.set_scenario(info.watch, list(info.notes), info.scenario or "")
+            self.show_welcome(False)
+        else:
+            self.notes.clear()
+        if info.read_only:
+            self.show_welcome(False)
 
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
@@ -271,13 +348,16 @@ class MainWindow(QMainWindow):
         self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.events.append(result.step, result.events)
+        if result.snapshot.requests and self.welcome.isVisible():
+            self.show_welcome(False)
+        if result.record.error is None and self.banner.isVisible() and self.banner.kind == "error":
+            self.banner.clear()  # the next action succeeded: the old error no longer applies
         self._dirty = True
 
     @Slot(str)
     def on_error(self, message: str) -> None:
         self.errors.append(message)
-        self.banner.setText(f"⚠ {message}")
-        self.banner.show()
+        self.banner.show_message(message, "error")
         self.statusBar().showMessage(message, 10_000)
 
     @Slot(str)
@@ -288,8 +368,9 @@ class MainWindow(QMainWindow):
         for a in self.controls:
             a.setEnabled(False)
         self.act_restart.setEnabled(True)
-        self.on_error(f"{message}. The last state and the trace so far are kept; "
-                      "Engine ▸ Restart starts a new engine process.")
+        self.banner.show_message(f"{message}. The last state and the trace so far are kept; "
+                                 "Engine ▸ Restart starts a new engine process.", "error")
+        self.errors.append(message)
 
     def restart_engine(self) -> None:
         try:
@@ -308,7 +389,7 @@ class MainWindow(QMainWindow):
     # -- drawing --------------------------------------------------------------------
     @Slot()
     def flush(self) -> None:
-        """Apply the newest snapshot to every view (called at ~30 Hz, and by tests)."""
+        """Apply the newest record to every view (called at ~30 Hz, and by tests)."""
         if not self._dirty or self.latest is None:
             return
         self._dirty = False
@@ -325,58 +406,54 @@ class MainWindow(QMainWindow):
                 + (f" ({h.dropped_steps} older steps dropped)" if h.dropped_steps else "")
                 + f"; history {h.nbytes / 2**20:.0f} of {h.budget_bytes / 2**20:.0f} MiB")
         if self.state.live:
-            self._show(self.latest.snapshot, self.latest.audit)
+            self._show(self.latest.snapshot, self.latest.audit, self.latest.events)
         self.plots.update_from(self.history, self.latest.memory)
-        self._update_status()
 
     def _pace_redraws(self) -> None:
         interval = self.state.pacer.after_redraw(time.perf_counter(), time.thread_time())
         if interval != self._redraw_timer.interval():
             self._redraw_timer.setInterval(interval)
 
-    def _show(self, snap, audit=None) -> None:
+    def _show(self, snap, audit=None, events=()) -> None:
+        """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
         self.grid.set_snapshot(snap, leaked)
         if self.cpu_grid.isVisible():
             self.cpu_grid.set_snapshot(snap)
         if leaked is not None:
             worst = "; ".join(str(p) for p in audit.problems[:3])
-            self.banner.setText(f"⚠ audit: {len(leaked)} block(s) with wrong ref counts (red in the grid). {worst}")
-            self.banner.show()
+            self.banner.show_message(f"audit: {len(leaked)} block(s) with wrong ref counts (red in the grid). "
+                                     f"{worst}", "audit")
+        elif self.banner.kind == "audit":
+            self.banner.clear()
         self.requests.set_snapshot(snap)
+        self.figure.set_snapshot(snap)
+        self.figure.set_events(list(events))
         if self.requests.selected_id:
             self.grid.set_highlight(list(self.requests.selected_block_ids()))
-
-    def _update_status(self) -> None:
-        r = self.latest
-        if r is None:
-            return
-        c = r.snapshot.counters
-        q = c["prefix_cache_queries"]
-        hit = f"{100 * c['prefix_cache_hits'] / q:.0f}%" if q else "–"
-        cap = ""
-        if self.info:
-            i = self.info
-            kv = "" if i.kv_cache_dtype == "auto" else f" {i.kv_cache_dtype}"
-            cap = (f" · KV{kv} {i.block_bytes / 1024:.1f} KiB/block, capacity {i.num_blocks * i.block_size:,} tokens")
-        self.status_label.setText(
-            f"step {r.step} · free {c['num_free_blocks']}/{c['num_blocks']} blocks · usage "
-            f"{100 * c['kv_cache_usage_perc']:.1f}% · cached {c['num_cached_blocks']} · hit rate {hit} · "
-            f"running {c['num_requests_running']} waiting {c['num_requests_waiting']} · "
-            f"preemptions {c['num_preemptions']}{cap}")
+        self.notes.set_step(snap.step)
+        self.status_label.setText(status_text(snap, self.info, self.state.live))
 
     def _on_timeline(self, pos: int) -> None:
         steps = self.history.steps
         if not steps:
             return
         live = self.state.timeline_moved(steps, pos) is None
-        snap = self.history.latest if live else self.history.at(steps[pos])
-        self.timeline_label.setText("live" if live else f"step {steps[pos]}")
+        step = steps[min(pos, len(steps) - 1)]
+        snap = self.history.latest if live else self.history.at(step)
+        self.timeline_label.setText("live" if live else f"step {step}")
+        self.events.set_max_step(None if live else step)
+        self.plots.set_cursor(None if live else step)
         if snap is not None:
-            self._show(snap, self.latest.audit if live and self.latest else None)
+            latest = self.latest
+            self._show(snap, latest.audit if live and latest else None,
+                       latest.events if live and latest else self.history.events_at(step))
 
     def follow_live(self) -> None:
         self.state.follow_live()
+        self.timeline_label.setText("live")
+        self.events.set_max_step(None)
+        self.plots.set_cursor(None)
         self._dirty = True
         self.flush()
 
@@ -388,7 +465,9 @@ class MainWindow(QMainWindow):
         self.grid.set_highlight([block_id])
 
     def on_request_selected(self, request_id: str) -> None:
+        self.state.selected_request = request_id
         self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
+        self.figure.set_requests(self.requests.selected_ids())
 
     def on_event_activated(self, ev) -> None:
         bid = getattr(ev, "block_id", None)
@@ -399,12 +478,27 @@ class MainWindow(QMainWindow):
             self.requests.select([rid])
 
     # -- persistence and shutdown -------------------------------------------------------------
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if not self._layout_restored:
+            self._layout_restored = True
+            QTimer.singleShot(0, self.default_layout)
+
+    def default_layout(self) -> None:
+        """The grid gets most of the window; the figure, event log and plots share a band below it."""
+        w, h = self.width(), self.height()
+        self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["scenario"], self.docks["requests"]], [int(h * 0.4), int(h * 0.6)],
+                         Qt.Orientation.Vertical)
+
     def _restore_settings(self) -> None:
         s = self.settings
+        self._layout_restored = False  # until a saved layout is restored, showEvent lays the docks out
         if s.value("geometry") is not None:
             self.restoreGeometry(s.value("geometry"))
-        if s.value("state") is not None:
-            self.restoreState(s.value("state"))
+        if s.value("state") is not None and str(s.value("layout_version")) == str(LAYOUT_VERSION):
+            self._layout_restored = self.restoreState(s.value("state"))
         for key, box in (("colour_mode", self.grid.mode_box), ("speed", self.speed)):
             v = s.value(key)
             if v is not None and box.findText(str(v)) >= 0:
@@ -417,6 +511,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         s.setValue("geometry", self.saveGeometry())
         s.setValue("state", self.saveState())
+        s.setValue("layout_version", LAYOUT_VERSION)
         s.setValue("colour_mode", self.grid.mode)
         s.setValue("speed", self.speed.currentText())
         s.setValue("step_n", self.step_n.value())

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from engine.inspect.snapshot import BlockState
+
 REDRAW_MS = 33  # coalesce: at most ~30 redraws per second, however fast the engine steps
 MAX_REDRAW_MS = 250
 REDRAW_DUTY = 0.25  # the GUI thread's share of the time at most
@@ -69,3 +73,24 @@ class ViewState:
     def reset(self) -> None:
         self.view_step = None
         self.selected_request = ""
+
+
+def status_text(snap, info=None, live: bool = True) -> str:
+    """The status bar at one step. "cached" means what it means in the legend and the plots:
+    free blocks that still hold a hash (reusable by a prefix hit until evicted)."""
+    c = snap.counters
+    q = c.get("prefix_cache_queries", 0)
+    hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
+    cached = int(np.count_nonzero(snap.state == BlockState.CACHED))
+    text = (f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/"
+            f"{c.get('num_blocks', snap.num_blocks):,} blocks ({cached:,} cached) · usage "
+            f"{100 * c.get('kv_cache_usage_perc', 0):.1f}% · prefix hit rate {hit} · running "
+            f"{c.get('num_requests_running', 0)} waiting {c.get('num_requests_waiting', 0)}")
+    if c.get("num_requests_swapped"):
+        text += f" swapped {c['num_requests_swapped']}"
+    text += f" · preemptions {c.get('num_preemptions', 0)}"
+    if info is not None and info.block_bytes:
+        kv = "" if info.kv_cache_dtype == "auto" else f" {info.kv_cache_dtype}"
+        text += (f" · KV{kv} {info.block_bytes / 1024:.1f} KiB/block, "
+                 f"capacity {info.num_blocks * info.block_size:,} tokens")
+    return text

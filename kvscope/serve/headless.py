@@ -53,7 +53,7 @@ def serve_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     try:
-        for p in args.inject:
+        for p in args.inject + getattr(args, "inject_ids", []):
             session.inject(p, params)
         loop.run()
     except ValueError as e:

@@ -98,6 +98,11 @@ class RequestPanel(QWidget):
         self._show_block_table()
         self.request_selected.emit(self.selected_id)
 
+    def selected_ids(self) -> list[str]:
+        """Every selected request, in table order."""
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        return [self.model.rows[r].request_id for r in rows if r < len(self.model.rows)]
+
     def selected_block_ids(self) -> tuple[int, ...]:
         info = self.snapshot.request(self.selected_id) if self.snapshot and self.selected_id else None
         return info.block_ids if info else ()

@@ -1,0 +1,122 @@
+"""The window explains what it shows (issue 14): first screen, fit on 1280x720, the timeline moves every view,
+banners close and clear, nothing of a previous session shows, a model without a tokenizer takes token ids."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from engine import LLMEngine, SamplingParams
+from kvscope.__main__ import main
+from kvscope.main_window import MainWindow
+from kvscope.sources.base import InjectSpec
+from kvscope.sources.live import LiveSource
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def window(qtbot, tiny_hf, tmp_path):
+    wins = []
+
+    def make(**kw):
+        kw.setdefault("num_gpu_blocks", 32)
+        kw.setdefault("block_size", 4)
+        settings = QSettings(str(tmp_path / f"k{len(wins)}.ini"), QSettings.Format.IniFormat)
+        win = MainWindow(lambda _s: LiveSource(LLMEngine.from_hf_model(tiny_hf, None, name="tiny", **kw)), settings)
+        qtbot.addWidget(win)
+        wins.append(win)
+        win.show()
+        win.start()
+        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=20_000)
+        return win
+
+    yield make
+    for w in wins:
+        w.shutdown()
+
+
+def run(qtbot, win, prompts, steps):
+    before = len(win.latest.snapshot.requests)
+    win.inject([InjectSpec(p, GREEDY) for p in prompts])
+    qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == before + len(prompts), timeout=10_000)
+    target = win.latest.step + steps
+    win.step(steps)
+    qtbot.waitUntil(lambda: win.latest.step >= target, timeout=20_000)
+    win.flush()
+
+
+def test_the_first_screen_says_what_to_do_and_leaves_with_the_first_request(qtbot, window):
+    win = window()
+    assert win.welcome.isVisible()
+    assert {"four-score", "parallel-sampling", "leak-hunt"} <= set(win.welcome.buttons)
+    run(qtbot, win, [[1, 2, 3, 4, 5]], 2)
+    assert not win.welcome.isVisible() and win.grid.isVisible()
+
+
+def test_the_window_fits_a_1280x720_screen_with_every_panel_reachable(qtbot, window):
+    win = window()
+    hint = win.minimumSizeHint()
+    assert hint.width() <= 1280 and hint.height() <= 720, hint
+    win.resize(1280, 720)
+    qtbot.wait(50)
+    assert win.width() <= 1280 and win.height() <= 720
+    for name, dock in win.docks.items():
+        assert dock.toggleViewAction().isEnabled(), name  # each panel can be shown from the View menu
+    visible = [d for d in win.docks.values() if d.isVisible() and not win.tabifiedDockWidgets(d)]
+    assert all(d.width() > 100 and d.height() > 80 for d in visible)
+
+
+def test_the_timeline_moves_every_view(qtbot, window):
+    win = window()
+    run(qtbot, win, [list(range(10, 30)), list(range(10, 24))], 6)
+    steps = win.history.steps
+    pos = 2
+    win.timeline.setValue(pos)
+    step = steps[pos]
+    then = win.history.at(step)
+    assert win.grid.snapshot.step == step and win.requests.snapshot.step == step
+    assert win.figure.snapshot.step == step
+    assert f"looking back: step {step}" in win.status_label.text()
+    assert all(s <= step for s in (win.events.proxy.index(r, 0).data() for r in range(win.events.proxy.rowCount())))
+    assert win.plots.cursor_step == step
+    assert [r.request_id for r in win.requests.model.rows] == [r.request_id for r in then.requests]
+    win.follow_live()
+    assert win.grid.snapshot is win.latest.snapshot and win.plots.cursor_step is None
+    assert "looking back" not in win.status_label.text()
+
+
+def test_an_error_banner_can_be_closed_and_clears_when_the_next_action_succeeds(qtbot, window):
+    win = window()
+    win.fork_selected()  # nothing selected: refused with a message
+    assert win.banner.isVisible() and "fork" in win.banner.text()
+    win.banner.close_button.click()
+    assert not win.banner.isVisible()
+    win.fork_selected()
+    assert win.banner.isVisible()
+    run(qtbot, win, [[3, 4, 5]], 1)
+    assert not win.banner.isVisible()
+
+
+def test_nothing_of_the_previous_session_shows_after_a_load(qtbot, window):
+    win = window()
+    run(qtbot, win, [list(range(10, 30))], 2)
+    win.requests.select(["0"])
+    assert win.grid.highlight and win.figure.request_ids == ["0"]
+    win.load_scenario("")
+    qtbot.waitUntil(lambda: win.info is not None and win.latest is not None and not win.latest.snapshot.requests,
+                    timeout=20_000)
+    win.flush()
+    assert not win.grid.highlight and win.figure.request_ids == [] and win.grid.hover_label.text().strip() == ""
+    assert win.requests.model.rows == []
+
+
+def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, capsys, tiny_dir):
+    win = window()
+    assert not win.info.has_tokenizer and "no tokenizer" in win.grid.title.text()
+    assert main(["--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "16", "--block-size", "4",
+                 "--inject-ids", "1,5,9", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert '"prompt_tokens": 3' in out and '"output_tokens": 3' in out
+    with pytest.raises(SystemExit) as bad:  # argparse refuses it: one line, exit 2
+        main(["--headless", "--model", tiny_dir, "--inject-ids", "1,x"])
+    assert bad.value.code == 2 and "token ids must be integers" in capsys.readouterr().err
