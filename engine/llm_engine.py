@@ -30,7 +30,7 @@ from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
 from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
 from .runner.model_runner import DeviceCopyError, ModelRunner
-from .runner.models.loader import ModelSource, load_hf_model, load_tokenizer, resolve_model
+from .runner.models.loader import LoadedWeights, ModelSource, Progress, load_hf_model, load_tokenizer, resolve_model
 
 logger = logging.getLogger("engine")
 
@@ -41,16 +41,30 @@ def _one_line(e: BaseException) -> str:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
+    def __init__(self, config: EngineConfig | None = None, weights: LoadedWeights | None = None,
+                 progress: Progress | None = None, **kwargs) -> None:
+        """``weights``: an earlier engine's (``engine.weights``), reused when they are the same model,
+        dtype, device and tokenizer: a new pool and scheduler over weights already in memory.
+        ``progress(text, fraction)`` hears what the load is doing."""
         config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
         config.validate()
+        report = progress or (lambda _text, _fraction=None: None)
         device = resolve_device(config.device)
         source = resolve_model(config.model)
         t0 = time.perf_counter()
-        hf_model, tokenizer = load_hf_model(source, config.dtype, device, tokenizer=config.tokenizer)
-        self._setup(config, device, source, hf_model, tokenizer, consume=True)
-        del hf_model  # its fused projections were consumed; the rest lives on in the runner
+        key = (source.identity, config.dtype, str(device), config.tokenizer)
+        if weights is not None and weights.key == key:
+            report(f"reusing the weights of {source.name} already in memory", 0.6)
+            self._setup(config, device, source, None, weights.tokenizer, model=weights.model, report=report)
+        else:
+            hf_model, tokenizer = load_hf_model(source, config.dtype, device, tokenizer=config.tokenizer,
+                                                progress=report)
+            report("building the model (fusing q/k/v and gate/up)", 0.7)
+            self._setup(config, device, source, hf_model, tokenizer, consume=True, report=report)
+            del hf_model  # its fused projections were consumed; the rest lives on in the runner
+        self.weights = LoadedWeights(key, self.runner.model, self.tokenizer)
         self.load_seconds = time.perf_counter() - t0
+        report("ready", 1.0)
 
     @classmethod
     def from_hf_model(cls, hf_model, tokenizer=None, config: EngineConfig | None = None,
@@ -68,19 +82,23 @@ class LLMEngine:
         self = cls.__new__(cls)
         device = next(hf_model.parameters()).device
         self._setup(config, device, ModelSource(name, None, name), hf_model, tokenizer)
+        self.weights = None  # a caller's model: its weights are the caller's to reuse
         self.load_seconds = 0.0
         return self
 
     def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
-               consume: bool = False) -> None:
+               consume: bool = False, model=None, report: Progress | None = None) -> None:
+        """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``."""
         self.config = config
         self.device = device
         self.source = source
         self.tokenizer = tokenizer
-        hf_config = hf_model.config
+        hf_config = model.config if model is not None else hf_model.config
         ctx = getattr(hf_config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(ctx, config.max_model_len or ctx)
-        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume)
+        if report is not None:
+            report("sizing and building the KV pool", 0.85)
+        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume, model=model)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
         if tokenizer is not None and len(tokenizer) > self.vocab_size:

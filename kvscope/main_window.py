@@ -240,6 +240,7 @@ class MainWindow(QMainWindow):
         backend.loaded.connect(self.on_loaded)
         backend.load_failed.connect(self.on_load_failed)
         backend.progress.connect(self.on_progress)
+        backend.progress_fraction.connect(self.on_progress_fraction)
         backend.stepped.connect(self.on_stepped)
         backend.error.connect(self.on_error)
         backend.running_changed.connect(self.on_running_changed)
@@ -342,6 +343,15 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def on_progress(self, text: str) -> None:
         self.status_label.setText(text)
+
+    @Slot(object)
+    def on_progress_fraction(self, fraction) -> None:
+        if fraction is None:
+            self.busy.setRange(0, 0)  # indeterminate
+        else:
+            self.busy.setRange(0, 100)
+            self.busy.setValue(int(100 * fraction))
+        self.busy.show()
 
     @Slot(object)
     def on_stepped(self, result: StepResult) -> None:

@@ -38,6 +38,7 @@ class EngineBackend(QObject):
     loaded = Signal(object)  # SourceInfo
     load_failed = Signal(str)
     progress = Signal(str)
+    progress_fraction = Signal(object)  # a float in [0, 1], or None: indeterminate
     stepped = Signal(object)  # protocol.Stepped
     error = Signal(str)
     running_changed = Signal(bool)
@@ -60,8 +61,9 @@ class EngineBackend(QObject):
             case p.LoadFailed(message, bad_input):
                 self.load_failed_on_bad_input = bad_input
                 self.load_failed.emit(message)
-            case p.Progress(text, _):
+            case p.Progress(text, fraction):
                 self.progress.emit(text)
+                self.progress_fraction.emit(fraction)
             case p.Stepped():
                 self.stepped.emit(res)
             case p.Error(message):

@@ -33,10 +33,10 @@ def dtype_size(dtype: torch.dtype) -> int:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int,
-                 consume: bool = False) -> None:
+                 consume: bool = False, model: LlamaForCausalLM | None = None) -> None:
         self.config = config
         self.device = device
-        self.model = LlamaForCausalLM(hf_model, consume)
+        self.model = model if model is not None else LlamaForCausalLM(hf_model, consume)
         self.dtype = self.model.embed_tokens.weight.dtype
         self.vocab_size = self.model.lm_head.weight.shape[0]
         self.max_model_len = max_model_len

@@ -38,12 +38,15 @@ class SourceSpec:
         """The spec for a scenario picked from the menu ("" or None: the plain model)."""
         return dataclasses.replace(self, scenario=name or None, replay=None)
 
-    def factory(self, scenario: str | None) -> LiveSource | ReplaySource:
+    def factory(self, scenario: str | None, progress=None) -> LiveSource | ReplaySource:
         """A ``SourceFactory``: the command line's source (``None``) or a scenario picked from the menu."""
-        return build_source(self if scenario is None else self.with_scenario(scenario))
+        return build_source(self if scenario is None else self.with_scenario(scenario), progress=progress)
 
 
-def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | ReplaySource:
+_last_weights = None  # the last engine's weights in this process: a scenario over the same model reuses them
+
+
+def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> LiveSource | ReplaySource:
     """Raises ``ValueError`` (bad input or configuration) or ``TraceError`` with a one-line message.
 
     ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
@@ -63,8 +66,10 @@ def build_source(spec: SourceSpec, hooks: list | None = None) -> LiveSource | Re
     if spec.kv_events is not None:  # bound before the model loads: a busy port fails at once
         from engine.inspect.kv_events import KVEventPublisher
         publisher = KVEventPublisher(spec.kv_events, config.block_size)
+    global _last_weights
     try:
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, weights=_last_weights, progress=progress)
+        _last_weights = engine.weights
         if runner is not None:
             runner.check(engine)  # a request the engine would refuse stops the run here, with one line
         source = LiveSource(engine, runner, spec.trace, audit=spec.audit, hooks=hooks)

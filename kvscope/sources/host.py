@@ -5,6 +5,7 @@ child engine process (``ProcessBackend``); each result goes to ``emit``.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from .base import Source
 
 logger = logging.getLogger("kvscope")
 
-SourceFactory = Callable[[str | None], Source]  # scenario name (None: the command line's, "": none) -> source
+# scenario name (None: the command line's, "": none) -> source; a factory with a ``progress`` keyword
+# is told where to report (text, fraction) while it loads.
+SourceFactory = Callable[..., Source]
 
 
 def one_line(e: BaseException) -> str:
@@ -113,7 +116,11 @@ class EngineHost:
             self.source.close()
             self.source = None
         try:
-            source = self.factory(scenario)
+            if "progress" in inspect.signature(self.factory).parameters:
+                source = self.factory(scenario, progress=lambda text, fraction=None: self.emit(
+                    p.Progress(text, fraction)))
+            else:
+                source = self.factory(scenario)
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
             if self.bridge is not None:
                 self.bridge.detach(f"the model failed to load: {one_line(e)}")

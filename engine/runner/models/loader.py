@@ -6,6 +6,7 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,17 @@ MODEL_ALIASES: dict[str, str] = {
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
 }
+
+
+Progress = Callable[..., None]  # (what is happening, fraction done or None)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedWeights:
+    """A built model and its tokenizer, kept so that a new engine over the same weights skips the load."""
+    key: tuple  # (model identity, dtype, device, tokenizer): reuse only for the same four
+    model: object  # engine.runner.models.llama.LlamaForCausalLM
+    tokenizer: object
 
 
 class ModelNotFoundError(ValueError):
