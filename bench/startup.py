@@ -34,7 +34,8 @@ def run():
     from kvscope.worker import ProcessBackend
     app = QApplication([])
     model = sys.argv[2] or None
-    win = MainWindow(ProcessBackend(SourceSpec(EngineConfig(model=model))), QSettings(os.devnull, QSettings.Format.IniFormat))
+    settings = QSettings(os.devnull, QSettings.Format.IniFormat)
+    win = MainWindow(ProcessBackend(SourceSpec(EngineConfig(model=model))), settings)
     win.show(); win.start()
     def wait(cond):
         while not cond():

@@ -104,3 +104,40 @@ def test_the_attach_window_replays_a_trace_and_saves_a_screenshot(qtbot, tmp_pat
     qtbot.waitUntil(lambda: png.exists(), timeout=10_000)
     assert driver.polls == 4 and driver.exit_code == 0
     assert win.panel.forest.node_count() == 4 and win.panel.forest.band_labels() == ["dp 0 · GPU · 4 blocks"]
+
+
+def test_the_attach_timeline_rebuilds_the_forest_at_any_poll(tiny_engine):
+    """Each poll's forest, rebuilt from a keyframe and the operations since, equals the one the poll left."""
+    from engine import SamplingParams
+    from engine.inspect.kv_events import KVEventPublisher, KVEventsConfig, connectable
+    from kvscope.kv_events_cli import KVEventsObserver
+    from kvscope.session import Session
+    from kvscope.sources.attach_history import AttachHistory
+    from kvscope.sources.attached import AttachConfig, AttachedSource
+
+    engine = tiny_engine(num_gpu_blocks=20, block_size=4)
+    session = Session(engine)
+    pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 4)
+    session.observers.append(KVEventsObserver(pub))
+    src = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=4))
+    hist = AttachHistory(keyframe_every=3)
+    truth = {}
+    try:
+        for i in range(30):
+            if i % 3 == 0:
+                session.inject(list(range(10, 18)) + [i + 1, i + 2, i + 3, i + 4, i + 5],
+                               SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            if i == 20 and not engine.has_unfinished():
+                session.reset_prefix_cache()
+            if session.has_work():
+                session.step()
+            rec = src.poll(0.5)
+            hist.record(rec, src.model)
+            truth[rec.tick] = {k: n.token_ids for k, n in src.model.nodes.items()}
+        assert len({len(v) for v in truth.values()}) > 3  # the forest grew and shrank
+        for tick, nodes in truth.items():
+            model = hist.at(tick)
+            assert {k: n.token_ids for k, n in model.nodes.items()} == nodes, tick
+    finally:
+        session.close()
+        src.close()

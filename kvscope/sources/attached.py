@@ -93,6 +93,9 @@ class AttachRecord:
     rates: dict[str, float]  # blocks stored / removed per second over the rate window
     gaps: tuple[Gap, ...]  # unrepaired gaps so far (the latest 100)
     batches: int  # batches applied in this poll
+    # What changed the model in this poll, in order: ("ev", rank, wire event) or ("clear", rank);
+    # replayed onto a copy of an earlier model, it rebuilds the forest at this poll (the timeline).
+    ops: tuple = ()
 
     @property
     def step(self) -> int:  # what timelines index by
@@ -112,6 +115,7 @@ class _Applier:
         self._events: list[Event] = []
         self._batches = 0
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=100_000)
+        self._ops: list[tuple] = []
         self.block_size_mismatches = 0
 
     def apply(self, stream: int, seq: int, payload: bytes, src: str, rank: int) -> int | None:
@@ -135,6 +139,7 @@ class _Applier:
         for ev in batch.events:
             if expected is not None and getattr(ev, "block_size", expected) != expected:
                 self.block_size_mismatches += 1
+            self._ops.append(("ev", rank, ev))
             for out in self.model.apply(ev, rank, self.tick):
                 if isinstance(out, RemoteStored):
                     c["blocks_stored"] += 1
@@ -161,6 +166,7 @@ class _Applier:
         self.counters["publisher_restarts"] += 1
         for r in ranks:
             self.model.clear(r)
+            self._ops.append(("clear", r))
         if self.trace is not None:
             self.trace.restart(self.tick, stream, list(ranks))
 
@@ -180,9 +186,9 @@ class _Applier:
         if self.trace is not None:
             self.trace.tick(self.tick, t, counters)
         rec = AttachRecord(self.tick, t, tuple(self._events), self.model.summary(), counters, rates,
-                           tuple(self.gaps), self._batches)
+                           tuple(self.gaps), self._batches, tuple(self._ops))
         self.tick += 1
-        self._events, self._batches = [], 0
+        self._events, self._batches, self._ops = [], 0, []
         return rec
 
 
@@ -430,10 +436,12 @@ class AttachReplay:
             else:
                 for r in item[2]:
                     a.model.clear(r)
+                    a._ops.append(("clear", r))
         rec = a.finish_tick(tick.t)
         a.counters.update({k: v for k, v in tick.counters.items() if k in a.counters})
         counters = {**rec.counters, **tick.counters}
-        return AttachRecord(rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches)
+        return AttachRecord(rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches,
+                            rec.ops)
 
     def close(self) -> None:
         pass

@@ -7,6 +7,7 @@ list) is not here and cannot be.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -154,7 +155,8 @@ class RemoteCacheModel:
             key = (rank, medium, h)
             node = self.nodes.get(key)
             if node is not None:
-                node.copies += 1
+                # Nodes are shared with timeline keyframes (``copy``): replace, never change one in place.
+                self.nodes[key] = dataclasses.replace(node, copies=node.copies + 1)
             elif len(self.nodes) >= self.max_nodes:
                 self.overflow += 1
             else:
@@ -189,8 +191,8 @@ class RemoteCacheModel:
         if node is None:
             self.unknown_removals += 1
             return RemoteEvicted(hash_text(h), rank, medium, False)
-        node.copies -= 1
-        if node.copies > 0:
+        if node.copies > 1:
+            self.nodes[key] = dataclasses.replace(node, copies=node.copies - 1)
             return RemoteEvicted(hash_text(h), rank, medium, True)
         tier = (rank, medium)
         del self.nodes[key]
@@ -220,6 +222,17 @@ class RemoteCacheModel:
             self.tier_blocks[tier] = 0
             self.tier_tokens[tier] = 0
         return RemoteCleared(rank, len(keys))
+
+    def copy(self) -> RemoteCacheModel:
+        """An independent model in O(nodes) dict copies: the nodes themselves are shared (never mutated)."""
+        m = RemoteCacheModel(max_nodes=self.max_nodes)
+        m.nodes = dict(self.nodes)
+        m.children = {k: set(v) for k, v in self.children.items()}
+        m.roots = {k: set(v) for k, v in self.roots.items()}
+        m.tier_blocks, m.tier_tokens = dict(self.tier_blocks), dict(self.tier_tokens)
+        m.overflow, m.unknown_removals, m.token_mismatches = self.overflow, self.unknown_removals, self.token_mismatches
+        m.block_sizes = set(self.block_sizes)
+        return m
 
     # -- queries --------------------------------------------------------------------------
     def cached(self, dp_rank: int = 0, medium: str = "GPU") -> set[ExternalHash]:

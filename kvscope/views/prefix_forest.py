@@ -28,10 +28,22 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QTimer
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QSlider,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
+from ..sources.attach_history import AttachHistory
 from ..sources.attached import CANNOT_SHOW, AttachRecord
 from ..sources.remote_cache import DrawNode, ForestSnapshot, RemoteCacheModel, Tier, hash_text
+from ..style import apply_style
 from .event_log import EventLogView
 
 MEDIUM_COLOURS = {"GPU": (52, 168, 83), "CPU": (66, 133, 244), "DISK": (251, 140, 0)}
@@ -183,11 +195,10 @@ class AttachPanel(QWidget):
         super().__init__()
         self.banner = QLabel(describe.get("cannot_show", CANNOT_SHOW))
         self.banner.setWordWrap(True)
-        self.banner.setStyleSheet("background:#fff3cd; color:#5c4400; padding:6px; border-radius:4px;")
+        self.banner.setStyleSheet("background:#3b3320; color:#f0d58c; padding:6px; border-radius:4px;")
         self.title = QLabel(f"<b>{describe.get('model_name', 'attached')}</b>")
         self.forest = PrefixForestView(decode)
         self.plots = pg.GraphicsLayoutWidget()
-        self.plots.setBackground("w")
         rates = self.plots.addPlot(row=0, col=0, title="blocks stored / removed per second")
         rates.addLegend(offset=(-5, 5))
         size = self.plots.addPlot(row=0, col=1, title="cache size (blocks)")
@@ -197,6 +208,12 @@ class AttachPanel(QWidget):
             "blocks": size.plot([], [], pen=pg.mkPen((66, 133, 244), width=2)),
         }
         self.series: dict[str, deque] = {k: deque(maxlen=history) for k in ("t", "stored", "removed", "blocks")}
+        self.cursors = []  # the timeline's position on each plot
+        for plot in (rates, size):
+            line = pg.InfiniteLine(angle=90, pen=pg.mkPen((216, 222, 233), width=1, style=Qt.PenStyle.DashLine))
+            line.setVisible(False)
+            plot.addItem(line)
+            self.cursors.append(line)
         self.status = QLabel("waiting for events")
         self.status.setWordWrap(True)
         self.events = EventLogView()
@@ -214,7 +231,11 @@ class AttachPanel(QWidget):
         lay.addWidget(self.status)
 
     def show_record(self, rec: AttachRecord, model: RemoteCacheModel) -> None:
-        self.forest.set_model(model)
+        """A new poll, live: add it to the plots and the event log, then show it."""
+        self.add_record(rec)
+        self.show_at(rec, model, live=True)
+
+    def add_record(self, rec: AttachRecord) -> None:
         s = self.series
         s["t"].append(rec.t)
         s["stored"].append(rec.rates["stored_per_s"])
@@ -224,25 +245,89 @@ class AttachPanel(QWidget):
         for k in ("stored", "removed", "blocks"):
             self.curves[k].setData(t, list(s[k]))
         self.events.append(rec.tick, list(rec.events))
+
+    def show_at(self, rec: AttachRecord, model: RemoteCacheModel, live: bool = True) -> None:
+        """The forest and counters at one poll (the live one, or the timeline's)."""
+        self.forest.set_model(model)
+        for line in self.cursors:
+            line.setVisible(not live)
+            line.setValue(rec.t)
+        self.events.set_max_step(None if live else rec.tick)
         c = rec.counters
         gaps = (f" · <span style='color:#c62828'><b>{c['gaps_unrepaired']} unrepaired gap(s), "
                 f"{c['batches_missing']} batch(es) missing</b>: the model may miss blocks</span>"
                 if c["gaps_unrepaired"] else "")
         self.status.setText(
-            f"poll {rec.tick} · {rec.summary.blocks} blocks, {rec.summary.tokens} tokens · "
+            f"{'' if live else 'looking back: '}poll {rec.tick} · {rec.summary.blocks} blocks, "
+            f"{rec.summary.tokens} tokens · "
             f"{c['batches']} batches ({c['batches_replayed']} replayed) · {c['gaps_repaired']} gap(s) repaired · "
             f"skipped {c['malformed_messages']} malformed, {c['unknown_event_kinds']} unknown, "
             f"{c['bad_events']} bad{gaps}")
 
 
 class AttachWindow(QMainWindow):
+    """kvscope's window in attach mode: the forest, rates, counters, event log and a timeline over polls.
+
+    The engine's controls (step, inject, abort, fork, audit, the block grid and tables) do not apply to
+    an engine kvscope does not run, so this window has none; its banner says what the events carry.
+    """
+
     def __init__(self, source, decode: Decode | None = None) -> None:
         super().__init__()
         self.source = source
         self.panel = AttachPanel(source.describe(), decode)
-        self.setCentralWidget(self.panel)
+        self.history = AttachHistory()
+        self.live = True
+        self.timeline = QSlider(Qt.Orientation.Horizontal)
+        self.timeline.setRange(0, 0)
+        self.timeline.valueChanged.connect(self._on_timeline)
+        self.timeline_label = QLabel("live")
+        self.timeline_label.setMinimumWidth(70)
+        live = QPushButton("Live")
+        live.clicked.connect(self.follow_live)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("timeline"))
+        row.addWidget(self.timeline, 1)
+        row.addWidget(self.timeline_label)
+        row.addWidget(live)
+        centre = QWidget()
+        lay = QVBoxLayout(centre)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(self.panel, 1)
+        lay.addLayout(row)
+        self.setCentralWidget(centre)
         self.setWindowTitle(f"kvscope · {source.describe().get('model_name', 'attach')}")
+        self.setMinimumSize(1024, 600)
         self.resize(1500, 900)
+
+    def on_record(self, rec: AttachRecord) -> None:
+        """A new poll: into the history and the plots; on screen when following live."""
+        self.history.record(rec, self.source.model)
+        self.panel.add_record(rec)
+        ticks = self.history.ticks
+        self.timeline.blockSignals(True)
+        self.timeline.setRange(0, max(len(ticks) - 1, 0))
+        if self.live:
+            self.timeline.setValue(len(ticks) - 1)
+        self.timeline.blockSignals(False)
+        if self.live:
+            self.panel.show_at(rec, self.source.model, live=True)
+
+    def _on_timeline(self, pos: int) -> None:
+        ticks = self.history.ticks
+        if not ticks:
+            return
+        self.live = pos >= len(ticks) - 1
+        tick = ticks[min(pos, len(ticks) - 1)]
+        rec = self.history.record_at(tick)
+        model = self.source.model if self.live else self.history.at(tick)
+        self.timeline_label.setText("live" if self.live else f"poll {tick}")
+        if rec is not None and model is not None:
+            self.panel.show_at(rec, model, live=self.live)
+
+    def follow_live(self) -> None:
+        self.timeline.setValue(self.timeline.maximum())
+        self._on_timeline(self.timeline.maximum())
 
     def closeEvent(self, ev) -> None:  # noqa: N802
         self.source.close()
@@ -276,7 +361,7 @@ class AttachDriver(QObject):
             self.before_poll()
         rec = src.poll(0.0)
         self.polls += 1
-        self.win.panel.show_record(rec, src.model)
+        self.win.on_record(rec)
         if self.screenshot and self.steps is not None and self.polls >= self.steps:
             self.timer.stop()
             self.save()
@@ -297,6 +382,7 @@ class AttachDriver(QObject):
 def run_attach_window(source, interval: float = 0.1, screenshot: str | None = None, steps: int | None = None,
                       decode: Decode | None = None, before_poll: Callable[[], None] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    apply_style(app)
     win = AttachWindow(source, decode)
     driver = AttachDriver(win, interval, steps if steps is not None else (40 if screenshot else None), screenshot,
                           before_poll)
