@@ -47,8 +47,9 @@ class StartupDriver(QObject):
     """
 
     def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
-                 replay_steps: int | None = None) -> None:
+                 replay_steps: int | None = None, select: list[str] | None = None) -> None:
         super().__init__(win)
+        self.select = select or []
         self.win, self.path, self.steps = win, path, steps
         self.prompts, self.max_tokens = prompts, max_tokens
         self.replay_steps = replay_steps
@@ -117,14 +118,22 @@ class StartupDriver(QObject):
         self._saving, self._waiting = True, False
         QTimer.singleShot(delay_ms, self.save)
 
+    def select_for_shot(self) -> list[str]:
+        """Select ``--select``'s requests (those that exist), else the one with the most blocks, so the
+        figure view, block table and path show up. Returns the selected ids."""
+        model = self.win.requests.model
+        known = [rid for rid in self.select if model.row_of(rid) >= 0]
+        if known:
+            self.win.requests.select(known)
+        elif model.rows and not self.win.requests.selected_id:
+            best = max(model.rows, key=lambda r: len(r.block_ids))
+            self.win.requests.select([best.request_id])
+        return self.win.requests.selected_ids()
+
     def save(self) -> None:
         try:
             self.win.flush()
-            # Select the request with the most blocks, so the block table and path show up.
-            model = self.win.requests.model
-            if model.rows and not self.win.requests.selected_id:
-                best = max(model.rows, key=lambda r: len(r.block_ids))
-                self.win.requests.select([best.request_id])
+            self.select_for_shot()
             QApplication.processEvents()
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             ok = self.win.grab().save(self.path)
@@ -179,7 +188,8 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     if args.audit:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens,
-                           count_replay_steps(args.replay) if args.replay else None)
+                           count_replay_steps(args.replay) if args.replay else None,
+                           [x.strip() for x in (args.select or "").split(",") if x.strip()])
     # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
     interrupted: list[int] = []
 

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the engine on a thread of the window's process instead of its own process")
     a.add_argument("--screenshot", metavar="FILE", default=None,
                    help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
+    a.add_argument("--select", default=None, metavar="IDS",
+                   help="--screenshot: select these requests (comma-separated ids, e.g. 0,1: the figure view "
+                        "shows them side by side); default: the request with the most blocks")
     add_serve_args(p)
     add_kv_events_args(p)
     return p

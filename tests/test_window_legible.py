@@ -120,3 +120,14 @@ def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, 
     with pytest.raises(SystemExit) as bad:  # argparse refuses it: one line, exit 2
         main(["--headless", "--model", tiny_dir, "--inject-ids", "1,x"])
     assert bad.value.code == 2 and "token ids must be integers" in capsys.readouterr().err
+
+
+def test_a_screenshot_selects_the_requests_of_select_and_ignores_unknown_ids(qtbot, window):
+    from kvscope.app import StartupDriver
+    win = window()
+    run(qtbot, win, [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]], 2)
+    ids = [r.request_id for r in win.requests.model.rows]
+    assert StartupDriver(win, None, 0, [], 8, select=[ids[0], "nope", ids[1]]).select_for_shot() == ids[:2]
+    win.requests.select([])
+    most = max(win.requests.model.rows, key=lambda r: len(r.block_ids)).request_id
+    assert StartupDriver(win, None, 0, [], 8, select=["nope"]).select_for_shot() == [most]
