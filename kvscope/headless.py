@@ -6,6 +6,7 @@ import json
 import sys
 
 from engine import EngineConfig, SamplingParams
+from engine.inspect.block_story import BlockStory, format_story
 
 from .sources.build import SourceSpec, build_source
 from .sources.summary import Summary
@@ -42,6 +43,12 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
     summary = Summary()
+    explain = getattr(args, "explain_block", None)
+    if explain is not None and not 0 <= explain < session.info.num_blocks:
+        session.close()
+        last = session.info.num_blocks - 1
+        return _fail(f"--explain-block {explain}: no such block (the pool has blocks 0-{last})", 2)
+    story = BlockStory(explain, session.decode) if explain is not None else None
     if not session.info.read_only:
         prompts = args.inject + args.inject_ids or ([] if args.scenario else ["Four score and seven years ago our"])
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -50,12 +57,18 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
                 session.inject(p, params)
         except ValueError as e:
             return _fail(f"request refused: {one_line(e)}", 2)
-        summary.add(session.current())
+        rec = session.current()
+        summary.add(rec)
+        if story:
+            story.feed(rec.step, rec.events)
     limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
     taken = 0  # steps run (a replay's step numbers start at 0, so count them rather than read them)
     try:
         while session.has_work() and (limit is None or taken < limit):
-            summary.add(session.step())
+            rec = session.step()
+            summary.add(rec)
+            if story:
+                story.feed(rec.step, rec.events)
             taken += 1
     except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
         return _fail(one_line(e), 2)
@@ -66,6 +79,12 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     if summary.last is None:
         return _fail("nothing to run", 2)
     out = summary.as_dict()
+    if story is not None:
+        out["block_story"] = {"block_id": explain, "events": [
+            {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
+        if not args.json:
+            print(format_story(explain, story.lines))
+            return 0
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
