@@ -42,7 +42,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
-    summary = Summary()
+    summary = Summary(decode=session.decode)
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
         session.close()

@@ -1,0 +1,184 @@
+"""Why did this request miss the prefix cache? Read from the event stream, at each request's admission.
+
+The explainer mirrors the cache from ``stored`` / ``evicted`` / ``unpublished`` / ``reset`` events (each
+stored block with its tokens and its parent's hash), walks the request's prompt along the blocks it hit,
+and names the reason for the first block that missed:
+
+- ``prompt_ends_in_block``: the block holds the prompt's last token (only full blocks are cached, and
+  the last prompt token is always computed: its logits are needed);
+- ``evicted``: this very block (same tokens after the same chain) was cached and evicted at step s;
+- ``different_identity``: the same tokens after the same chain are cached, but under other extra keys
+  (a different cache salt, model or tokenizer): the hashes differ;
+- ``different_tokenization``: a cached chain continues where the prompt does, with the same text but
+  other token ids (special tokens, a template change);
+- ``differs_at``: a cached chain continues there but its tokens differ from token position p on (the
+  classic cause: a timestamp or a session id in a system prompt);
+- ``no_cached_block``: nothing cached continues the chain at that position.
+
+Blocks stored during a step become visible from the next step (publication happens after the step that
+wrote them finished), while evictions take effect at once, so admissions are judged against that view.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .events import (
+    BlockAllocated,
+    BlockEvicted,
+    BlockFreed,
+    BlockStored,
+    BlockTouched,
+    BlockUnpublished,
+    CacheReset,
+    Event,
+    RequestAdmitted,
+)
+
+Decode = Callable[[list[int]], "str | None"]
+CONTEXT = 12  # characters of text shown on each side of the differing position
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    block_hash: str
+    parent_hash: str | None
+    tokens: tuple[int, ...]
+    block_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMiss:
+    block_index: int  # the request's first logical block that was not a hit
+    reason: str
+    token_position: int  # the prompt position where the miss begins
+    detail: str
+    evicted_at: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"block_index": self.block_index, "reason": self.reason, "token_position": self.token_position,
+                "detail": self.detail, "evicted_at": self.evicted_at}
+
+
+class CacheMissExplainer:
+    """Feed ``(step, events, prompts)`` in order, where ``prompts`` maps request ids to prompt token ids
+    (what the snapshot after the step holds); ``misses`` holds each admitted request's first miss."""
+
+    def __init__(self, block_size: int, decode: Decode | None = None) -> None:
+        self.block_size = block_size
+        self.decode = decode
+        self.cached: dict[str, _Cached] = {}
+        self.evicted: list[tuple[int, _Cached]] = []
+        self.ref: dict[int, int] = {}
+        self.hits: dict[str, int] = {}  # request id -> tokens hit at its first admission
+        self.misses: dict[str, CacheMiss | None] = {}
+
+    def feed(self, step: int, events: Iterable[Event], prompts: dict[str, tuple[int, ...]]) -> None:
+        stored: list[_Cached] = []
+        admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
+        for e in events:
+            if isinstance(e, BlockStored):
+                stored.append(_Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id))
+            elif isinstance(e, BlockEvicted):
+                gone = self.cached.pop(e.block_hash, None)
+                if gone is not None:
+                    self.evicted.append((step, gone))
+            elif isinstance(e, BlockUnpublished):
+                self.cached.pop(e.block_hash, None)
+                stored = [c for c in stored if c.block_hash != e.block_hash]
+            elif isinstance(e, CacheReset):
+                self.cached = {h: c for h, c in self.cached.items() if self.ref.get(c.block_id, 0) > 0}
+            elif isinstance(e, BlockAllocated):
+                self.ref[e.block_id] = 1
+            elif isinstance(e, (BlockTouched, BlockFreed)):
+                self.ref[e.block_id] = e.ref_cnt
+            elif isinstance(e, RequestAdmitted) and e.request_id not in self.misses:
+                self.hits[e.request_id] = e.num_cached_tokens
+                admitted.append((e, dict(self.cached)))
+        for c in stored:
+            self.cached[c.block_hash] = c
+        for e, view in admitted:
+            prompt = prompts.get(e.request_id)
+            if prompt is not None:
+                self.misses[e.request_id] = self.explain(tuple(prompt), e.num_cached_tokens, view)
+
+    # -- the diagnosis ---------------------------------------------------------------------------
+    def explain(self, prompt: tuple[int, ...], num_hit_tokens: int, view: dict[str, _Cached]) -> CacheMiss | None:
+        bs = self.block_size
+        i = num_hit_tokens // bs
+        pos = i * bs
+        if pos >= len(prompt):
+            return None
+        # the chain of blocks the request hit, by content, so a salted twin is not mistaken for it
+        children: dict[str | None, list[_Cached]] = {}
+        for c in view.values():
+            children.setdefault(c.parent_hash, []).append(c)
+        parents: list[str | None] = [None]
+        for j in range(i):
+            want = prompt[j * bs:(j + 1) * bs]
+            parents = [c.block_hash for p in parents for c in children.get(p, []) if c.tokens == want]
+        block = prompt[pos:pos + bs]
+        if pos + bs >= len(prompt):
+            n = len(prompt) - pos
+            return CacheMiss(i, "prompt_ends_in_block", pos,
+                             f"block {i} holds the prompt's last {n} token(s): only full blocks are cached and "
+                             f"the last prompt token is always computed")
+        for step, c in reversed(self.evicted):
+            if c.tokens == block and c.parent_hash in parents and c.block_hash not in view:
+                return CacheMiss(i, "evicted", pos, f"block {i} was cached (physical block {c.block_id}) and "
+                                                    f"evicted at step {step}", evicted_at=step)
+        nexts = [c for p in parents for c in children.get(p, [])]
+        if any(c.tokens == block for c in nexts):
+            return CacheMiss(i, "different_identity", pos,
+                             f"the first {pos + bs} tokens are cached, but under other extra keys "
+                             f"(a different cache salt, model or tokenizer), so their hashes differ")
+        if not nexts:
+            where = "at the start" if i == 0 else f"after block {i - 1}"
+            return CacheMiss(i, "no_cached_block", pos, f"nothing cached continues the prompt {where}")
+        best, common = max(((c, _common(c.tokens, block)) for c in nexts), key=lambda t: t[1])
+        p = pos + common
+        if self._same_text(prompt, pos, best, children):
+            return CacheMiss(i, "different_tokenization", p,
+                             "a cached chain holds the same text with other token ids from position "
+                             f"{p} (special tokens or a template change)")
+        return CacheMiss(i, "differs_at", p, f"a cached chain differs from the prompt at token {p}: "
+                                             f"prompt {self._around(prompt, p)} vs cached "
+                                             f"{self._around(prompt[:pos] + best.tokens, p)}")
+
+    def _same_text(self, prompt, pos, cached: _Cached, children) -> bool:
+        if self.decode is None:
+            return False
+        tail = list(cached.tokens)  # the cached chain from this block on, as far as it goes
+        node = cached
+        while len(tail) < 4 * self.block_size and children.get(node.block_hash):
+            node = children[node.block_hash][0]
+            tail += node.tokens
+        a, b = self.decode(list(prompt[pos:])), self.decode(tail)
+        if not a or not b or list(prompt[pos:pos + len(tail)]) == tail:
+            return False
+        n = min(len(a), len(b))
+        return n > 0 and a[:n] == b[:n]
+
+    def _around(self, tokens, p: int) -> str:
+        if self.decode is None:
+            return str(list(tokens[max(0, p - 3):p + 3]))
+        before = self.decode(list(tokens[:p])) or ""
+        after = self.decode(list(tokens[p:p + 6])) or ""
+        return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def explain_misses(block_size: int, steps: Iterable[tuple[int, Iterable[Event], dict]],
+                   decode: Decode | None = None) -> dict[str, CacheMiss | None]:
+    ex = CacheMissExplainer(block_size, decode)
+    for step, events, prompts in steps:
+        ex.feed(step, events, prompts)
+    return ex.misses

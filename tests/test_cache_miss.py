@@ -1,0 +1,119 @@
+"""Why a request missed the prefix cache (issue 15): each reason from a constructed case, then the same
+from a live engine and in --headless --json."""
+from __future__ import annotations
+
+import json
+
+from engine import LLMEngine, SamplingParams
+from engine.inspect.cache_miss import CacheMissExplainer
+from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, RequestAdmitted
+from kvscope.sources.live import LiveSource
+from kvscope.sources.summary import Summary
+
+BS = 4
+A = (5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)  # 3 full blocks + 1 token
+
+
+def stored(chain, tokens, salt=""):
+    """BlockStored events for ``tokens``' full blocks, hashes named by content (and salt)."""
+    events, parent = [], None
+    for j in range(len(tokens) // BS):
+        h = f"{salt}h{tokens[:(j + 1) * BS]}"
+        events.append(BlockStored(chain + j, h, "a", tuple(tokens[j * BS:(j + 1) * BS]), parent))
+        parent = h
+    return events
+
+
+def explain(prompt, hits, before, decode=None, after=()):
+    ex = CacheMissExplainer(BS, decode)
+    ex.feed(1, before, {})
+    ex.feed(2, [*after, RequestAdmitted("b", len(prompt), hits)], {"b": tuple(prompt)})
+    return ex.misses["b"]
+
+
+def test_nothing_cached_at_the_start():
+    m = explain(A, 0, [])
+    assert (m.reason, m.block_index, m.token_position) == ("no_cached_block", 0, 0)
+
+
+def test_a_chain_that_differs_at_a_token_names_the_position():
+    prompt = A[:6] + (99,) + A[7:]  # a "timestamp" at position 6
+    m = explain(prompt, 4, stored(0, A))
+    assert (m.reason, m.block_index, m.token_position) == ("differs_at", 1, 6)
+
+
+def test_the_prompt_ends_inside_the_block():
+    m = explain(A, 12, stored(0, A))
+    assert (m.reason, m.block_index, m.token_position) == ("prompt_ends_in_block", 3, 12)
+    m = explain(A[:8], 4, stored(0, A))  # a full last block: its last token is computed, never a hit
+    assert (m.reason, m.block_index) == ("prompt_ends_in_block", 1)
+
+
+def test_an_evicted_block_names_its_step():
+    events = stored(0, A)
+    evict = [BlockEvicted(1, events[1].block_hash), BlockEvicted(2, events[2].block_hash)]
+    m = explain(A, 4, events, after=evict)
+    assert (m.reason, m.block_index, m.evicted_at) == ("evicted", 1, 2)
+
+
+def test_the_same_tokens_under_another_salt_are_a_different_identity():
+    m = explain(A, 0, stored(0, A, salt="tenant-1:"))
+    assert (m.reason, m.block_index) == ("different_identity", 0)
+
+
+def test_the_same_text_in_other_token_ids_is_a_different_tokenization():
+    words = {1: "<", 2: "s>", 100: "<s>"}
+
+    def decode(ids):
+        return "".join(words.get(i, chr(65 + i % 26)) for i in ids)
+    cached = A[:4] + (100, 20, 21, 22)  # "<s>" as one special token
+    prompt = A[:4] + (1, 2, 20, 21, 22, 23)  # the same text in two ordinary tokens
+    m = explain(prompt, 4, stored(0, cached), decode=decode)
+    assert (m.reason, m.block_index, m.token_position) == ("different_tokenization", 1, 4)
+    assert explain(prompt, 4, stored(0, cached)).reason == "differs_at"  # without text, only ids differ
+
+
+def test_the_view_at_admission_excludes_blocks_stored_in_the_same_step():
+    ex = CacheMissExplainer(BS)
+    ex.feed(1, [BlockAllocated(0, "a"), *stored(0, A), RequestAdmitted("b", len(A), 0)], {"b": A})
+    assert ex.misses["b"].reason == "no_cached_block"
+    ex.feed(2, [BlockFreed(0, "a", 0)], {})
+
+
+GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+
+def test_a_live_engine_explains_each_miss(tiny_hf):
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=BS, num_gpu_blocks=10)
+    source = LiveSource(engine)
+    summary = Summary()
+    a = list(range(10, 23))  # 13 tokens: 3 full blocks
+
+    def run(prompt, salt=None):
+        rid = engine.add_request(prompt, GREEDY, cache_salt=salt)
+        summary.add(source.current())
+        while source.has_work():
+            summary.add(source.step())
+        return rid
+    first = run(a)
+    stamp = run(a[:6] + [200] + a[7:])
+    salted = run(a, salt="tenant-2")
+    for start in (40, 80):  # two other prompts fill the 10-block pool and evict a's blocks
+        run(list(range(start, start + 20)))
+    again = run(a)
+    source.close()
+    got = {r["request_id"]: r["prefix_cache_miss"] for r in summary.as_dict()["requests"]}
+    assert got[first]["reason"] == "no_cached_block"
+    assert (got[stamp]["reason"], got[stamp]["token_position"]) == ("differs_at", 6)
+    assert got[salted]["reason"] == "different_identity"
+    assert got[again]["reason"] == "evicted" and got[again]["evicted_at"] is not None
+
+
+def test_headless_json_carries_the_miss_of_every_request(capsys, tiny_dir):
+    from kvscope.__main__ import main
+    code = main(["--model", tiny_dir, "--headless", "--json", "--num-gpu-blocks", "32", "--block-size", "4",
+                 "--inject-ids", "1,2,3,4,5,6,7,8,9", "--max-tokens", "2"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    (r,) = out["requests"]
+    assert r["prefix_cache_miss"]["reason"] == "no_cached_block" and r["prefix_cache_miss"]["block_index"] == 0
