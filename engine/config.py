@@ -20,7 +20,9 @@ PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 KV_LAYOUTS = ("paged", "contiguous")
 HASH_ALGOS = ("sha256", "builtin")
-FAULTS = (None, "abort-leak", "cow-leak", "double-free")  # see KVCacheManager and Scheduler.finish_request
+# see KVCacheManager and Scheduler.finish_request; "shared-write": after a prefix hit, the new tokens' slots are
+# off by one, so the first one overwrites the last slot of a cached block that other requests share (ModelRunner)
+FAULTS = (None, "abort-leak", "cow-leak", "double-free", "shared-write")
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes; per-sample seeds are derived modulo 2**64
 
 

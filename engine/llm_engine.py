@@ -22,7 +22,7 @@ from .core.kv_cache_manager import KVCacheManager, cdiv
 from .core.request import Request, RequestStatus
 from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
-from .inspect.audit import AuditReport, audit_pool
+from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
 from .inspect.snapshot import KVSnapshot, pool_snapshot, request_info
 from .output_processor import OutputProcessor
@@ -115,6 +115,9 @@ class LLMEngine:
         self.output = OutputProcessor(tokenizer, self.max_model_len)
         self.request_groups = RequestGroups(self.scheduler, self.kv, self.output)
         self.reported_problems: set[tuple[int, str]] = set()
+        self.write_problems: dict[tuple[int, str], AuditProblem] = {}  # see enable_write_audit
+        if config.fault:  # a practice fault: the audit is on, writes included
+            self.enable_write_audit()
         self.step_count = 0
         self.num_prompt_tokens_computed = 0
         self.num_failed_steps = 0
@@ -356,9 +359,31 @@ class LLMEngine:
             "step": self.step_count,
         }
 
+    def enable_write_audit(self) -> None:
+        """Check every block a step writes before the forward: a write into a block with ref count > 1
+        or with a hash published by an earlier step corrupts KV that others read (``audit`` reports it)."""
+        self.runner.write_observer = self._check_writes
+
+    def _check_writes(self, writes: list[tuple[str, int]]) -> None:
+        # Blocks published by this very step are being filled by it (requests admitted in the same step
+        # may already hold them: the forward writes every slot before any attention reads it).
+        publishing = {id(b) for b, _ in self.pool.tentative}
+        for rid, bid in writes:
+            b = self.pool.blocks[bid]
+            if id(b) in publishing:
+                continue
+            if b.ref_cnt > 1 or b.block_hash is not None:
+                why = f"ref count {b.ref_cnt}" if b.ref_cnt > 1 else "published hash"
+                self.write_problems.setdefault((bid, rid), AuditProblem(
+                    bid, "shared_write", 1, b.ref_cnt, f"{rid}, step {self.step_count}: write into a block with {why}"))
+
     def audit(self, emit_events: bool = False) -> AuditReport:
-        """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event."""
+        """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event.
+
+        With ``enable_write_audit``, writes into shared or published blocks are problems too."""
         report = audit_pool(self.pool, self.kv.req_to_blocks)
+        if self.write_problems:
+            report = AuditReport(report.problems + tuple(self.write_problems.values()))
         if emit_events:
             for p in report.problems:
                 key = (p.block_id, p.problem)

@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument_group("app")
     a.add_argument("--headless", action="store_true", help="no window: run and print a summary")
     a.add_argument("--json", action="store_true", help="with --headless: print the summary as JSON")
+    a.add_argument("--compare-caching", action="store_true",
+                   help="with --headless: run the requests (the scenario's or --inject's, one after another, "
+                        "greedy) with prefix caching on and off, and print the first token where they differ")
     a.add_argument("--explain-block", type=int, default=None, metavar="ID",
                    help="with --headless: print block ID's life story from the event stream (who allocated, "
                         "stored, hit, copied, swapped, freed it; for a leaked block, who kept it)")

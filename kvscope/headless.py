@@ -42,6 +42,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
+    if getattr(args, "compare_caching", False):
+        return _compare_caching(session, args)
     summary = Summary(decode=session.decode)
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
@@ -95,5 +97,49 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
               f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
     print(f"  prefix cache {out['prefix_cache_hits']}/{out['prefix_cache_queries']} tokens hit · "
           f"{out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} preemptions "
-          f"· {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins · {out['leaked_blocks']} leaked blocks")
+          f"· {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
+          f"· {out['leaked_blocks']} blocks flagged by the audit")
+    for problem in out["audit_problems"]:
+        print(f"  audit: {problem}")
+    return 0
+
+
+def _compare_caching(session, args: argparse.Namespace) -> int:
+    """``--compare-caching``: the same requests through two engines on one set of weights."""
+    import dataclasses
+
+    from engine import LLMEngine
+    from engine.inspect.compare import compare_caching
+    engine = getattr(session, "engine", None)
+    if engine is None:
+        session.close()
+        return _fail("--compare-caching needs a live engine, not a trace replay", 2)
+    sc = session.scenario.scenario if getattr(session, "scenario", None) else None
+    prompts = [r["prompt"] for r in sc.requests if "prompt" in r] if sc else []
+    prompts += args.inject + args.inject_ids
+    session.close()
+    if not prompts:
+        return _fail("--compare-caching: no requests (give a --scenario with prompts, or --inject)", 2)
+    max_tokens = max([r.get("max_tokens", 16) for r in sc.requests] if sc else [args.max_tokens])
+
+    def make(caching: bool) -> LLMEngine:
+        cfg = dataclasses.replace(engine.config, enable_prefix_caching=caching)
+        return LLMEngine(cfg, weights=engine.weights)
+    try:
+        c = compare_caching(make, prompts, max_tokens)
+    except ValueError as e:
+        return _fail(one_line(e), 2)
+    out = {"requests": len(prompts), "divergence": None, "audit": c.audit}
+    if c.divergence is not None:
+        d = c.divergence
+        out["divergence"] = {"request_index": d.request_index, "request_id": d.request_id,
+                             "token_index": d.token_index, "num_cached_tokens": d.num_cached_tokens,
+                             "block_ids": list(d.block_ids), "with_caching": list(d.with_caching),
+                             "without_caching": list(d.without_caching)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif c.divergence is None:
+        print(f"caching on and off agree token for token on {len(prompts)} requests; {c.audit}")
+    else:
+        print(f"{c.divergence}\naudit with caching: {c.audit}")
     return 0

@@ -406,6 +406,8 @@ class _RawPub:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.SNDHWM, sndhwm)
+        if sndhwm < 100_000:  # a small kernel buffer too, so a flood overflows whatever the host's TCP tuning
+            self.sock.setsockopt(zmq.SNDBUF, 1 << 16)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.seq = 0
 

@@ -72,7 +72,7 @@ def test_other_add_request_arguments(tiny_engine):
     ({"swap_space": math.inf}, "swap_space must be a finite number"),
     ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false"),
     ({"preemption_mode": "drop"}, "preemption_mode must be one of recompute, swap, got 'drop'"),
-    ({"fault": "segfault"}, "fault must be one of abort-leak, cow-leak, double-free or None"),
+    ({"fault": "segfault"}, "fault must be one of abort-leak, cow-leak, double-free, shared-write or None"),
     ({"hash_algo": "md5"}, "hash_algo must be one of sha256, builtin"),
     ({"kv_layout": "ring"}, "kv_layout must be one of paged, contiguous"),
     ({"attention_backend": "cuda"}, "attention_backend must be one of auto, torch, triton"),

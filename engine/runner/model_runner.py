@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -35,6 +36,9 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int,
                  consume: bool = False, model: LlamaForCausalLM | None = None) -> None:
         self.config = config
+        # Called with (request id, block id) for every block a step writes, before the forward
+        # (the engine's write audit: no write into a shared or published block).
+        self.write_observer: Callable[[list[tuple[str, int]]], None] | None = None
         self.device = device
         self.model = model if model is not None else LlamaForCausalLM(hf_model, consume)
         self.dtype = self.model.embed_tokens.weight.dtype
@@ -194,14 +198,17 @@ class ModelRunner:
         return torch_ref.paged_attention, torch_ref.store_kv, "torch"
 
     # -- one step --------------------------------------------------------------------
-    def _metadata_for(self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor) -> AttentionMetadata:
-        """``seqs``: (num_computed_tokens, num_new_tokens, block_ids) for each sequence."""
+    def _metadata_for(self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor,
+                      shifted: frozenset[int] = frozenset()) -> AttentionMetadata:
+        """``seqs``: (num_computed_tokens, num_new_tokens, block_ids) for each sequence; the slots of the
+        sequences in ``shifted`` are one too early (the ``shared-write`` fault)."""
         bs = self.block_size
         qsl, seq_lens, slots = [0], [], []
-        for computed, new, block_ids in seqs:
+        for i, (computed, new, block_ids) in enumerate(seqs):
             qsl.append(qsl[-1] + new)
             seq_lens.append(computed + new)
-            for p in range(computed, computed + new):
+            shift = 1 if i in shifted else 0
+            for p in range(computed - shift, computed + new - shift):
                 slots.append(block_ids[p // bs] * bs + p % bs)
         max_blocks = max(len(b) for _, _, b in seqs)
         tables = torch.tensor([b + [0] * (max_blocks - len(b)) for _, _, b in seqs], dtype=torch.long)
@@ -278,7 +285,10 @@ class ModelRunner:
             ids.extend(s.request.token_slice(c, c + n))
             pos.extend(range(c, c + n))
         positions = torch.tensor(pos, dtype=torch.long).to(self.device)
-        meta = self._metadata_for(seqs, positions)
+        shifted = self._shared_write_fault(sched) if self.config.fault == "shared-write" else frozenset()
+        if self.write_observer is not None:
+            self.write_observer(self._written_blocks(sched, seqs, shifted))
+        meta = self._metadata_for(seqs, positions, shifted)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
         graphs = self.decode_graphs
         if graphs is not None and len(seqs) == len(ids) <= graphs.max_batch:
@@ -295,6 +305,22 @@ class ModelRunner:
         forking = {r.request_id: logits[j].cpu() for j, r in enumerate(reqs)
                    if r.pending_forks or r.sampling_params.use_beam_search}
         return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
+
+    def _shared_write_fault(self, sched: SchedulerOutput) -> frozenset[int]:
+        """The fault: a request's first chunk after a prefix hit that ends on a block boundary."""
+        return frozenset(i for i, s in enumerate(sched.scheduled)
+                         if s.num_computed_tokens > 0 and s.num_computed_tokens == s.request.num_cached_tokens
+                         and s.num_computed_tokens % self.block_size == 0)
+
+    def _written_blocks(self, sched: SchedulerOutput, seqs, shifted: frozenset[int]) -> list[tuple[str, int]]:
+        """(request id, physical block) for every block this step's slot mapping writes into."""
+        bs, out = self.block_size, []
+        for i, (computed, new, block_ids) in enumerate(seqs):
+            shift = 1 if i in shifted else 0
+            first, last = (computed - shift) // bs, (computed + new - 1 - shift) // bs
+            rid = sched.scheduled[i].request.request_id
+            out.extend((rid, block_ids[j]) for j in range(first, last + 1))
+        return out
 
     def sample(self, logits: torch.Tensor, reqs: list) -> list[int]:
         """The sampler (``sampler.sample``) over one row per request; tests replace it to force failures."""

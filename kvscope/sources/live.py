@@ -38,6 +38,8 @@ class LiveSource:
         self.scenario = scenario
         self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
         self.audit_enabled = audit or bool(engine.config.fault)
+        if self.audit_enabled:
+            engine.enable_write_audit()
         # Called with every record, on the engine's thread, after the trace (e.g. the KV-event
         # publisher). An observer with a ``close()`` is closed with the source.
         self.observers: list[Callable[[StepRecord], None]] = []
@@ -110,6 +112,8 @@ class LiveSource:
 
     def set_audit(self, on: bool) -> None:
         self.audit_enabled = on or bool(self.engine.config.fault)
+        if self.audit_enabled:
+            self.engine.enable_write_audit()
 
     def decode(self, token_ids: list[int]) -> str | None:
         tok = self.engine.tokenizer

@@ -44,6 +44,7 @@ class Summary:
             "num_preemptions": c["num_preemptions"], "cow_copies": c["cow_copies"], "evictions": c["evictions"],
             "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], "leaked_blocks": len(self.last.leaked),
             "generation_tokens": c["generation_tokens"],
+            "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
         }
 
     def _with_miss(self, r: dict) -> dict:
