@@ -67,7 +67,7 @@ class CacheMissExplainer:
     def __init__(self, block_size: int, decode: Decode | None = None) -> None:
         self.block_size = block_size
         self.decode = decode
-        self.cached: dict[str, _Cached] = {}
+        self.mirror: dict[str, _Cached] = {}
         self.evicted: list[tuple[int, _Cached]] = []
         self.ref: dict[int, int] = {}
         self.hits: dict[str, int] = {}  # request id -> tokens hit at its first admission
@@ -80,23 +80,22 @@ class CacheMissExplainer:
             if isinstance(e, BlockStored):
                 stored.append(_Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id))
             elif isinstance(e, BlockEvicted):
-                gone = self.cached.pop(e.block_hash, None)
+                gone = self.mirror.pop(e.block_hash, None)
                 if gone is not None:
                     self.evicted.append((step, gone))
             elif isinstance(e, BlockUnpublished):
-                self.cached.pop(e.block_hash, None)
+                self.mirror.pop(e.block_hash, None)
                 stored = [c for c in stored if c.block_hash != e.block_hash]
             elif isinstance(e, CacheReset):
-                self.cached = {h: c for h, c in self.cached.items() if self.ref.get(c.block_id, 0) > 0}
+                self.mirror = {h: c for h, c in self.mirror.items() if self.ref.get(c.block_id, 0) > 0}
             elif isinstance(e, BlockAllocated):
                 self.ref[e.block_id] = 1
             elif isinstance(e, (BlockTouched, BlockFreed)):
                 self.ref[e.block_id] = e.ref_cnt
             elif isinstance(e, RequestAdmitted) and e.request_id not in self.misses:
                 self.hits[e.request_id] = e.num_cached_tokens
-                admitted.append((e, dict(self.cached)))
-        for c in stored:
-            self.cached[c.block_hash] = c
+                admitted.append((e, dict(self.mirror)))
+        self.mirror.update((c.block_hash, c) for c in stored)  # visible from the next step on
         for e, view in admitted:
             prompt = prompts.get(e.request_id)
             if prompt is not None:
