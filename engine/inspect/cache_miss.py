@@ -70,10 +70,11 @@ class CacheMissExplainer:
         self.mirror: dict[str, _Cached] = {}
         self.evicted: list[tuple[int, _Cached]] = []
         self.ref: dict[int, int] = {}
-        self.hits: dict[str, int] = {}  # request id -> tokens hit at its first admission
         self.misses: dict[str, CacheMiss | None] = {}
 
-    def feed(self, step: int, events: Iterable[Event], prompts: dict[str, tuple[int, ...]]) -> None:
+    def feed(self, step: int, events: Iterable[Event],
+             prompts: dict[str, tuple[int, ...]] | Callable[[], dict[str, tuple[int, ...]]]) -> None:
+        """``prompts``: the mapping, or a callable that builds it (called only in a step that admits)."""
         stored: list[_Cached] = []
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
         for e in events:
@@ -93,9 +94,10 @@ class CacheMissExplainer:
             elif isinstance(e, (BlockTouched, BlockFreed)):
                 self.ref[e.block_id] = e.ref_cnt
             elif isinstance(e, RequestAdmitted) and e.request_id not in self.misses:
-                self.hits[e.request_id] = e.num_cached_tokens
                 admitted.append((e, dict(self.mirror)))
         self.mirror.update((c.block_hash, c) for c in stored)  # visible from the next step on
+        if admitted and callable(prompts):
+            prompts = prompts()
         for e, view in admitted:
             prompt = prompts.get(e.request_id)
             if prompt is not None:

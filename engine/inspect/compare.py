@@ -22,7 +22,6 @@ class Divergence:
     without_caching: tuple[int, ...]
     num_cached_tokens: int  # prompt tokens the caching run took from the cache
     block_ids: tuple[int, ...]  # the request's blocks in the caching run when it finished
-    audit: str  # the caching engine's audit after the run ("audit clean" or its problems)
 
     def __str__(self) -> str:
         return (f"request {self.request_id} (#{self.request_index}) differs at output token {self.token_index}: "
@@ -36,7 +35,7 @@ class Comparison:
     outputs_on: list[tuple[int, ...]]
     outputs_off: list[tuple[int, ...]]
     divergence: Divergence | None
-    audit: str
+    audit: str  # the caching engine's audit after the run ("audit clean" or its problems)
 
 
 def _run_each(engine, prompts, params: SamplingParams):
@@ -66,5 +65,5 @@ def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_to
     for i, (a, b) in enumerate(zip(out_on, out_off)):
         if a != b:
             t = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            return Comparison(out_on, out_off, Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1], audit), audit)
+            return Comparison(out_on, out_off, Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1]), audit)
     return Comparison(out_on, out_off, None, audit)
