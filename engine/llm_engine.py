@@ -30,7 +30,7 @@ from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
 from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
 from .runner.model_runner import DeviceCopyError, ModelRunner
-from .runner.models.loader import LoadedWeights, ModelSource, Progress, load_hf_model, load_tokenizer, resolve_model
+from .runner.models.loader import LoadedWeights, ModelSource, Progress, load_model, load_tokenizer, resolve_model
 
 logger = logging.getLogger("engine")
 
@@ -57,11 +57,8 @@ class LLMEngine:
             report(f"reusing the weights of {source.name} already in memory", 0.6)
             self._setup(config, device, source, None, weights.tokenizer, model=weights.model, report=report)
         else:
-            hf_model, tokenizer = load_hf_model(source, config.dtype, device, tokenizer=config.tokenizer,
-                                                progress=report)
-            report("building the model (fusing q/k/v and gate/up)", 0.7)
-            self._setup(config, device, source, hf_model, tokenizer, consume=True, report=report)
-            del hf_model  # its fused projections were consumed; the rest lives on in the runner
+            model, tokenizer = load_model(source, config.dtype, device, tokenizer=config.tokenizer, progress=report)
+            self._setup(config, device, source, None, tokenizer, model=model, report=report)
         self.weights = LoadedWeights(key, self.runner.model, self.tokenizer)
         self.load_seconds = time.perf_counter() - t0
         report("ready", 1.0)
@@ -87,7 +84,7 @@ class LLMEngine:
         return self
 
     def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
-               consume: bool = False, model=None, report: Progress | None = None) -> None:
+               model=None, report: Progress | None = None) -> None:
         """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``."""
         self.config = config
         self.device = device
@@ -98,7 +95,7 @@ class LLMEngine:
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         if report is not None:
             report("sizing and building the KV pool", 0.85)
-        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, consume, model=model)
+        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, model=model)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
         if tokenizer is not None and len(tokenizer) > self.vocab_size:

@@ -84,8 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"kvscope: {problem}", file=sys.stderr)
         return 2
-    from .app import run_app
-    return run_app(config, args)
+    early = spawn_early(config, args)
+    from .app import run_app  # Qt and pyqtgraph: about a second, while the engine process starts
+    return run_app(config, args, early)
+
+
+def spawn_early(config, args):
+    """The window's engine process, started before Qt is imported so that its start-up (torch, the
+    weights) overlaps the window's; None where the engine runs elsewhere or serves."""
+    if args.engine_thread or getattr(args, "serve", False):
+        return None
+    from .sources import protocol as p
+    from .sources.build import SourceSpec
+    from .sources.engine_process import spawn_engine
+    return spawn_engine(SourceSpec.from_args(config, args), logging.getLogger().getEffectiveLevel(), p.Load(None))
 
 
 if __name__ == "__main__":

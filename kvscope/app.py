@@ -17,6 +17,7 @@ from engine import EngineConfig, SamplingParams
 from .main_window import MainWindow
 from .sources.base import InjectSpec
 from .sources.build import SourceSpec
+from .sources.engine_process import SpawnedEngine
 from .style import apply_style
 from .worker import ProcessBackend, ThreadBackend
 
@@ -148,7 +149,8 @@ class StartupDriver(QObject):
         self.win.close()
 
 
-def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
+def run_app(config: EngineConfig, args: argparse.Namespace, early: SpawnedEngine | None = None) -> int:
+    """``early``: the engine process ``__main__`` spawned before importing Qt (see ``spawn_early``)."""
     server = serve = None
     if getattr(args, "serve", False):
         from .serve import OpenAIServer, ServeOptions
@@ -176,7 +178,7 @@ def run_app(config: EngineConfig, args: argparse.Namespace) -> int:
     if args.engine_thread:
         backend = ThreadBackend(spec.factory, server.bridge if server else None)
     else:
-        backend = ProcessBackend(dataclasses.replace(spec, serve=serve))
+        backend = ProcessBackend(dataclasses.replace(spec, serve=serve), early=early)
     # A screenshot shows the default layout, never the user's saved one (nor does it change it).
     settings = QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat) \
         if args.screenshot else None

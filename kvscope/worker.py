@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 from .sources import protocol as p
 from .sources.base import InjectSpec, SourceInfo  # noqa: F401 - InjectSpec is part of this module's API
 from .sources.build import SourceSpec
-from .sources.engine_process import AttachSlots, Heartbeat, ReleaseSlot, engine_process_main
+from .sources.engine_process import AttachSlots, Heartbeat, ReleaseSlot, SpawnedEngine, spawn_engine
 from .sources.host import EngineHost, SourceFactory
 from .sources.shm import ShmSlots
 from .sources.wire import RecordDecoder, WireStepped
@@ -202,9 +202,12 @@ def describe_exit(code: int | None) -> str:
 class ProcessBackend(EngineBackend):
     """The engine in a spawned process: commands through a pipe, snapshot arrays through shared memory."""
 
-    def __init__(self, spec: SourceSpec, hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
+    def __init__(self, spec: SourceSpec, hang_timeout_s: float = HANG_TIMEOUT_S,
+                 early: SpawnedEngine | None = None) -> None:
+        """``early``: an engine process spawned (and loading) before the window was built."""
         super().__init__()
         self.spec = spec
+        self.early = early
         self.hang_timeout_s = hang_timeout_s
         self.proc: mp.process.BaseProcess | None = None
         self.conn = None
@@ -254,17 +257,21 @@ class ProcessBackend(EngineBackend):
         return self.proc.pid if self.proc is not None else None
 
     def start(self) -> None:
+        early, self.early = self.early, None
+        if early is not None and early.spec == self.spec and early.proc.is_alive():
+            self._adopt(early.proc, early.conn)  # it was told to load when it was spawned
+            return
+        if early is not None:
+            early.proc.terminate()
         self._spawn()
         self.send(p.Load(self.scenario))
 
     def _spawn(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        level = logging.getLogger().getEffectiveLevel()
-        self.proc = ctx.Process(target=engine_process_main, args=(child, self.spec),
-                                kwargs={"log_level": level}, name="kvscope-engine", daemon=True)
-        self.proc.start()
-        child.close()
+        spawned = spawn_engine(self.spec, logging.getLogger().getEffectiveLevel())
+        self._adopt(spawned.proc, spawned.conn)
+
+    def _adopt(self, proc, parent) -> None:
+        self.proc = proc
         self.conn = parent
         self._closing = self._reported = False
         self.last_beat, self._spawned_at = None, time.monotonic()

@@ -63,10 +63,10 @@ def test_decode_graph_buffers_pad_and_match_eager(tiny_hf):
 
 def test_engine_loads_consume_the_source_projections(tiny_hf):
     src = copy.deepcopy(tiny_hf)
-    model = LlamaForCausalLM(src, consume=True)
+    model = LlamaForCausalLM.from_hf(src, consume=True)
     attn = src.model.layers[0].self_attn
     assert attn.q_proj.weight.numel() == 0 and src.model.layers[0].mlp.up_proj.weight.numel() == 0
-    ref = LlamaForCausalLM(tiny_hf)  # a borrowed model is left untouched
+    ref = LlamaForCausalLM.from_hf(tiny_hf)  # a borrowed model is left untouched
     assert tiny_hf.model.layers[0].self_attn.q_proj.weight.numel() > 0
     assert torch.equal(model.layers[1].qkv_proj.weight, ref.layers[1].qkv_proj.weight)
 

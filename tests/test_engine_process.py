@@ -127,3 +127,40 @@ def test_closing_the_window_ends_the_engine_process_and_frees_shared_memory(qtbo
     assert time.perf_counter() - t0 < 10
     assert proc.exitcode == 0
     assert not any(Path("/dev/shm", n.lstrip("/")).exists() for n in names)
+
+
+def test_an_engine_spawned_before_the_window_is_adopted(qtbot, settings, tiny_dir):
+    """kvscope spawns the engine process before importing Qt; the window takes that very process over."""
+    from kvscope.sources import protocol as p
+    from kvscope.sources.engine_process import spawn_engine
+    spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
+    early = spawn_engine(spec, 30, p.Load(None))
+    win = MainWindow(ProcessBackend(spec, early=early), settings)
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    try:
+        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=90_000)
+        assert win.worker.pid == early.proc.pid
+        drive(qtbot, win, 3)
+        assert all(r.num_computed_tokens > 0 for r in win.latest.snapshot.requests)
+    finally:
+        win.shutdown()
+
+
+def test_an_early_engine_for_another_spec_is_stopped_not_used(qtbot, settings, tiny_dir):
+    from kvscope.sources import protocol as p
+    from kvscope.sources.engine_process import spawn_engine
+    spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
+    early = spawn_engine(SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=20)), 30, p.Load(None))
+    win = MainWindow(ProcessBackend(spec, early=early), settings)
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    try:
+        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=90_000)
+        assert win.worker.pid != early.proc.pid and win.info.num_blocks == 48
+        early.proc.join(10)
+        assert not early.proc.is_alive()
+    finally:
+        win.shutdown()

@@ -16,8 +16,8 @@ def test_a_scenario_over_the_same_model_reuses_the_weights(tiny_dir, monkeypatch
     scenario.write_text('{"config": {"block_size": 8, "num_gpu_blocks": 20}, "requests": [{"prompt": [1, 2, 3]}]}')
     monkeypatch.setattr(build, "_last_weights", None)
     loads = []
-    real = loader.load_hf_model
-    monkeypatch.setattr("engine.llm_engine.load_hf_model", lambda *a, **k: (loads.append(a[0]), real(*a, **k))[1])
+    real = loader.load_model
+    monkeypatch.setattr("engine.llm_engine.load_model", lambda *a, **k: (loads.append(a[0]), real(*a, **k))[1])
     spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=32, block_size=4))
     first = spec.factory(None)
     first.inject([5, 6, 7, 8], GREEDY)

@@ -34,13 +34,14 @@ def dtype_size(dtype: torch.dtype) -> int:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int,
-                 consume: bool = False, model: LlamaForCausalLM | None = None) -> None:
+                 model: LlamaForCausalLM | None = None) -> None:
+        """``model``: built already (the engine's loads); else it is read from ``hf_model``, left untouched."""
         self.config = config
         # Called with (request id, block id) for every block a step writes, before the forward
         # (the engine's write audit: no write into a shared or published block).
         self.write_observer: Callable[[list[tuple[str, int]]], None] | None = None
         self.device = device
-        self.model = model if model is not None else LlamaForCausalLM(hf_model, consume)
+        self.model = model if model is not None else LlamaForCausalLM.from_hf(hf_model)
         self.dtype = self.model.embed_tokens.weight.dtype
         self.vocab_size = self.model.lm_head.weight.shape[0]
         self.max_model_len = max_model_len

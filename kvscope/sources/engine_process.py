@@ -40,6 +40,29 @@ class Heartbeat:
     pass
 
 
+@dataclass(slots=True)
+class SpawnedEngine:
+    """An engine process started (and told to load) before the window exists: its start-up (torch,
+    the weights) runs while this process imports Qt and builds the window. The backend adopts it."""
+    spec: SourceSpec
+    proc: object  # multiprocessing.Process
+    conn: object  # our end of the pipe
+
+
+def spawn_engine(spec: SourceSpec, log_level: int, load=None) -> SpawnedEngine:
+    """Start the engine process; ``load``, if given, is sent at once (a ``protocol.Load``)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=engine_process_main, args=(child, spec), kwargs={"log_level": log_level},
+                       name="kvscope-engine", daemon=True)
+    proc.start()
+    child.close()
+    if load is not None:
+        parent.send(load)
+    return SpawnedEngine(spec, proc, parent)
+
+
 def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S,
                         log_level: int = logging.INFO) -> None:
     # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.

@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) on a paged KV cache.
 
-Weights come from a transformers model: q/k/v and gate/up are fused into one
-matmul each. RoPE reuses the checkpoint's own rotary module, so every scaling
-variant (linear, dynamic, llama3, yarn, ...) matches transformers exactly.
+Weights come by name (transformers' names) from a safetensors checkpoint or a
+transformers model in memory: q/k/v and gate/up are fused into one matmul each.
+RoPE is ``rotary.build_rotary``: transformers' own formulas for every scaling
+variant, without importing its modeling code.
 """
 from __future__ import annotations
 
@@ -47,23 +48,46 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def _fuse(linears: list[nn.Linear], consume: bool = False) -> nn.Linear:
-    """One Linear for several that read the same input. With ``consume`` the sources give
-    up their storage as soon as it is copied, so loading a 7B model never holds two copies."""
-    w = torch.cat([lin.weight.data for lin in linears], 0)
-    has_bias = any(lin.bias is not None for lin in linears)
-    out = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
-    out.weight = nn.Parameter(w, requires_grad=False)
-    if has_bias:
-        out.bias = nn.Parameter(torch.cat([
-            lin.bias.data if lin.bias is not None else torch.zeros(lin.out_features, dtype=w.dtype, device=w.device)
-            for lin in linears]), requires_grad=False)
-    if consume:
-        for lin in linears:
-            lin.weight = nn.Parameter(lin.weight.data.new_empty(0), requires_grad=False)
-            if lin.bias is not None:
-                lin.bias = nn.Parameter(lin.bias.data.new_empty(0), requires_grad=False)
+# take(name) -> the checkpoint tensor of that name (transformers' names), or None where it has none
+# (biases). A loader may hand each tensor out once and forget it, so nothing is held twice.
+WeightSource = Callable[[str], "torch.Tensor | None"]
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """A Linear over tensors already loaded: no fresh initialisation, no copy."""
+    out = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(out)
+    out.in_features, out.out_features = weight.shape[1], weight.shape[0]
+    out.weight = nn.Parameter(weight, requires_grad=False)
+    out.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
     return out
+
+
+def _fused(take: WeightSource, prefix: str, names: list[str]) -> nn.Linear:
+    """One Linear for several projections that read the same input (q/k/v, gate/up)."""
+    weights = [take(f"{prefix}{n}.weight") for n in names]
+    biases = [take(f"{prefix}{n}.bias") for n in names]
+    w = torch.cat(weights, 0)
+    b = None
+    if any(x is not None for x in biases):
+        b = torch.cat([x if x is not None else w.new_zeros(wi.shape[0]) for x, wi in zip(biases, weights)])
+    return _linear(w, b)
+
+
+def hf_weights(hf_model, consume: bool = False) -> WeightSource:
+    """The weights of a loaded transformers model. With ``consume`` each parameter gives up its
+    storage as it is taken, so building from a 7B model never holds two copies of it."""
+    params = dict(hf_model.named_parameters(remove_duplicate=False))
+
+    def take(name: str) -> torch.Tensor | None:
+        p = params.get(name)
+        if p is None:
+            return None
+        t = p.data
+        if consume and t.numel():
+            p.data = t.new_empty(0)
+        return t
+    return take
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -72,21 +96,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hf_layer, config, consume: bool = False) -> None:
+    def __init__(self, config, take: WeightSource, prefix: str) -> None:
         super().__init__()
-        attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.head_dim ** -0.5
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], consume)
-        self.o_proj = attn.o_proj
-        self.gate_up_proj = _fuse([mlp.gate_proj, mlp.up_proj], consume)
-        self.down_proj = mlp.down_proj
-        self.input_layernorm = RMSNorm(hf_layer.input_layernorm.weight.data, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(hf_layer.post_attention_layernorm.weight.data, config.rms_norm_eps)
+        attn, mlp = f"{prefix}self_attn.", f"{prefix}mlp."
+        self.qkv_proj = _fused(take, attn, ["q_proj", "k_proj", "v_proj"])
+        self.o_proj = _linear(take(f"{attn}o_proj.weight"), take(f"{attn}o_proj.bias"))
+        self.gate_up_proj = _fused(take, mlp, ["gate_proj", "up_proj"])
+        self.down_proj = _linear(take(f"{mlp}down_proj.weight"), take(f"{mlp}down_proj.bias"))
+        self.input_layernorm = RMSNorm(take(f"{prefix}input_layernorm.weight"), config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(take(f"{prefix}post_attention_layernorm.weight"),
+                                                config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn, store: StoreFn) -> torch.Tensor:
@@ -108,25 +133,31 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Built from a transformers ``*ForCausalLM``; the source model can be dropped afterwards.
+    """Built from a config and a ``WeightSource``: a checkpoint read straight from safetensors
+    (``loader.load_model``) or a transformers model already in memory (``from_hf``)."""
 
-    ``consume=True`` (the engine's own loads) empties the source's fused projections as it goes.
-    """
-
-    def __init__(self, hf_model, consume: bool = False) -> None:
+    def __init__(self, config, take: WeightSource, rotary: nn.Module) -> None:
         super().__init__()
-        config = hf_model.config
         check_supported(config)
         self.config = config
-        inner = hf_model.model
-        self.embed_tokens = inner.embed_tokens
-        self.layers = nn.ModuleList(DecoderLayer(layer, config, consume) for layer in inner.layers)
-        self.norm = RMSNorm(inner.norm.weight.data, config.rms_norm_eps)
-        self.lm_head = hf_model.lm_head
-        self.rotary_emb = inner.rotary_emb
+        embed = take("model.embed_tokens.weight")
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.layers = nn.ModuleList(DecoderLayer(config, take, f"model.layers.{i}.")
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(take("model.norm.weight"), config.rms_norm_eps)
+        head = take("lm_head.weight")
+        self.lm_head = _linear(head if head is not None and head.numel() else embed)  # tied: one tensor
+        self.rotary_emb = rotary
         first = self.layers[0]
         self.num_layers = len(self.layers)
         self.num_kv_heads, self.head_dim = first.num_kv_heads, first.head_dim
+
+    @classmethod
+    def from_hf(cls, hf_model, consume: bool = False) -> LlamaForCausalLM:
+        """From a transformers ``*ForCausalLM``; ``consume=True`` (the engine's own loads) empties
+        the source as it goes, a borrowed model is left untouched."""
+        check_supported(hf_model.config)
+        return cls(hf_model.config, hf_weights(hf_model, consume), hf_model.model.rotary_emb)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -1,4 +1,5 @@
-"""Find a model (embedded default, alias, local folder or file, hub id) and load it with transformers."""
+"""Find a model (embedded default, alias, local folder or file, hub id) and load it: safetensors straight
+into the engine's model, anything else (a GGUF file's first conversion, .bin checkpoints) through transformers."""
 from __future__ import annotations
 
 import hashlib
@@ -186,47 +187,187 @@ def load_tokenizer(name: str):
 
 def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
                   progress=None):
-    """Load weights, and the tokenizer (``tokenizer`` if given, else the model's own if it has one).
+    """Weights as a transformers model, and the tokenizer (``tokenizer`` if given, else the model's own).
 
     A GGUF file is dequantized once and kept converted (safetensors) in the cache folder, keyed
-    by the file's hash: later starts read that copy, which is many times faster. ``progress``,
-    if given, is called with (what is happening, fraction done or None).
+    by the file's hash: later loads read that copy. The engine itself uses ``load_model``, which reads
+    safetensors without transformers' modeling code; this is the path for everything else.
     """
     chosen = load_tokenizer(tokenizer) if tokenizer is not None else None  # before the weights: fail fast
-    model, own = _load_weights(source, dtype, device, progress or (lambda _text, _fraction=None: None))
+    report = progress or (lambda _text, _fraction=None: None)
+    folder = _converted(source, report) if source.gguf_file else None
+    if folder is not None:
+        report(f"reading the converted {source.gguf_file} from the cache", 0.6)
+        try:
+            model, own = _load(ModelSource(str(folder), None, source.name), dtype, device)
+            return model, chosen if chosen is not None else _named(own, source)
+        except Exception as e:  # noqa: BLE001 - a broken cache entry is converted again next time
+            _drop_broken(folder, e)
+    report(f"reading {source.name}", 0.1)
+    model, own = _load(source, dtype, device)
     return model, chosen if chosen is not None else own
 
 
-def _load_weights(source: ModelSource, dtype: str, device: torch.device, report):
-    if not source.gguf_file:
-        report(f"reading {source.name}", 0.1)
-        return _load(source, dtype, device)
-    cached = gguf_cache_dir(source)
-    if not (cached / COMPLETE).is_file():
-        report(f"converting {source.gguf_file} (once: the result is cached)", 0.1)
-        model, tokenizer = _load(source, "auto", torch.device("cpu"))
-        report("caching the converted model", 0.5)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        _save_converted(model, tokenizer, cached)
-        if not (cached / COMPLETE).is_file():
-            return _convert_dtype(model, dtype, device), tokenizer
-        del model
-    report(f"reading the converted {source.gguf_file} from the cache", 0.6)
+def load_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
+               progress=None):
+    """The engine's load: (``LlamaForCausalLM``, tokenizer or None).
+
+    A safetensors checkpoint (a local folder, a hub snapshot, the cached conversion of a GGUF file) is
+    read tensor by tensor straight into the engine's model: transformers' model classes are never
+    imported, which saves seconds at every start. Anything else goes through ``load_hf_model``.
+    """
+    from .llama import LlamaForCausalLM
+
+    chosen = load_tokenizer(tokenizer) if tokenizer is not None else None
+    report = progress or (lambda _text, _fraction=None: None)
+    folder = _converted(source, report) if source.gguf_file else _local_snapshot(source)
+    if folder is not None and native_files(folder):
+        report(f"reading {source.name}" + (" (converted, from the cache)" if source.gguf_file else ""), 0.6)
+        try:
+            model = load_native(folder, dtype, device)
+            own = _tokenizer_of(folder, source, model.config)
+            return model, chosen if chosen is not None else own
+        except NotNativeError:
+            pass
+        except (torch.cuda.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - an unreadable cache entry is converted again next time
+            if not source.gguf_file:
+                raise
+            _drop_broken(folder, e)
+    hf_model, own = load_hf_model(source, dtype, device, progress=report)
+    report("building the model (fusing q/k/v and gate/up)", 0.7)
+    return LlamaForCausalLM.from_hf(hf_model, consume=True), chosen if chosen is not None else own
+
+
+class NotNativeError(ValueError):
+    """The checkpoint needs transformers' own loader (quantized weights, no safetensors)."""
+
+
+def native_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder: its index's shards, else model.safetensors, else all
+    (a ``consolidated`` file beside the shards is another layout of the same weights)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    return sorted(f for f in folder.glob("*.safetensors") if not f.name.startswith("consolidated"))
+
+
+def load_native(folder: Path, dtype: str, device: torch.device):
+    """Build ``LlamaForCausalLM`` from a safetensors checkpoint, each tensor read once onto ``device``."""
+    from safetensors import safe_open
+
+    from .checkpoint_config import read_config
+    from .llama import LlamaForCausalLM, check_supported
+    from .rotary import build_rotary
+
+    config = read_config(folder)
+    if getattr(config, "quantization_config", None):
+        raise NotNativeError("quantized checkpoint")
+    check_supported(config)
+    target = getattr(torch, dtype) if dtype != "auto" else _checkpoint_dtype(config)
+    where = {}  # name -> (file, name stored in the file)
+    for f in native_files(folder):
+        handle = safe_open(str(f), framework="pt", device=str(device) if device.type == "cuda" else "cpu")
+        where.update({k: (handle, k) for k in handle.keys()})
+    if config.tie_word_embeddings:
+        # transformers ties the head to the embedding whatever the file holds; a file saved with the
+        # tied pair deduplicated may keep either name
+        head = where.pop("lm_head.weight", None)
+        where.setdefault("model.embed_tokens.weight", head)
+
+    def take(name: str) -> torch.Tensor | None:
+        handle, stored = where.pop(name, None) or (None, None)
+        if handle is None:
+            return None
+        t = handle.get_tensor(stored)
+        if target is not None and t.is_floating_point() and t.dtype != target:
+            t = t.to(target)
+        return t
     try:
-        model, tokenizer = _load(ModelSource(str(cached), None, source.name), dtype, device)
-    except Exception as e:  # noqa: BLE001 - a broken cache entry is converted again next time
-        logger.warning("the cached conversion in %s cannot be read (%s); reading the GGUF file", cached, e)
-        shutil.rmtree(cached, ignore_errors=True)
-        return _load(source, dtype, device)
-    if tokenizer is not None:
+        model = LlamaForCausalLM(config, take, build_rotary(config))
+    except torch.cuda.OutOfMemoryError as e:
+        raise MemoryError(
+            f"out of GPU memory while loading {folder.name}: {e}. Try a lower "
+            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model") from None
+    return model.eval().to(device)
+
+
+def _checkpoint_dtype(config) -> torch.dtype | None:
+    """``dtype="auto"`` as transformers reads it: the config's dtype, else each tensor's own."""
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(d, str):
+        d = getattr(torch, d, None)
+    return d if isinstance(d, torch.dtype) else None
+
+
+def _local_snapshot(source: ModelSource) -> Path | None:
+    """A local folder for the checkpoint: the folder itself, or the hub's snapshot of the config and
+    safetensors (downloaded if needed); None sends the load down transformers' own path."""
+    p = Path(source.path)
+    if p.is_dir():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(source.path, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]))
+    except Exception:  # noqa: BLE001 - transformers' loader gives the user its own message
+        return None
+
+
+def _tokenizer_of(folder: Path, source: ModelSource, config):
+    try:
+        own = _own_conversion_tokenizer(folder) if source.gguf_file else None
+        if own is not None:
+            return _named(own, source)
+        from transformers import AutoTokenizer
+        # the config already read: AutoTokenizer would otherwise import the model's config class
+        return _named(AutoTokenizer.from_pretrained(str(folder), config=config), source)
+    except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
+        logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
+                       source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return None
+
+
+def _own_conversion_tokenizer(folder: Path):
+    """The tokenizer our GGUF conversion saved, read with the class it was saved as. ``AutoTokenizer``
+    would pick the same class, after importing every model package's table (about 1 s a start)."""
+    import json
+    cfg = folder / "tokenizer_config.json"
+    if not cfg.is_file() or json.loads(cfg.read_text()).get("tokenizer_class") != "TokenizersBackend":
+        return None
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the generic path
+        return None
+    return TokenizersBackend.from_pretrained(str(folder))
+
+
+def _named(tokenizer, source: ModelSource):
+    if tokenizer is not None and source.gguf_file:
         tokenizer.name_or_path = source.path  # block hashes name the model, not where its copy lives
-    return model, tokenizer
+    return tokenizer
 
 
-def _convert_dtype(model, dtype: str, device: torch.device):
-    if dtype != "auto":
-        model = model.to(getattr(torch, dtype))
-    return model.to(device)
+def _converted(source: ModelSource, report) -> Path | None:
+    """The cached conversion of a GGUF file, made now if missing; None if it cannot be cached."""
+    cached = gguf_cache_dir(source)
+    if (cached / COMPLETE).is_file():
+        return cached
+    report(f"converting {source.gguf_file} (once: the result is cached)", 0.1)
+    model, tokenizer = _load(source, "auto", torch.device("cpu"))
+    report("caching the converted model", 0.5)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    _save_converted(model, tokenizer, cached)
+    return cached if (cached / COMPLETE).is_file() else None
+
+
+def _drop_broken(folder: Path, e: Exception) -> None:
+    logger.warning("the cached conversion in %s cannot be read (%s); reading the GGUF file", folder, e)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _load(source: ModelSource, dtype: str, device: torch.device):
