@@ -48,9 +48,11 @@ class StartupDriver(QObject):
     """
 
     def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
-                 replay_steps: int | None = None, select: list[str] | None = None) -> None:
+                 replay_steps: int | None = None, select: list[str] | None = None,
+                 select_block: int | None = None, compare: bool = False) -> None:
         super().__init__(win)
         self.select = select or []
+        self.select_block, self.compare = select_block, compare
         self.win, self.path, self.steps = win, path, steps
         self.prompts, self.max_tokens = prompts, max_tokens
         self.replay_steps = replay_steps
@@ -64,6 +66,7 @@ class StartupDriver(QObject):
         win.worker.load_failed.connect(self.on_failed)
         win.worker.stepped.connect(self.on_stepped)
         win.worker.error.connect(self.on_error)
+        win.worker.compared.connect(self.on_compared)
 
     @Slot(object)
     def on_loaded(self, info) -> None:
@@ -113,8 +116,20 @@ class StartupDriver(QObject):
         self.exit_code = self.exit_code or 1
         self._schedule_save()
 
+    @Slot(str, object)
+    def on_compared(self, _text: str, _divergence) -> None:
+        if self.path and self.compare:
+            self.compare = False
+            self._saving = False
+            self._schedule_save()
+
     def _schedule_save(self, delay_ms: int = 100) -> None:
         if self._saving:
+            return
+        if self.compare and self.win.info is not None and not self.win.info.read_only and self.exit_code == 0:
+            self._saving, self._waiting = True, False
+            self.win.flush()
+            self.win.compare_caching()  # on_compared saves
             return
         self._saving, self._waiting = True, False
         QTimer.singleShot(delay_ms, self.save)
@@ -135,6 +150,10 @@ class StartupDriver(QObject):
         try:
             self.win.flush()
             self.select_for_shot()
+            if self.select_block is not None and self.win.info is not None \
+                    and 0 <= self.select_block < self.win.info.num_blocks:
+                self.win.on_block_clicked(self.select_block)
+                self.win.docks["diagnosis"].raise_()
             QApplication.processEvents()
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             ok = self.win.grab().save(self.path)
@@ -191,7 +210,8 @@ def run_app(config: EngineConfig, args: argparse.Namespace, early: SpawnedEngine
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens,
                            count_replay_steps(args.replay) if args.replay else None,
-                           [x.strip() for x in (args.select or "").split(",") if x.strip()])
+                           [x.strip() for x in (args.select or "").split(",") if x.strip()],
+                           args.select_block, args.compare)
     # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
     interrupted: list[int] = []
 

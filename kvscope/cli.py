@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--select", default=None, metavar="IDS",
                    help="--screenshot: select these requests (comma-separated ids, e.g. 0,1: the figure view "
                         "shows them side by side); default: the request with the most blocks")
+    a.add_argument("--select-block", type=int, default=None, metavar="ID",
+                   help="--screenshot: click this block first: its life story shows in the Why? tab")
+    a.add_argument("--compare", action="store_true",
+                   help="--screenshot: run the caching on/off comparison (the Why? tab) before saving")
     add_serve_args(p)
     add_kv_events_args(p)
     return p

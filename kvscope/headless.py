@@ -44,7 +44,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 1)
     if getattr(args, "compare_caching", False):
         return _compare_caching(session, args)
-    summary = Summary(decode=session.decode)
+    summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len)
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
         session.close()
@@ -81,6 +81,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     if summary.last is None:
         return _fail("nothing to run", 2)
     out = summary.as_dict()
+    out["kv_pool_bytes"] = session.info.num_blocks * session.info.block_bytes  # sized once, at start-up
+    out["device_free_bytes"] = device_free(session.info.device)
     if story is not None:
         out["block_story"] = {"block_id": explain, "events": [
             {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
@@ -104,38 +106,34 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def device_free(device: str) -> int | None:
+    """What the device could still give at the end of the run (nvml, else the machine's available RAM)."""
+    from .sysinfo import MemoryProbe
+    index = int(device.split(":")[1]) if device.startswith("cuda:") else (0 if device == "cuda" else None)
+    return MemoryProbe(index).read().device_free
+
+
 def _compare_caching(session, args: argparse.Namespace) -> int:
     """``--compare-caching``: the same requests through two engines on one set of weights."""
-    import dataclasses
-
-    from engine import LLMEngine
-    from engine.inspect.compare import compare_caching
-    engine = getattr(session, "engine", None)
-    if engine is None:
+    if getattr(session, "engine", None) is None:
         session.close()
         return _fail("--compare-caching needs a live engine, not a trace replay", 2)
     sc = session.scenario.scenario if getattr(session, "scenario", None) else None
     prompts = [r["prompt"] for r in sc.requests if "prompt" in r] if sc else []
     prompts += args.inject + args.inject_ids
-    session.close()
     if not prompts:
+        session.close()
         return _fail("--compare-caching: no requests (give a --scenario with prompts, or --inject)", 2)
     max_tokens = max([r.get("max_tokens", 16) for r in sc.requests] if sc else [args.max_tokens])
-
-    def make(caching: bool) -> LLMEngine:
-        cfg = dataclasses.replace(engine.config, enable_prefix_caching=caching)
-        return LLMEngine(cfg, weights=engine.weights)
     try:
-        c = compare_caching(make, prompts, max_tokens)
+        c = session.compare_caching(prompts, max_tokens)
     except ValueError as e:
         return _fail(one_line(e), 2)
+    finally:
+        session.close()
     out = {"requests": len(prompts), "divergence": None, "audit": c.audit}
     if c.divergence is not None:
-        d = c.divergence
-        out["divergence"] = {"request_index": d.request_index, "request_id": d.request_id,
-                             "token_index": d.token_index, "num_cached_tokens": d.num_cached_tokens,
-                             "block_ids": list(d.block_ids), "with_caching": list(d.with_caching),
-                             "without_caching": list(d.without_caching)}
+        out["divergence"] = c.divergence.to_dict()
     if args.json:
         print(json.dumps(out, indent=2))
     elif c.divergence is None:

@@ -23,7 +23,7 @@ from engine.inspect.replay import PoolReplayer
 from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, assemble_snapshot
 
 SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped", "tokens_per_s",
-          "nvml_used", "torch_allocated", "torch_reserved", "process_rss")
+          "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
 DEFAULT_BUDGET = 300 * 2**20
 STEP_BYTES = 8 * len(SERIES) + 600  # the series, the counters dict and the shown-requests entry of one step
 EVENT_BYTES = 120  # a frozen slotted event with its strings, roughly (sys.getsizeof + shared strings)
@@ -70,6 +70,7 @@ class _RequestTimeline:
     text: str = ""  # the text with ``len(tokens)`` tokens
     last: RequestInfo | None = None
     extra: dict = field(default_factory=dict)  # fields a newer RequestInfo carries (e.g. client)
+    arrived: float = 0.0  # the run's clock (summed step seconds) when the request was first shown
 
     def add(self, step: int, r: RequestInfo) -> None:
         self.steps.append(step)
@@ -129,6 +130,10 @@ class RunHistory:
         self._event_bytes = 0
         self._req_bytes = 0  # kept up to date as rows are added; recomputed when steps are dropped
         self.dropped_steps = 0
+        self.clock = 0.0  # seconds of engine steps so far: what a client would have waited
+        # (step, seconds from arrival to the first output token, request id), one per request
+        self.ttft: list[tuple[int, float, str]] = []
+        self._decode_tokens = 0
 
     # -- recording -------------------------------------------------------------------------
     def record(self, snap: KVSnapshot, step_seconds: float, memory=None, events: list[Event] | None = None) -> None:
@@ -139,6 +144,9 @@ class RunHistory:
             self._events.setdefault(step, []).extend(events)
             self._event_bytes += EVENT_BYTES * len(events)
         self._counters[step] = snap.counters
+        if new_step:
+            self.clock += step_seconds
+            self._decode_tokens = 0
         shown = tuple(r.request_id for r in snap.requests)
         prev = self._shown.get(self.steps[-1]) if self.steps else None
         self._shown[step] = prev if prev == shown else shown
@@ -147,9 +155,11 @@ class RunHistory:
             if tl is None:
                 tl = self._requests[r.request_id] = _RequestTimeline(
                     r.request_id, r.index, r.num_prompt_tokens, r.group_id, r.parent_id,
-                    extra=_extra_fields(r))
+                    extra=_extra_fields(r), arrived=self.clock - (step_seconds if new_step else 0.0))
             if tl.last is r and tl.steps and tl.steps[-1] == step:
                 continue
+            if new_step:
+                self._count_output(step, tl, r)
             if tl.steps and tl.steps[-1] == step:  # folded into this step: replace its numbers
                 for name in ("steps", "status", "num_output", "num_computed", "num_cached"):
                     getattr(tl, name).pop()
@@ -168,6 +178,17 @@ class RunHistory:
             self._add_series(snap, step_seconds, memory)
         self._enforce_budget()
 
+    def _count_output(self, step: int, tl: _RequestTimeline, r: RequestInfo) -> None:
+        """A request's first output token is its time to first token; later ones are decode tokens."""
+        before = tl.num_output[-1] if tl.num_output else 0
+        if r.num_output_tokens <= before:
+            return
+        if before == 0:
+            self.ttft.append((step, self.clock - tl.arrived, tl.request_id))
+            self._decode_tokens += r.num_output_tokens - 1
+        else:
+            self._decode_tokens += r.num_output_tokens - before
+
     def _add_series(self, snap: KVSnapshot, step_seconds: float, memory) -> None:
         c = snap.counters
         counts = np.bincount(snap.state, minlength=len(BlockState))
@@ -181,10 +202,12 @@ class RunHistory:
             "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0,
             "running": c.get("num_requests_running", 0), "waiting": c.get("num_requests_waiting", 0),
             "swapped": c.get("num_requests_swapped", 0), "tokens_per_s": tps,
+            "decode_tokens_per_s": self._decode_tokens / step_seconds if step_seconds > 0 else 0.0,
             "nvml_used": getattr(memory, "nvml_used", None) or 0,
             "torch_allocated": getattr(memory, "torch_allocated", None) or 0,
             "torch_reserved": getattr(memory, "torch_reserved", None) or 0,
             "process_rss": getattr(memory, "process_rss", 0) or 0,
+            "device_free": getattr(memory, "device_free", None) or 0,
         }
         for k, v in row.items():
             self.series[k].append(float(v))
@@ -207,6 +230,7 @@ class RunHistory:
         gone, self.steps = self.steps[:i], self.steps[i:]
         for k in self.series:
             del self.series[k][:i]
+        self.ttft = [t for t in self.ttft if t[0] >= first]
         for s in gone:
             self._event_bytes -= EVENT_BYTES * len(self._events.pop(s, ()))
             self._counters.pop(s, None)
@@ -225,6 +249,11 @@ class RunHistory:
     @property
     def latest(self) -> KVSnapshot | None:
         return self._latest
+
+    @property
+    def requests(self) -> dict:
+        """Each request's timeline (``_RequestTimeline``: index, prompt length, tokens), read-only."""
+        return self._requests
 
     @property
     def reach(self) -> tuple[int, int] | None:

@@ -3,6 +3,7 @@ process, or a thread), the view state (selection, timeline position, redraw paci
 """
 from __future__ import annotations
 
+import bisect
 import time
 
 import numpy as np
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .diagnosis import Diagnosis, comparison_prompts
 from .history import RunHistory
 from .scenario import available, load_scenario
 from .sources import protocol as cmd
@@ -32,8 +34,10 @@ from .sources.base import InjectSpec, SourceInfo
 from .state import ViewState, status_text
 from .views.banner import Banner
 from .views.block_grid import BlockGridView
+from .views.diagnosis_panel import DiagnosisPanel
 from .views.event_log import EventLogView
 from .views.figure_view import FigureView
+from .views.fragmentation import FragmentationView
 from .views.inject_dialog import InjectDialog
 from .views.plots import PlotsPanel
 from .views.request_panel import RequestPanel
@@ -55,6 +59,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
         self.history = RunHistory()
+        self.diagnosis = Diagnosis()
         self.info: SourceInfo | None = None
         self.latest: StepResult | None = None
         self.errors: list[str] = []
@@ -88,6 +93,10 @@ class MainWindow(QMainWindow):
         self.plots = PlotsPanel()
         self.events = EventLogView()
         self.figure = FigureView()
+        self.diagnosis_panel = DiagnosisPanel()
+        self.fragmentation = FragmentationView()
+        self.diagnosis_panel.step_activated.connect(self.show_step)
+        self.diagnosis_panel.compare_requested.connect(self.compare_caching)
         self.notes = ScenarioNotesPanel()
         self.welcome = WelcomeView()
         self.welcome.scenario_chosen.connect(self.load_scenario)
@@ -131,6 +140,10 @@ class MainWindow(QMainWindow):
                 ("Paper figure: the selected requests", self.figure, Qt.DockWidgetArea.BottomDockWidgetArea,
                  "figure"),
                 ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events"),
+                ("Why? Block story, caching on vs off", self.diagnosis_panel, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "diagnosis"),
+                ("Fragmentation: contiguous vs paged", self.fragmentation, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "fragmentation"),
                 ("Plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea, "plots")):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
@@ -139,7 +152,9 @@ class MainWindow(QMainWindow):
             self.docks[name] = dock
         # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
         self.tabifyDockWidget(self.docks["figure"], self.docks["events"])
-        self.tabifyDockWidget(self.docks["events"], self.docks["plots"])
+        self.tabifyDockWidget(self.docks["events"], self.docks["diagnosis"])
+        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["fragmentation"])
+        self.tabifyDockWidget(self.docks["fragmentation"], self.docks["plots"])
         self.docks["figure"].raise_()
         self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
         self.grid.block_clicked.connect(self.on_block_clicked)
@@ -215,6 +230,13 @@ class MainWindow(QMainWindow):
         view.addSeparator()
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
+        diagnose = self.menuBar().addMenu("&Diagnose")
+        self.act_compare = QAction("Compare caching on / off (this run's prompts)", self)
+        self.act_compare.triggered.connect(self.compare_caching)
+        diagnose.addAction(self.act_compare)
+        act = QAction("Block story of the selected block", self)
+        act.triggered.connect(lambda: self.docks["diagnosis"].raise_())
+        diagnose.addAction(act)
         engine_menu = self.menuBar().addMenu("&Engine")
         self.act_restart = QAction("Restart the engine process", self)
         self.act_restart.setEnabled(False)
@@ -245,6 +267,7 @@ class MainWindow(QMainWindow):
         backend.error.connect(self.on_error)
         backend.running_changed.connect(self.on_running_changed)
         backend.died.connect(self.on_engine_died)
+        backend.compared.connect(self.on_compared)
 
     # -- commands -------------------------------------------------------------------
     def step(self, n: int = 1) -> None:
@@ -308,10 +331,20 @@ class MainWindow(QMainWindow):
         self.events.set_decode(decode)
         self.busy.hide()
         self.history = RunHistory(decode=decode)
+        self.diagnosis = Diagnosis(decode, info.prefix_caching)
+        self.diagnosis_panel.clear_story()
+        self.diagnosis_panel.compare_label.setText("Caching on vs off: not run yet")
+        self.diagnosis_panel.compare_button.setEnabled(not info.read_only)
+        self.act_compare.setEnabled(not info.read_only)
         self.latest = None
         self.events.model.clear()
         self.events.set_max_step(None)
         self.plots.set_cursor(None)
+        self.plots.set_pool(info.block_bytes)
+        self.fragmentation.set_info(info.max_model_len, info.kv_layout)
+        self.fragmentation.set_snapshot(None)
+        if info.view in self.docks:
+            self.docks[info.view].raise_()
         self.state.reset()
         self.banner.clear()
         self.requests.select([])
@@ -357,6 +390,7 @@ class MainWindow(QMainWindow):
     def on_stepped(self, result: StepResult) -> None:
         self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
+        self.diagnosis.feed(result.step, result.events, result.snapshot)
         self.events.append(result.step, result.events)
         if result.snapshot.requests and self.welcome.isVisible():
             self.show_welcome(False)
@@ -367,6 +401,10 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def on_error(self, message: str) -> None:
         self.errors.append(message)
+        if not self.diagnosis_panel.compare_button.isEnabled() and self.info is not None \
+                and not self.info.read_only:
+            self.diagnosis_panel.compare_button.setEnabled(True)
+            self.diagnosis_panel.compare_label.setText(f"Caching on vs off: {message}")
         self.banner.show_message(message, "error")
         self.statusBar().showMessage(message, 10_000)
 
@@ -437,8 +475,10 @@ class MainWindow(QMainWindow):
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap)
+        self.requests.miss_label.setText(self.diagnosis.miss_text(snap, self.requests.selected_id))
         self.figure.set_snapshot(snap)
         self.figure.set_events(list(events))
+        self.fragmentation.set_snapshot(snap)
         if self.requests.selected_id:
             self.grid.set_highlight(list(self.requests.selected_block_ids()))
         self.notes.set_step(snap.step)
@@ -459,6 +499,26 @@ class MainWindow(QMainWindow):
             self._show(snap, latest.audit if live and latest else None,
                        latest.events if live and latest else self.history.events_at(step))
 
+    def show_step(self, step: int) -> None:
+        """Move the timeline to ``step`` (a story row clicked)."""
+        i = bisect.bisect_left(self.history.steps, step)
+        if i < len(self.history.steps):
+            self.timeline.setValue(i)
+
+    def compare_caching(self) -> None:
+        prompts, max_tokens = comparison_prompts(self.history)
+        if not prompts:
+            self.on_error("nothing to compare: inject a request or load a scenario first")
+            return
+        self.diagnosis_panel.comparison_running(len(prompts))
+        self.docks["diagnosis"].raise_()
+        self.worker.send(cmd.CompareCaching(prompts, max_tokens))
+
+    @Slot(str, object)
+    def on_compared(self, text: str, divergence) -> None:
+        self.diagnosis_panel.show_comparison(text, divergence)
+        self.status_label.setText(text)
+
     def follow_live(self) -> None:
         self.state.follow_live()
         self.timeline_label.setText("live")
@@ -473,11 +533,15 @@ class MainWindow(QMainWindow):
         owners = snap.owners_of(block_id) if snap else []
         self.requests.select(owners)
         self.grid.set_highlight([block_id])
+        up_to = None if self.state.live or snap is None else snap.step
+        self.diagnosis_panel.show_story(block_id, self.diagnosis.story(block_id, self.history, up_to),
+                                        self.history.reach)
 
     def on_request_selected(self, request_id: str) -> None:
         self.state.selected_request = request_id
         self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
         self.figure.set_requests(self.requests.selected_ids())
+        self.requests.miss_label.setText(self.diagnosis.miss_text(self.requests.snapshot, request_id))
 
     def on_event_activated(self, ev) -> None:
         bid = getattr(ev, "block_id", None)

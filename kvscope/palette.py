@@ -42,6 +42,15 @@ STATES: dict[BlockState, ColourClass] = {
 }
 STATE_COLOURS: dict[BlockState, RGB] = {s: c.colour for s, c in STATES.items()}
 
+# the fragmentation figure's slot classes (the textbook's colours: used, internal waste, reservation)
+FRAGMENTS: dict[str, ColourClass] = {
+    "used": ColourClass("used", (52, 168, 83), "holds the KV of a computed token"),
+    "wasted": ColourClass("wasted inside a block", (255, 112, 67),
+                          "the rest of a request's last block: internal fragmentation, under one block a request"),
+    "reserved": ColourClass("reserved, empty", (120, 134, 160),
+                            "held for tokens the request may still produce: the max-length reservation"),
+}
+
 FREE = STATE_COLOURS[BlockState.FREE]
 CACHED = STATE_COLOURS[BlockState.CACHED]
 USED = STATE_COLOURS[BlockState.USED]
@@ -99,6 +108,11 @@ SERIES_COLOURS: dict[str, RGB] = {
     "waiting": (224, 224, 224),
     "swapped": STATES[BlockState.SWAPPED].line_colour,
     "tokens_per_s": (38, 198, 218),
+    "decode_tokens_per_s": (255, 202, 40),
+    "ttft": (240, 98, 146),
+    "pool_bytes": (100, 181, 246),
+    "pool_used": USED,
+    "device_free": (255, 241, 118),
     "process_rss": (176, 176, 176),
     "nvml_used": (255, 255, 255),
     "torch_allocated": (128, 203, 196),

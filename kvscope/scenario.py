@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
 CONFIG_KEYS = scenario_keys()  # every EngineConfig field but the machine's (model, tokenizer, device)
+VIEWS = ("", "figure", "events", "diagnosis", "plots", "fragmentation")  # the window's bottom panels
 MAX_STEP = 100_000  # "at" / "abort_at": a scenario must not idle the engine for ever
 MAX_COPIES = 4096
 REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature", "seed", "top_p", "copies",
@@ -54,6 +55,7 @@ class Scenario:
     requests: list[dict]
     watch: str = ""
     notes: list[tuple[int, str]] = field(default_factory=list)  # (step, text), sorted by step
+    view: str = ""  # the window's panel that tells this scenario's story, brought to the front on load
 
 
 def _int(v: object) -> bool:
@@ -136,6 +138,9 @@ def load_scenario(name_or_file: str) -> Scenario:
     steps = data.get("steps")
     if steps is not None and (not _int(steps) or steps < 1):
         raise ValueError(f"scenario {p}: 'steps' must be an integer >= 1, got {json.dumps(steps)}")
+    view = data.get("view", "")
+    if view not in VIEWS:
+        raise ValueError(f"scenario {p}: 'view' must be one of {', '.join(repr(v) for v in VIEWS)}, got {view!r}")
     for key in ("title", "description", "watch"):
         if not isinstance(data.get(key, ""), str):
             raise ValueError(f"scenario {p}: '{key}' must be a string")
@@ -145,7 +150,7 @@ def load_scenario(name_or_file: str) -> Scenario:
         except ValueError as e:
             raise ValueError(f"scenario {p}: request {i}: {e}") from None
     return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
-                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])))
+                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view)
 
 
 def _notes(p: Path, notes) -> list[tuple[int, str]]:

@@ -13,6 +13,25 @@ class MemoryReading:
     torch_allocated: int | None = None
     torch_reserved: int | None = None
     process_rss: int = 0
+    system_available: int | None = None  # the machine's MemAvailable: the "device" of a CPU run
+
+    @property
+    def device_free(self) -> int | None:
+        """What the device could still give: nvml's free memory, else the machine's available RAM."""
+        if self.nvml_total is not None and self.nvml_used is not None:
+            return self.nvml_total - self.nvml_used
+        return self.system_available
+
+
+def system_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def process_rss() -> int:
@@ -52,4 +71,4 @@ class MemoryProbe:
             import torch
             alloc = torch.cuda.memory_allocated(self.device_index)
             reserved = torch.cuda.memory_reserved(self.device_index)
-        return MemoryReading(used, total, self.status, alloc, reserved, process_rss())
+        return MemoryReading(used, total, self.status, alloc, reserved, process_rss(), system_available())

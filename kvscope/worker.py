@@ -44,6 +44,7 @@ class EngineBackend(QObject):
     running_changed = Signal(bool)
     injected = Signal(str)  # request id
     died = Signal(str)  # the engine process ended or hung; the window keeps the last state
+    compared = Signal(str, object)  # a caching comparison's line and its divergence (dict or None)
     _result = Signal(object)  # from the host's thread (or the reader thread) to the GUI thread
 
     def __init__(self) -> None:
@@ -74,6 +75,8 @@ class EngineBackend(QObject):
                 self.injected.emit(rid)
             case p.Died(message):
                 self.died.emit(message)
+            case p.Compared(text, divergence):
+                self.compared.emit(text, divergence)
 
     def decode(self, token_ids) -> str | None:
         """Token ids as text (one token's own text each), or None when the model has no tokenizer."""

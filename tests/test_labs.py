@@ -32,3 +32,37 @@ def test_lab_caching_changes_output_is_found_by_the_audit_and_the_comparison(cap
     assert "shared_write" in cmp["audit"]
     clean = headless_json(capsys, "--scenario", "shared-system-prompt", "--compare-caching")
     assert clean["divergence"] is None and clean["audit"] == "audit clean"
+
+
+def test_lab_pool_exhausted_shows_a_full_fixed_pool_beside_free_memory(capsys):
+    out = headless_json(capsys, "--scenario", "lab-pool-exhausted")
+    assert out["num_preemptions"] >= 3 and out["kv_cache_usage_perc_peak"] == 1.0
+    assert out["blocks_used_peak"] == out["num_blocks"] == 20
+    assert out["kv_pool_bytes"] == 20 * out["kv_pool_bytes"] // 20 > 0
+    # the cause: the device (here the machine's RAM) had far more free than the whole pool
+    assert out["device_free_bytes"] is not None and out["device_free_bytes"] > 10 * out["kv_pool_bytes"]
+    assert all(r["status"] == "finished_length" and r["output_tokens"] == 48 for r in out["requests"])
+
+
+def test_lab_caching_slows_decode_short_ttft_for_hits_and_slower_decode(capsys):
+    out = headless_json(capsys, "--scenario", "lab-caching-slows-decode")
+    r = {x["request_id"]: x for x in out["requests"]}
+    short, cold, hits = [r[i] for i in "0123"], r["4"], [r[i] for i in "567"]
+    assert cold["cached_tokens"] == 0 and all(h["cached_tokens"] >= 0.9 * h["prompt_tokens"] for h in hits)
+    assert all(h["ttft_s"] < cold["ttft_s"] / 2 for h in hits)  # the hit skips the long prefill
+    # and yet decoding over a long context is slower than over a short one (same batch size of four)
+    assert max(h["decode_tokens_per_s"] for h in hits) < min(s["decode_tokens_per_s"] for s in short)
+
+
+def test_fragmentation_lab_counts_reserved_and_wasted_slots(capsys):
+    out = headless_json(capsys, "--scenario", "fragmentation")
+    f = out["fragmentation"]
+    bs = out["block_size"]
+    assert f["blocks_held"] == out["num_blocks"] == 96  # six reservations of 256 slots fill the pool
+    assert f["reserved_slots"] > 3 * f["used_slots"]  # most of what is held is never written
+    lay = f["layouts"]
+    assert lay["contiguous"]["used_slots"] == lay["paged"]["used_slots"] == f["used_slots"]
+    assert lay["paged"]["reserved_slots"] == 0 and lay["paged"]["wasted_slots"] < 6 * bs  # < a block a request
+    assert lay["contiguous"]["reserved_slots"] == 6 * 256 - f["used_slots"]
+    statuses = [x["status"] for x in out["requests"]]
+    assert statuses.count("finished_length") == 8  # the last two ran only after the first six gave back

@@ -29,7 +29,7 @@ from kvscope.views.event_log import EventLogView
 from kvscope.views.figure_view import FigureView
 from kvscope.views.inject_dialog import InjectDialog, parse_token_ids
 from kvscope.views.legend import LegendView
-from kvscope.views.plots import PlotsPanel
+from kvscope.views.plots import CURVES, PlotsPanel
 from kvscope.views.request_panel import BlockTableView, RequestPanel
 from kvscope.views.scenario_notes import ScenarioNotesPanel
 from kvscope.views.welcome import WelcomeView
@@ -571,7 +571,7 @@ def test_plots_cursor_on_every_plot(qtbot):
     h = RunHistory()
     plots.update_from(h)  # an empty history, and series the history does not record, draw nothing
     plots.set_cursor(3)
-    assert len(plots.cursors) == len(plots.plots) == 5
+    assert len(plots.cursors) == len(plots.plots) == len(CURVES)
     assert all(c.isVisible() and c.value() == 3 for c in plots.cursors)
     plots.set_cursor(None)
     assert not any(c.isVisible() for c in plots.cursors)

@@ -23,6 +23,12 @@ class Divergence:
     num_cached_tokens: int  # prompt tokens the caching run took from the cache
     block_ids: tuple[int, ...]  # the request's blocks in the caching run when it finished
 
+    def to_dict(self) -> dict:
+        return {"request_index": self.request_index, "request_id": self.request_id,
+                "token_index": self.token_index, "num_cached_tokens": self.num_cached_tokens,
+                "block_ids": list(self.block_ids), "with_caching": list(self.with_caching),
+                "without_caching": list(self.without_caching)}
+
     def __str__(self) -> str:
         return (f"request {self.request_id} (#{self.request_index}) differs at output token {self.token_index}: "
                 f"{self.with_caching[self.token_index:self.token_index + 4]} with caching vs "
@@ -36,6 +42,13 @@ class Comparison:
     outputs_off: list[tuple[int, ...]]
     divergence: Divergence | None
     audit: str  # the caching engine's audit after the run ("audit clean" or its problems)
+
+    def summary(self) -> str:
+        """One line for a person: agreement, or where the outputs part and what the audit found."""
+        n = len(self.outputs_on)
+        if self.divergence is None:
+            return f"caching on and off agree token for token on {n} requests; with caching: {self.audit}"
+        return f"{self.divergence}; with caching: {self.audit}"
 
 
 def _run_each(engine, prompts, params: SamplingParams):

@@ -96,6 +96,8 @@ class EngineHost:
                 if self.source is not None and not self.source.info.read_only:
                     self.source.set_audit(on)
                     self._send(self.source.current())
+            case p.CompareCaching(prompts, max_tokens):
+                self.compare_caching(prompts, max_tokens)
             case p.Shutdown():
                 self.shutdown()
                 return False
@@ -105,6 +107,23 @@ class EngineHost:
 
     def _source(self) -> Source:
         return self.source
+
+    def compare_caching(self, prompts, max_tokens: int) -> None:
+        """Two fresh engines on the loaded weights; the loaded one is left as it was."""
+        compare = getattr(self.source, "compare_caching", None)
+        if compare is None:
+            self.emit(p.Error("comparing caching on and off needs a live engine, not a trace replay"))
+            return
+        if not prompts:
+            self.emit(p.Error("nothing to compare: inject a request or load a scenario first"))
+            return
+        self.emit(p.Progress(f"running {len(prompts)} requests with caching on, then off…", None))
+        try:
+            c = compare([list(x) for x in prompts], max_tokens)
+        except Exception as e:  # noqa: BLE001 - the window shows it and stays usable
+            self.emit(p.Error(f"caching comparison failed: {one_line(e)}"))
+            return
+        self.emit(p.Compared(c.summary(), c.divergence.to_dict() if c.divergence else None))
 
     # -- lifecycle -------------------------------------------------------------------
     def load(self, scenario: str | None) -> None:

@@ -63,7 +63,8 @@ class LiveSource:
             scenario=sc.title if sc else None, scenario_name=sc.name if sc else None,
             kv_cache_dtype=e.config.kv_cache_dtype, capabilities=LIVE_CAPABILITIES,
             has_tokenizer=e.tokenizer is not None, watch=getattr(sc, "watch", "") or (sc.description if sc else ""),
-            notes=tuple(getattr(sc, "notes", ()) or ()))
+            notes=tuple(getattr(sc, "notes", ()) or ()), view=getattr(sc, "view", "") or "",
+            kv_layout=e.config.kv_layout, prefix_caching=e.pool.enable_caching)
 
     @property
     def step_count(self) -> int:
@@ -114,6 +115,21 @@ class LiveSource:
         self.audit_enabled = on or bool(self.engine.config.fault)
         if self.audit_enabled:
             self.engine.enable_write_audit()
+
+    def compare_caching(self, prompts: list, max_tokens: int = 16):
+        """The same prompts through two fresh engines on these weights, caching on and off (the engine's
+        other settings, a planted fault included, kept): ``engine.inspect.compare.Comparison``."""
+        import dataclasses
+
+        from engine import LLMEngine
+        from engine.inspect.compare import compare_caching
+        engine = self.engine
+        if engine.weights is None:
+            raise ValueError("comparing caching on and off needs an engine that loaded its model by name")
+
+        def make(caching: bool) -> LLMEngine:
+            return LLMEngine(dataclasses.replace(engine.config, enable_prefix_caching=caching), weights=engine.weights)
+        return compare_caching(make, prompts, max_tokens)
 
     def decode(self, token_ids: list[int]) -> str | None:
         tok = self.engine.tokenizer

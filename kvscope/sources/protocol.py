@@ -67,7 +67,15 @@ class Shutdown:
     pass
 
 
-Command = Load | Step | Run | Pause | SetInterval | Inject | Abort | Fork | ResetPrefixCache | SetAudit | Shutdown
+@dataclass(frozen=True, slots=True)
+class CompareCaching:
+    """Run these prompts (token ids, in order) greedily with prefix caching on and off, on the same weights."""
+    prompts: tuple[tuple[int, ...], ...]
+    max_tokens: int = 16
+
+
+Command = (Load | Step | Run | Pause | SetInterval | Inject | Abort | Fork | ResetPrefixCache | SetAudit | Shutdown
+           | CompareCaching)
 
 
 # -- results (host -> window) ------------------------------------------------------------
@@ -137,4 +145,11 @@ class Died:
     message: str
 
 
-Result = Loaded | LoadFailed | Progress | Stepped | Error | RunningChanged | Injected | Died
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """The answer to ``CompareCaching``: one line to show, and where the outputs part (None: they agree)."""
+    text: str
+    divergence: dict | None = None
+
+
+Result = Loaded | LoadFailed | Progress | Stepped | Error | RunningChanged | Injected | Died | Compared

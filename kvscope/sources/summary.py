@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.inspect.cache_miss import CacheMissExplainer
+from engine.inspect.fragmentation import layouts, pool_counts
 
 from .base import StepRecord
 
@@ -17,9 +18,35 @@ class Summary:
     last: StepRecord | None = None
     decode: Callable[[list[int]], str | None] | None = None  # for the text in the miss explanations
     misses: CacheMissExplainer | None = None
+    max_model_len: int = 0  # for the contiguous layout's reservation in ``fragmentation``
+    clock: float = 0.0  # seconds of steps so far
+    timing: dict[str, list[float]] = field(default_factory=dict)  # rid -> [arrived, first token, last token]
+    fragmentation: dict | None = None  # at the step that held the most blocks
+
+    def _time(self, rec: StepRecord) -> None:
+        """Time to first token and decode speed per request, on the clock of summed step seconds."""
+        start = self.clock  # a request first seen after a step was there when the step began
+        self.clock += rec.seconds
+        for r in rec.snapshot.requests:
+            t = self.timing.setdefault(r.request_id, [start, -1.0, -1.0, 0])
+            if r.num_output_tokens > t[3]:
+                if t[3] == 0:
+                    t[1] = self.clock
+                t[2], t[3] = self.clock, r.num_output_tokens
+
+    def _fragments(self, rec: StepRecord) -> None:
+        held = int((rec.snapshot.ref_cnt > 0).sum())
+        if self.fragmentation is not None and held <= self.fragmentation["blocks_held"]:
+            return
+        contiguous, paged = layouts(rec.snapshot, self.max_model_len or rec.snapshot.block_size)
+        self.fragmentation = {**pool_counts(rec.snapshot), "step": rec.step, "layouts": {
+            lay.name: {"used_slots": lay.used, "wasted_slots": lay.wasted, "reserved_slots": lay.reserved}
+            for lay in (contiguous, paged)}}
 
     def add(self, rec: StepRecord) -> None:
         self.last = rec
+        self._time(rec)
+        self._fragments(rec)
         if self.misses is None:
             self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
         self.misses.feed(rec.step, rec.events,  # the prompts are sliced only in a step that admits
@@ -45,9 +72,14 @@ class Summary:
             "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], "leaked_blocks": len(self.last.leaked),
             "generation_tokens": c["generation_tokens"],
             "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
+            "fragmentation": self.fragmentation,
         }
 
     def _with_miss(self, r: dict) -> dict:
         """The request's first prefix-cache miss and its reason (None: not admitted yet, or nothing missed)."""
         miss = self.misses.misses.get(r["request_id"]) if self.misses else None
-        return {**r, "prefix_cache_miss": miss.to_dict() if miss else None}
+        arrived, first, last, n = self.timing.get(r["request_id"], (0.0, -1.0, -1.0, 0))
+        ttft = first - arrived if first >= 0 else None
+        decode = (n - 1) / (last - first) if n > 1 and last > first else None
+        return {**r, "prefix_cache_miss": miss.to_dict() if miss else None, "ttft_s": ttft,
+                "decode_tokens_per_s": decode}

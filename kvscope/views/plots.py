@@ -1,8 +1,13 @@
-"""Time series over steps: block usage, hit rate, running/waiting, tokens/s, memory.
+"""Time series over steps: block usage, hit rate, requests, tokens/s, time to first token, memory vs pool.
 
 Curve colours come from ``kvscope.palette`` (a block curve takes its state's colour). A series the
 history does not record (yet) is simply not drawn. ``set_cursor(step)`` draws a vertical line at
 that step on every plot (the timeline's position); ``set_cursor(None)`` hides it.
+
+Two plots carry the diagnosis labs: "time to first token" (one point a request) beside "tokens / s"
+split into all output and decode, so a prefix-cache hit that shortens the first but not the second
+shows as what it is; and "memory vs pool" on a log axis, the pool's fixed size and its use against
+what the device (or, on a CPU, the machine) still has free.
 """
 from __future__ import annotations
 
@@ -13,14 +18,32 @@ from ..history import RunHistory
 from ..palette import SERIES_COLOURS
 
 CURVES = {  # plot title -> series
-    "blocks": ["free", "cached", "used", "shared"],
+    "blocks": ["free", "cached", "used"],
     "prefix-cache hit rate": ["hit_rate"],
     "requests": ["running", "waiting", "swapped"],
-    "tokens / s": ["tokens_per_s"],
-    "memory (MiB)": ["process_rss", "nvml_used", "torch_allocated", "torch_reserved"],
+    "tokens / s": ["tokens_per_s", "decode_tokens_per_s"],
+    "time to first token (ms), one point a request": ["ttft"],
+    "memory vs pool (MiB, log scale)": ["pool_bytes", "pool_used", "device_free", "process_rss", "nvml_used",
+                                        "torch_allocated", "torch_reserved"],
 }
-MIB = {"process_rss", "nvml_used", "torch_allocated", "torch_reserved"}
-LABELS = {"cached": "cached (free, hashed)", "hit_rate": "hit rate"}
+MEMORY_PLOT = "memory vs pool (MiB, log scale)"
+MIB = {"process_rss", "nvml_used", "torch_allocated", "torch_reserved", "device_free"}
+LABELS = {"cached": "cached (free, hashed)", "hit_rate": "hit rate", "tokens_per_s": "all output",
+          "decode_tokens_per_s": "decode only", "pool_bytes": "KV pool (sized at start-up)",
+          "pool_used": "pool in use", "device_free": "device free", "process_rss": "process",
+          "nvml_used": "GPU used (nvml)", "torch_allocated": "torch allocated", "torch_reserved": "torch reserved"}
+FULL = 0.95  # a pool this full (at some step of the last RECENT), with requests preempted or waiting, is exhausted
+RECENT = 16
+
+
+def pool_story(usage: float, waiting: int, preemptions: int, pool_bytes: int, device_free: int | None) -> str:
+    """One line: how full the pool is against what the device has free, and what that means."""
+    pool = f"KV pool {pool_bytes / 2**20:,.1f} MiB, {usage:.0%} in use at its fullest of the last {RECENT} steps"
+    free = f" · device free {device_free / 2**30:,.1f} GiB" if device_free else ""
+    if usage >= FULL and (waiting or preemptions) and device_free and device_free > pool_bytes:
+        return (f"{pool}{free}: the pool is exhausted while the device has memory free. Its size was fixed at "
+                f"start-up: raise --num-gpu-blocks or --gpu-memory-utilization, or hold less in the prefix cache")
+    return pool + free
 
 
 class PlotsPanel(QWidget):
@@ -32,28 +55,42 @@ class PlotsPanel(QWidget):
         self.plots: list[pg.PlotItem] = []
         self.cursors: list[pg.InfiniteLine] = []
         self.cursor_step: int | None = None
+        self.block_bytes = 0  # set_pool(): the pool's curves need a block's size
         for i, (title, series) in enumerate(CURVES.items()):
-            p = self.layout_widget.addPlot(row=i // 2, col=i % 2, title=title)
+            p = self.layout_widget.addPlot(row=i // 3, col=i % 3, title=title)
             p.setMinimumSize(60, 50)
             if len(series) > 1:
-                p.addLegend(offset=(-5, 5))
+                p.addLegend(offset=(-5, 5), labelTextSize="8pt")
             p.showGrid(x=True, y=True, alpha=0.2)
+            if title == MEMORY_PLOT:
+                p.setLogMode(y=True)
             for name in series:
-                self.curves[name] = p.plot([], [], pen=pg.mkPen(SERIES_COLOURS[name], width=2),
-                                           name=LABELS.get(name, name))
+                colour = SERIES_COLOURS[name]
+                if name == "ttft":  # one point a request, not a line
+                    item = p.plot([], [], pen=None, symbol="o", symbolSize=7, symbolBrush=colour,
+                                  symbolPen=None, name="request")
+                else:
+                    width = 3 if name == "pool_bytes" else 2
+                    item = p.plot([], [], pen=pg.mkPen(colour, width=width), name=LABELS.get(name, name))
+                self.curves[name] = item
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen((255, 255, 255, 150), width=1,
                                                                            style=pg.QtCore.Qt.PenStyle.DashLine))
             line.setVisible(False)
             p.addItem(line, ignoreBounds=True)
+            if self.plots:
+                p.setXLink(self.plots[0])  # one step axis for every plot
             self.plots.append(p)
             self.cursors.append(line)
         self.memory_label = QLabel("memory: waiting for the engine")
+        self.memory_label.setWordWrap(True)
         self.memory_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.layout_widget, 1)
         lay.addWidget(self.memory_label)
 
+    def set_pool(self, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
 
     def set_cursor(self, step: int | None) -> None:
         """A vertical line at ``step`` on every plot (None: no line, the live view)."""
@@ -63,23 +100,56 @@ class PlotsPanel(QWidget):
             if step is not None:
                 line.setValue(step)
 
+    def _series(self, history: RunHistory, name: str) -> list[float] | None:
+        s = history.series
+        if name in ("pool_bytes", "pool_used"):
+            if not self.block_bytes or "free" not in s:
+                return None
+            if name == "pool_used":
+                return [u * self.block_bytes / 2**20 for u in s["used"]]
+            return [(f + c + u) * self.block_bytes / 2**20 for f, c, u in zip(s["free"], s["cached"], s["used"])]
+        ys = s.get(name)
+        if ys is not None and name in MIB:
+            ys = [v / 2**20 for v in ys]
+        return ys
+
     def update_from(self, history: RunHistory, memory=None) -> None:
         x = history.steps
         for name, curve in self.curves.items():
-            ys = history.series.get(name)
-            if ys is None or len(ys) != len(x):
-                curve.setData([], [])
+            if name == "ttft":
+                ms = [t[1] * 1000 for t in history.ttft]
+                curve.setData([t[0] for t in history.ttft], ms)
+                curve.getViewBox().setYRange(0, max(ms, default=1.0) * 1.15)  # from 0: short vs long reads true
                 continue
-            if name in MIB:
-                ys = [v / 2**20 for v in ys]
+            ys = self._series(history, name)
+            if ys is None or len(ys) != len(x) or (name in MIB and not any(ys)):
+                curve.setData([], [])  # not recorded, or not on this machine (no nvml, no CUDA)
+                continue
+            if name in MIB or name.startswith("pool"):
+                ys = [max(v, 1e-3) for v in ys]  # a log axis has no 0
             curve.setData(x, ys)
+        self.memory_label.setText(self.memory_text(history, memory))
+
+    def memory_text(self, history: RunHistory, memory=None) -> str:
+        parts = []
+        s = history.series
+        if self.block_bytes and history.steps:
+            total = s["free"][-1] + s["cached"][-1] + s["used"][-1]
+            usage = max(s["used"][-RECENT:]) / total if total else 0.0
+            c = history.latest.counters if history.latest is not None else {}
+            parts.append(pool_story(usage, int(s["waiting"][-1]), int(c.get("num_preemptions", 0)),
+                                    int(total * self.block_bytes), getattr(memory, "device_free", None)))
         if memory is not None:
             if memory.nvml_total:
-                gpu = f"{memory.nvml_status}: {memory.nvml_used / 2**30:.2f} / {memory.nvml_total / 2**30:.2f} GiB"
+                parts.append(f"{memory.nvml_status}: {memory.nvml_used / 2**30:.2f} / "
+                             f"{memory.nvml_total / 2**30:.2f} GiB")
             else:
-                gpu = memory.nvml_status
-            torch_part = ""
+                parts.append(memory.nvml_status)
             if memory.torch_allocated is not None:
-                torch_part = (f" · torch allocated {memory.torch_allocated / 2**30:.2f} GiB,"
-                              f" reserved {memory.torch_reserved / 2**30:.2f} GiB")
-            self.memory_label.setText(f"{gpu}{torch_part} · process {memory.process_rss / 2**20:.0f} MiB")
+                parts.append(f"torch allocated {memory.torch_allocated / 2**30:.2f} GiB, "
+                             f"reserved {memory.torch_reserved / 2**30:.2f} GiB")
+            parts.append(f"process {memory.process_rss / 2**20:.0f} MiB")
+        if history.ttft:
+            ms = sorted(t[1] * 1000 for t in history.ttft)
+            parts.append(f"time to first token: median {ms[len(ms) // 2]:.0f} ms over {len(ms)} requests")
+        return " · ".join(parts) if parts else "memory: waiting for the engine"

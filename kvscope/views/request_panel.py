@@ -64,6 +64,10 @@ class RequestPanel(QWidget):
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.block_table = BlockTableView()
         self.caption = QLabel("block table: select a request")
+        # why the selected request missed the prefix cache (MainWindow fills it from kvscope.diagnosis)
+        self.miss_label = QLabel("prefix cache: select a request")
+        self.miss_label.setWordWrap(True)
+        self.miss_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.snapshot: KVSnapshot | None = None
         self.selected_id = ""
         lower = QWidget()
@@ -71,6 +75,7 @@ class RequestPanel(QWidget):
         ll.setContentsMargins(0, 0, 0, 0)
         ll.addWidget(self.caption)
         ll.addWidget(self.block_table)
+        ll.addWidget(self.miss_label)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(lower)

@@ -1,0 +1,62 @@
+"""What the window explains on demand (Qt-free): why a request missed the prefix cache, a block's life
+story over the timeline's reach, and which prompts a caching comparison should replay.
+
+The miss explainer is fed every step's events as they arrive, so each request is judged against the
+cache as it was when the request was admitted (not as it is when someone asks). A block's story is read
+from the history's events when a block is selected: it costs one pass over the recorded events.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.inspect.block_story import StoryLine, block_story
+from engine.inspect.cache_miss import CacheMissExplainer
+from engine.inspect.snapshot import KVSnapshot
+
+from .history import RunHistory
+
+ENGINE_MADE = ("#", "+", "~")  # samples, forks, beams: they replay with their parent
+
+
+class Diagnosis:
+    def __init__(self, decode: Callable[[list[int]], str | None] | None = None, prefix_caching: bool = True) -> None:
+        self.decode = decode
+        self.prefix_caching = prefix_caching
+        self.misses: CacheMissExplainer | None = None
+
+    def feed(self, step: int, events, snap: KVSnapshot) -> None:
+        if self.misses is None:
+            self.misses = CacheMissExplainer(snap.block_size, self.decode)
+        self.misses.feed(step, events,
+                         lambda: {r.request_id: r.token_ids[:r.num_prompt_tokens] for r in snap.requests})
+
+    def miss_text(self, snap: KVSnapshot | None, request_id: str) -> str:
+        """The selected request's prefix-cache story in one or two lines."""
+        r = snap.request(request_id) if snap is not None and request_id else None
+        if r is None:
+            return "prefix cache: select a request"
+        if not self.prefix_caching:
+            return "prefix cache: off in this engine (--no-prefix-caching, or the contiguous layout)"
+        if self.misses is None or request_id not in self.misses.misses:
+            return f"prefix cache: request {request_id} has not been admitted yet"
+        bs = snap.block_size
+        hit = f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit " \
+              f"({r.num_cached_tokens // bs} block(s))"
+        miss = self.misses.misses[request_id]
+        if miss is None:
+            return f"{hit}: every full block of the prompt was found"
+        return f"{hit}. First miss, block {miss.block_index} ({miss.reason}): {miss.detail}"
+
+    def story(self, block_id: int, history: RunHistory, up_to: int | None = None) -> list[StoryLine]:
+        steps = [s for s in history.steps if up_to is None or s <= up_to]
+        return block_story(block_id, ((s, history.events_at(s)) for s in steps), self.decode)
+
+
+def comparison_prompts(history: RunHistory) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """The prompts of the run's own requests (not the engine-made children), in arrival order, and the
+    longest output seen (so the comparison runs as far as the run did)."""
+    rows = sorted((tl for rid, tl in history.requests.items() if not any(c in rid for c in ENGINE_MADE)),
+                  key=lambda tl: tl.index)
+    prompts = tuple(tuple(tl.tokens[:tl.num_prompt_tokens]) for tl in rows if tl.num_prompt_tokens)
+    longest = max((max(tl.num_output, default=0) for tl in rows), default=0)
+    return prompts, max(1, min(longest, 64))

@@ -1,0 +1,89 @@
+"""The window's diagnosis state (Qt-free): the miss text, a block's story over the history, the
+fragmentation accounting, and the timing series the labs read."""
+from __future__ import annotations
+
+from engine import SamplingParams
+from engine.inspect.block_story import block_story
+from engine.inspect.fragmentation import layouts, pool_counts
+from kvscope.diagnosis import Diagnosis, comparison_prompts
+from kvscope.history import RunHistory
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SHARED = list(range(10, 18))  # two blocks of 4
+
+
+def run(engine, prompts: dict[str, list[int]], at: dict[str, int] | None = None, step_s: float = 0.01):
+    """Step an engine to the end, recording into a history and a diagnosis as the window does."""
+    h, d, all_events = RunHistory(), Diagnosis(), []
+    at, pending = at or {}, dict(prompts)
+    while pending or engine.has_unfinished():
+        for rid in [r for r in pending if at.get(r, 0) <= engine.step_count]:
+            engine.add_request(pending.pop(rid), GREEDY, request_id=rid)
+        out = engine.step()
+        snap = engine.snapshot()
+        all_events.append((snap.step, list(out.events)))
+        h.record(snap, step_s, None, list(out.events))
+        d.feed(snap.step, out.events, snap)
+    return h, d, all_events
+
+
+def test_the_miss_text_names_the_first_missed_block_and_its_reason(tiny_engine):
+    engine = tiny_engine()
+    h, d, _ = run(engine, {"a": SHARED + [1, 2, 3, 4, 5, 6, 7, 8], "b": SHARED + [1, 2, 9, 9, 5, 6, 7, 8]},
+                  at={"b": 3})
+    snap = h.latest
+    text_a, text_b = d.miss_text(snap, "a"), d.miss_text(snap, "b")
+    assert "0 of 16 prompt tokens hit" in text_a and "nothing cached" in text_a
+    assert "8 of 16 prompt tokens hit (2 block(s))" in text_b
+    assert "block 2 (differs_at)" in text_b and "at token 10" in text_b
+    assert "select a request" in d.miss_text(snap, "")
+    assert "off in this engine" in Diagnosis(prefix_caching=False).miss_text(snap, "a")
+
+
+def test_a_block_story_from_the_history_is_the_story_of_every_event(tiny_engine):
+    engine = tiny_engine()
+    h, d, events = run(engine, {"a": SHARED + [1, 2, 3], "b": SHARED + [4, 5, 6]}, at={"b": 2})
+    for block in range(6):
+        assert d.story(block, h) == block_story(block, events)
+    first = d.story(0, h)
+    assert first[0].kind == "allocated" and any(ln.kind == "hit" for ln in first)  # b hit a's first block
+    upto = d.story(0, h, up_to=1)
+    assert upto == block_story(0, [(s, e) for s, e in events if s <= 1]) and len(upto) < len(first)
+
+
+def test_the_history_times_the_first_token_and_counts_decode_tokens(tiny_engine):
+    engine = tiny_engine()
+    h, _, _ = run(engine, {"a": [1, 2, 3], "b": list(range(20, 40))}, at={"b": 4}, step_s=0.5)
+    ttft = {rid: s for _, s, rid in h.ttft}
+    assert set(ttft) == {"a", "b"} and ttft["a"] == ttft["b"] == 0.5  # one prefill step each
+    decode = sum(v * 0.5 for v in h.series["decode_tokens_per_s"])
+    assert round(decode) == 2 * (GREEDY.max_tokens - 1)  # every token but the first of each request
+
+
+def test_fragmentation_accounting_of_both_layouts(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request(list(range(1, 11)), GREEDY, request_id="x")  # 10 tokens: 3 blocks of 4
+    engine.add_request(list(range(1, 5)) + [99], GREEDY, request_id="y")  # 5 tokens: 2 blocks
+    engine.step()
+    snap = engine.snapshot()
+    contiguous, paged = layouts(snap, 64)
+    used = {r.request_id: r.used for r in paged.rows}
+    assert used == {"x": 10, "y": 5}
+    assert [(r.wasted, r.reserved) for r in paged.rows] == [(2, 0), (3, 0)]
+    assert [(r.wasted, r.reserved) for r in contiguous.rows] == [(0, 54), (0, 59)]
+    c = pool_counts(snap)
+    # y hit x's first block (tokens 1-4): physical blocks are counted once
+    assert c["blocks_held"] == 4 and c["used_slots"] == 11 and c["wasted_slots"] == 5 and c["reserved_slots"] == 0
+
+
+def test_the_comparison_replays_the_runs_own_prompts_not_engine_made_children(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1, 2, 3, 4, 5], GREEDY, request_id="p")
+    engine.step()
+    engine.fork("p")
+    h = RunHistory()
+    while engine.has_unfinished():
+        engine.step()
+        h.record(engine.snapshot(), 0.01)
+    prompts, max_tokens = comparison_prompts(h)
+    assert prompts == ((1, 2, 3, 4, 5),) and max_tokens == GREEDY.max_tokens
