@@ -278,10 +278,10 @@ class RunHistory:
         for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
             pool.apply_all(self._events.get(s, ()), s)
         requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
+        tokens, hashes = pool.frozen_maps()
         return assemble_snapshot(
             step, kf.block_size, ref_cnt=pool.ref_cnt, has_hash=pool.has_hash, last_access=pool.last_access,
-            free_queue=np.array(list(pool.free_queue), np.int32), requests=requests,
-            cached_tokens=pool.cached_tokens, block_hashes=pool.hashes,
+            free_queue=pool.free_queue, requests=requests, cached_tokens=tokens, block_hashes=hashes,
             counters=self._counters.get(step, {}), num_cpu_blocks=kf.num_cpu_blocks, block_bytes=kf.block_bytes,
             model_name=kf.model_name)
 

@@ -18,6 +18,17 @@ def assert_replay_matches(rp: PoolReplayer, pool) -> None:
     assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
     assert list(rp.free_queue) == pool.free_queue.ids()
     assert rp.block_hash == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
+    assert_pool_arrays_match(pool)
+
+
+def assert_pool_arrays_match(pool) -> None:
+    """The arrays and maps a snapshot copies equal the block objects they mirror."""
+    assert pool.ref_cnt_arr.tolist() == [b.ref_cnt for b in pool.blocks]
+    assert pool.has_hash_arr.tolist() == [b.block_hash is not None for b in pool.blocks]
+    assert pool.last_access_arr.tolist() == [b.last_access for b in pool.blocks]
+    assert pool.free_order.order().tolist() == pool.free_queue.ids()
+    assert dict(pool.tokens_by_block.items()) == {b.block_id: b.token_ids for b in pool.cached.values()}
+    assert dict(pool.hash_hex_by_block.items()) == {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
 
 
 class Checked:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from ..inspect.chunked_map import ChunkedMap
 from ..inspect.events import (
     BlockAllocated,
     BlockEvicted,
@@ -13,6 +16,7 @@ from ..inspect.events import (
     CacheReset,
     Event,
 )
+from ..inspect.free_order import FreeOrder
 from .kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 
@@ -44,6 +48,14 @@ class BlockPool:
         self.num_evictions = 0
         self.tolerate_faults = False  # set when EngineConfig.fault injects a bug on purpose
         self.tentative: list[tuple[KVCacheBlock, BlockHash]] = []  # published since the last commit
+        # What a snapshot shows, kept up to date by every change below, so that a snapshot copies arrays
+        # (and freezes two chunked maps) instead of walking 65,536 or 1M block objects.
+        self.ref_cnt_arr = np.zeros(num_blocks, np.int32)
+        self.has_hash_arr = np.zeros(num_blocks, bool)
+        self.last_access_arr = np.zeros(num_blocks, np.int64)
+        self.tokens_by_block: ChunkedMap[tuple[int, ...]] = ChunkedMap(num_blocks)
+        self.hash_hex_by_block: ChunkedMap[str] = ChunkedMap(num_blocks)
+        self.free_order = FreeOrder(num_blocks)
 
     # -- queries ----------------------------------------------------------------
     @property
@@ -75,6 +87,10 @@ class BlockPool:
             b.holders = [request_id]
             self.events.append(BlockAllocated(b.block_id, request_id))
             out.append(b)
+        ids = [b.block_id for b in out]
+        self.free_order.removed(ids)
+        self.ref_cnt_arr[ids] = 1
+        self.last_access_arr[ids] = self.step
         return out
 
     def _evict(self, b: KVCacheBlock) -> None:
@@ -84,18 +100,37 @@ class BlockPool:
             del self.cached[b.block_hash]
         self.events.append(BlockEvicted(b.block_id, b.block_hash.hex()))
         b.block_hash, b.token_ids = None, ()
+        self._unmark(b.block_id)
         self.num_evictions += 1
+
+    def _unmark(self, block_id: int) -> None:
+        self.has_hash_arr[block_id] = False
+        self.tokens_by_block.pop(block_id)
+        self.hash_hex_by_block.pop(block_id)
 
     def touch(self, blocks: Iterable[KVCacheBlock], request_id: str) -> None:
         """Take one more reference on each block (a prefix hit or a fork)."""
+        ids, refs, unfreed = [], [], []
         for b in blocks:
             if b.ref_cnt == 0:
                 self.free_queue.remove(b)
+                unfreed.append(b.block_id)
             b.ref_cnt += 1
             b.last_access = self.step
             b.last_owner = request_id
             b.holders.append(request_id)
             self.events.append(BlockTouched(b.block_id, request_id, b.ref_cnt))
+            ids.append(b.block_id)
+            refs.append(b.ref_cnt)
+        self.free_order.removed(unfreed)
+        self._set_refs(ids, refs)
+
+    def _set_refs(self, ids: list[int], refs: list[int]) -> None:
+        if len(set(ids)) < len(ids):  # the same block twice in one call: its last count is its count
+            last = dict(zip(ids, refs))
+            ids, refs = list(last), list(last.values())
+        self.ref_cnt_arr[ids] = refs
+        self.last_access_arr[ids] = self.step
 
     def free_blocks(self, ordered: Iterable[KVCacheBlock], request_id: str) -> None:
         """Drop one reference on each block; at ref 0 it joins the free queue tail.
@@ -103,12 +138,15 @@ class BlockPool:
         Callers pass a request's blocks tail-first, so the end of a prefix chain is
         evicted before its start (the start is the part other requests share).
         """
+        ids, refs, freed = [], [], []
         for b in ordered:
             if b.ref_cnt <= 0:
                 # Only a deliberate fault (double-free) gets here; audit() reports it.
                 assert self.tolerate_faults, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
                 continue
             b.ref_cnt -= 1
+            ids.append(b.block_id)
+            refs.append(b.ref_cnt)
             b.last_access = self.step
             b.last_released_by = request_id
             if request_id in b.holders:
@@ -116,6 +154,9 @@ class BlockPool:
             self.events.append(BlockFreed(b.block_id, request_id, b.ref_cnt))
             if b.ref_cnt == 0:
                 self.free_queue.append(b)
+                freed.append(b.block_id)
+        self.free_order.appended(freed)
+        self._set_refs(ids, refs)
 
     def cache_block(self, b: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...],
                     request_id: str, parent_hash: BlockHash | None = None) -> None:
@@ -129,7 +170,11 @@ class BlockPool:
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
         self.tentative.append((b, block_hash))
-        self.events.append(BlockStored(b.block_id, block_hash.hex(), request_id, token_ids,
+        hex_hash = block_hash.hex()
+        self.has_hash_arr[b.block_id] = True
+        self.tokens_by_block[b.block_id] = token_ids
+        self.hash_hex_by_block[b.block_id] = hex_hash
+        self.events.append(BlockStored(b.block_id, hex_hash, request_id, token_ids,
                                        parent_hash.hex() if parent_hash is not None else None))
 
     def commit_step(self) -> None:
@@ -148,6 +193,7 @@ class BlockPool:
                 continue
             del self.cached[h]
             b.block_hash, b.token_ids = None, ()
+            self._unmark(b.block_id)
             self.events.append(BlockUnpublished(b.block_id, h.hex(), reason))
             undone.append(b.block_id)
         self.tentative.clear()
@@ -162,6 +208,9 @@ class BlockPool:
         for b in self.blocks:
             b.block_hash, b.token_ids = None, ()
         self.cached.clear()
+        self.has_hash_arr[:] = False
+        self.tokens_by_block.clear()
+        self.hash_hex_by_block.clear()
         self.tentative.clear()
         self.events.append(CacheReset(self.num_blocks))
 

@@ -118,6 +118,10 @@ class ChunkedMap(Generic[V]):
         for c in self._chunks:
             yield from c.values()
 
+    def __iter__(self):
+        for c in self._chunks:
+            yield from c
+
     def items(self):
         for c in self._chunks:
             yield from c.items()

@@ -1,11 +1,11 @@
 """Rebuild the block pool's state from its event stream alone (no model, no engine)."""
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
 
+from .chunked_map import ChunkedMap, FrozenChunkedMap
 from .events import (
     BlockAllocated,
     BlockCopied,
@@ -20,6 +20,7 @@ from .events import (
     SwappedIn,
     SwappedOut,
 )
+from .free_order import FreeOrder
 
 
 def apply_cache_event(ev: Event, tokens, hashes) -> bool:
@@ -52,19 +53,31 @@ class PoolReplayer:
         self.num_blocks = num_blocks
         self.ref_cnt = np.zeros(num_blocks, np.int32)
         self.last_access = np.zeros(num_blocks, np.int64)
-        self.hashes: dict[int, str] = {}  # block id -> hex hash of every hashed block
-        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.owners: list[list[str]] = [[] for _ in range(num_blocks)]
-        self.cached_tokens: dict[int, tuple[int, ...]] = {}
+        self.hashes: ChunkedMap[str] | dict[int, str] = ChunkedMap(num_blocks)  # block id -> hex hash
+        # arrays, not an OrderedDict of every block: a timeline scrub builds one of these per move
+        self.free_order = FreeOrder(num_blocks)
+        self.owners: dict[int, list[str]] = {}
+        self.cached_tokens: ChunkedMap[tuple[int, ...]] | dict[int, tuple[int, ...]] = ChunkedMap(num_blocks)
 
     @classmethod
     def from_state(cls, ref_cnt: np.ndarray, last_access: np.ndarray, free_queue, hashes, tokens) -> PoolReplayer:
         """Resume from a pool's state (a timeline keyframe) instead of an empty pool."""
         r = cls(len(ref_cnt))
         r.ref_cnt, r.last_access = ref_cnt.astype(np.int32), last_access.astype(np.int64)
-        r.free_queue = OrderedDict((int(b), None) for b in free_queue)
-        r.hashes, r.cached_tokens = dict(hashes), dict(tokens)
+        r.free_order = FreeOrder.from_order(len(ref_cnt), free_queue)
+        # a keyframe's frozen maps thaw in O(chunks); a chunk is copied only when an event writes it
+        r.hashes = hashes.thaw() if isinstance(hashes, FrozenChunkedMap) else dict(hashes)
+        r.cached_tokens = tokens.thaw() if isinstance(tokens, FrozenChunkedMap) else dict(tokens)
         return r
+
+    @property
+    def free_queue(self) -> np.ndarray:
+        """The free block ids in eviction order (head first)."""
+        return self.free_order.order()
+
+    def frozen_maps(self):
+        """(cached_tokens, hashes) as read-only mappings for a snapshot."""
+        return tuple(m.freeze() if isinstance(m, ChunkedMap) else dict(m) for m in (self.cached_tokens, self.hashes))
 
     @property
     def block_hash(self) -> list[str | None]:
@@ -98,28 +111,28 @@ class PoolReplayer:
                 isinstance(ev, BlockFreed) and self.ref_cnt[ev.block_id] <= 0):
             self.last_access[ev.block_id] = step
         if isinstance(ev, BlockAllocated):
-            head = next(iter(self.free_queue), None)
+            head = self.free_order.head()
             if head != ev.block_id:
                 raise ValueError(f"allocated block {ev.block_id} but the free queue head is {head}")
-            del self.free_queue[ev.block_id]
+            self.free_order.removed([ev.block_id])
             self.ref_cnt[ev.block_id] = 1
             self.owners[ev.block_id] = [ev.request_id]
         elif isinstance(ev, BlockTouched):
             if self.ref_cnt[ev.block_id] == 0:
-                if ev.block_id not in self.free_queue:
+                if ev.block_id not in self.free_order:
                     raise ValueError(f"hit on block {ev.block_id}, which is neither in use nor free")
-                del self.free_queue[ev.block_id]
+                self.free_order.removed([ev.block_id])
             self.ref_cnt[ev.block_id] += 1
-            self.owners[ev.block_id].append(ev.request_id)
+            self.owners.setdefault(ev.block_id, []).append(ev.request_id)
         elif isinstance(ev, BlockFreed):
             if self.ref_cnt[ev.block_id] <= 0:
                 return  # a fault's double free: the pool skipped it too
             self.ref_cnt[ev.block_id] -= 1
-            owners = self.owners[ev.block_id]
+            owners = self.owners.get(ev.block_id, [])
             if ev.request_id in owners:
                 owners.remove(ev.request_id)
             if self.ref_cnt[ev.block_id] == 0:
-                self.free_queue[ev.block_id] = None
+                self.free_order.appended([ev.block_id])
         else:
             apply_cache_event(ev, self.cached_tokens, self.hashes)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -77,18 +78,18 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
     Shared by the live engine and by trace replay, so both build identical snapshots.
     """
     n = len(ref_cnt)
-    state = np.where(ref_cnt > 1, BlockState.SHARED, np.where(ref_cnt == 1, BlockState.USED,
-                     np.where(has_hash, BlockState.CACHED, BlockState.FREE))).astype(np.uint8)
+    # state from (ref count clipped to 2, hashed) through a table: one pass instead of three np.where
+    code = np.clip(ref_cnt, 0, 2).astype(np.uint8)
+    code <<= 1
+    code |= has_hash
+    state = _STATE_OF_CODE[code]
     owner = np.full(n, -1, np.int32)
     filled = np.where(has_hash, block_size, 0).astype(np.int16)
     cpu_state = np.zeros(num_cpu_blocks, np.uint8)
     cpu_owner = np.full(num_cpu_blocks, -1, np.int32)
     requests = sorted(requests, key=lambda r: r.index)
+    _owners_and_fill(requests, block_size, owner, filled)
     for r in requests:
-        for i, b in enumerate(r.block_ids):
-            if owner[b] < 0:
-                owner[b] = r.index
-            filled[b] = max(filled[b], min(block_size, max(r.num_computed_tokens - i * block_size, 0)))
         for c in r.cpu_block_ids:
             cpu_state[c] = BlockState.SWAPPED
             cpu_owner[c] = r.index
@@ -98,6 +99,27 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
                       has_hash=has_hash, last_access=last_access, filled=filled, free_queue=free_queue,
                       requests=tuple(requests), cached_tokens=cached_tokens, block_hashes=block_hashes,
                       counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
+
+
+_STATE_OF_CODE = np.array([BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.USED,
+                           BlockState.SHARED, BlockState.SHARED], np.uint8)
+
+
+def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.ndarray, filled: np.ndarray) -> None:
+    """Each block's earliest owner (``requests`` sorted by index) and its filled slots, in a few array
+    operations over every request's table at once (a Python loop here cost ~80 ms at 65,536 blocks)."""
+    lens = np.fromiter((len(r.block_ids) for r in requests), np.int64, len(requests))
+    total = int(lens.sum())
+    if not total:
+        return
+    blocks = np.fromiter(chain.from_iterable(r.block_ids for r in requests), np.int64, total)
+    starts = np.repeat(np.cumsum(lens) - lens, lens)
+    computed = np.repeat(np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests)), lens)
+    fill = np.clip(computed - (np.arange(total) - starts) * block_size, 0, block_size).astype(np.int16)
+    np.maximum.at(filled, blocks, fill)
+    index = np.repeat(np.fromiter((r.index for r in requests), np.int32, len(requests)), lens)
+    first = np.unique(blocks, return_index=True)[1]  # the first occurrence is the earliest request's
+    owner[blocks[first]] = index[first]
 
 
 def request_info(r, block_ids: list[int]) -> RequestInfo:
@@ -110,13 +132,8 @@ def request_info(r, block_ids: list[int]) -> RequestInfo:
 def pool_snapshot(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
                   num_cpu_blocks: int, **extra) -> KVSnapshot:
     """A snapshot of a live ``BlockPool`` (the replay builds the same from its event stream)."""
-    n = pool.num_blocks
     return assemble_snapshot(
-        step, block_size,
-        ref_cnt=np.fromiter((b.ref_cnt for b in pool.blocks), np.int32, n),
-        has_hash=np.fromiter((b.block_hash is not None for b in pool.blocks), bool, n),
-        last_access=np.fromiter((b.last_access for b in pool.blocks), np.int64, n),
-        free_queue=np.array(pool.free_queue.ids(), np.int32), requests=requests,
-        cached_tokens={b.block_id: b.token_ids for b in pool.cached.values()},
-        block_hashes={b.block_id: b.block_hash.hex() for b in pool.cached.values()},
+        step, block_size, ref_cnt=pool.ref_cnt_arr.copy(), has_hash=pool.has_hash_arr.copy(),
+        last_access=pool.last_access_arr.copy(), free_queue=pool.free_order.order(),
+        requests=requests, cached_tokens=pool.tokens_by_block.freeze(), block_hashes=pool.hash_hex_by_block.freeze(),
         counters=counters, num_cpu_blocks=num_cpu_blocks, **extra)

@@ -13,8 +13,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from .events import Event, event_from_dict
 from .replay import PoolReplayer
 from .snapshot import KVSnapshot, RequestInfo, assemble_snapshot
@@ -46,12 +44,14 @@ class TraceWriter:
         self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
         self._f.flush()
 
-    def record(self, snap: KVSnapshot, events: list[Event], leaked: list[int] | None = None) -> None:
+    def record(self, snap: KVSnapshot, events: list[Event], leaked: list[int] | None = None,
+               seconds: float = 0.0) -> None:
+        """``seconds``: what the step took, so a replay reports the recorded run's timings (TTFT, decode)."""
         changed = [_info_dict(r) for r in snap.requests if self._rows.get(r.request_id) != r]
         self._rows.update({r.request_id: r for r in snap.requests})
         self._write({"step": snap.step, "events": [e.to_dict() for e in events], "requests": changed,
                      "shown": [r.request_id for r in snap.requests], "counters": snap.counters,
-                     "leaked": list(leaked or [])})
+                     "leaked": list(leaked or []), "seconds": seconds})
 
     def close(self) -> None:
         self._f.close()
@@ -63,6 +63,7 @@ class TraceRecord:
     events: list[Event]
     snapshot: KVSnapshot
     leaked: list[int]
+    seconds: float = 0.0  # the step's own time (0 in traces written before it was recorded)
 
 
 def read_header(path: str | Path) -> dict:
@@ -146,10 +147,12 @@ def replay_trace(path: str | Path) -> Iterator[TraceRecord]:
             if torn:  # the writer died mid-line: everything before it is good
                 return
             raise TraceError(f"corrupt trace {path} at line {n}: {type(e).__name__}: {e}") from None
+        tokens, hashes = pool.frozen_maps()  # O(chunks): consecutive records share what did not change
         snap = assemble_snapshot(
             step, header["block_size"], ref_cnt=pool.ref_cnt.copy(), has_hash=pool.has_hash,
-            last_access=pool.last_access.copy(), free_queue=np.array(list(pool.free_queue), np.int32), requests=shown,
-            cached_tokens=dict(pool.cached_tokens), block_hashes=dict(pool.hashes),
+            last_access=pool.last_access.copy(), free_queue=pool.free_queue, requests=shown,
+            cached_tokens=tokens, block_hashes=hashes,
             counters=counters, num_cpu_blocks=num_cpu,
             block_bytes=int(header.get("block_bytes", 0)), model_name=str(header.get("model", "")))
-        yield TraceRecord(step, events, snap, leaked)
+        seconds = rec.get("seconds", 0.0)
+        yield TraceRecord(step, events, snap, leaked, float(seconds) if isinstance(seconds, (int, float)) else 0.0)

@@ -49,6 +49,7 @@ class LiveSource:
             self.trace = TraceWriter(trace_path, {
                 "model": engine.model_name, "num_blocks": engine.pool.num_blocks, "block_size": c.block_size,
                 "num_cpu_blocks": engine.kv.cpu_pool.num_blocks, "block_bytes": engine.runner.block_bytes,
+                "max_model_len": engine.max_model_len,
                 "config": {k: getattr(c, k) for k in c.__slots__},
                 "scenario": scenario.scenario.name if scenario else None})
         self.info = self._info()
@@ -88,7 +89,7 @@ class LiveSource:
         events = (list(out.events) if out else []) + e.pool.drain_events()
         snap = e.snapshot()
         if self.trace is not None:
-            self.trace.record(snap, events, audit.bad_blocks if audit else None)
+            self.trace.record(snap, events, audit.bad_blocks if audit else None, seconds)
         rec = StepRecord(e.step_count, snap, events, out, seconds, audit)
         for observe in self.observers:
             observe(rec)

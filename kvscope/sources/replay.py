@@ -32,7 +32,8 @@ class ReplaySource:
         h = self.header
         self.info = SourceInfo(
             model_name=f"replay of {h.get('model', '?')}", device="trace", dtype="-", num_blocks=h["num_blocks"],
-            block_size=h["block_size"], block_bytes=int(h.get("block_bytes", 0)), max_model_len=0, load_seconds=0.0,
+            block_size=h["block_size"], block_bytes=int(h.get("block_bytes", 0)),
+            max_model_len=int(h.get("max_model_len", 0)), load_seconds=0.0,
             num_cpu_blocks=int(h.get("num_cpu_blocks", 0)), scenario=h.get("scenario"),
             scenario_name=h.get("scenario"), kv_cache_dtype=h.get("config", {}).get("kv_cache_dtype", "auto"),
             capabilities=REPLAY_CAPABILITIES)
@@ -47,13 +48,15 @@ class ReplaySource:
         self._next = next(self._records, None)
         # Records of commands between steps share the step number: fold them into one.
         events = list(rec.events)
+        seconds = rec.seconds
         while self._next is not None and self._next.step == rec.step:
             rec = self._next
             events += rec.events
+            seconds += rec.seconds
             self._next = next(self._records, None)
         self.step_count = rec.step
         audit = RecordedAudit(rec.leaked) if rec.leaked else None
-        return StepRecord(rec.step, rec.snapshot, events, None, 0.0, audit)
+        return StepRecord(rec.step, rec.snapshot, events, None, seconds, audit)
 
     def current(self) -> StepRecord:
         raise ReadOnlyError("a replay is read-only")

@@ -73,9 +73,9 @@ class RequestPanel(QWidget):
         lower = QWidget()
         ll = QVBoxLayout(lower)
         ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.miss_label)  # first: it must stay readable when the panel is short
         ll.addWidget(self.caption)
         ll.addWidget(self.block_table)
-        ll.addWidget(self.miss_label)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(lower)

@@ -1,0 +1,87 @@
+"""The inspector at GPU-workstation pool sizes: a snapshot's cost and the timeline's memory and scrub time.
+
+    python bench/snapshot_scale.py [--quick]
+
+A fake runner replaces the model (``common.install_fake_runner``), so the pool can have the size of a
+7B model's on a large GPU without the memory: 2,912 blocks (a 24 GB card's share), 65,536 and
+1,048,576. Steady traffic: 256 requests running (prompts 100-400 tokens, outputs 32-320), each
+finished one replaced at once. Measured per size: ``LLMEngine.snapshot()`` (median, ms); the timeline
+(``kvscope.history.RunHistory``, what the window keeps) recording every step: its own estimate of the
+bytes it holds, the process's resident memory growth, and the time ``at(step)`` takes to rebuild a
+random earlier step (median and worst, ms).
+"""
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+
+from common import engine_for, install_fake_runner, length_mix, main, random_prompts, table, tiny_model, write_results
+from engine import SamplingParams
+from kvscope.history import RunHistory
+from kvscope.sysinfo import process_rss
+
+SIZES = (2_912, 65_536, 1_048_576)
+RUNNING = 256
+
+
+def _traffic(n_total: int):
+    vocab = tiny_model()[0].config.vocab_size
+    mix = length_mix(n_total, 41, (100, 400), (32, 320))
+    prompts = random_prompts([p for p, _ in mix], vocab, seed=42)
+    return [(p, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True)) for p, (_, o) in zip(prompts, mix)]
+
+
+def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
+    running = min(RUNNING, num_blocks // 48)  # a 2,912-block pool holds ~60 such requests
+    engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=num_blocks, max_num_seqs=running,
+                        max_num_batched_tokens=max(2048, running * 400), max_model_len=4096)
+    install_fake_runner(engine)
+    traffic = iter(_traffic(steps * running // 100 + 4 * running))
+    for _ in range(running):
+        engine.add_request(*next(traffic))
+    gc.collect()
+    history = RunHistory(budget_bytes=10 * 2**30)  # no budget cut: measure what 10,000 steps cost
+    rss0 = process_rss()
+    snap_ms = []
+    t_run = time.perf_counter()
+    for _ in range(steps):
+        out = engine.step()
+        for _ in range(len(engine.scheduler.waiting), running - len(engine.scheduler.running)):
+            engine.add_request(*next(traffic))  # steady traffic: a finished request is replaced
+        t0 = time.perf_counter()
+        snap = engine.snapshot()
+        snap_ms.append(1000 * (time.perf_counter() - t0))
+        history.record(snap, 0.001, None, list(out.events))
+    run_s = time.perf_counter() - t_run
+    rss = process_rss() - rss0
+    rng = random.Random(7)
+    scrub = []
+    for s in rng.sample(history.steps, min(scrubs, len(history.steps))):
+        t0 = time.perf_counter()
+        got = history.at(s)
+        scrub.append(1000 * (time.perf_counter() - t0))
+        assert got is not None and got.step == s
+    return {"blocks": num_blocks, "running": running, "steps": steps,
+            "snapshot_ms": statistics.median(snap_ms), "snapshot_p90_ms": sorted(snap_ms)[int(0.9 * len(snap_ms))],
+            "timeline_mb_estimate": history.nbytes / 2**20, "timeline_rss_mb": rss / 2**20,
+            "scrub_ms": statistics.median(scrub), "scrub_max_ms": max(scrub), "run_s": run_s}
+
+
+def run(quick: bool) -> dict:
+    steps = 300 if quick else 10_000
+    sizes = SIZES[:2] if quick else SIZES
+    rows = [measure(n, steps if n != 1_048_576 else min(steps, 2_000)) for n in sizes]
+    result = {"rows": rows}
+    write_results("snapshot_scale", result, quick)
+    print(table(rows, [("blocks", "blocks", ",d"), ("running", "running", "d"), ("steps", "steps", ",d"),
+                       ("snapshot_ms", "snapshot ms (median)", ".2f"), ("snapshot_p90_ms", "p90", ".2f"),
+                       ("timeline_mb_estimate", "timeline MB (estimate)", ".0f"),
+                       ("timeline_rss_mb", "RSS growth MB", ".0f"), ("scrub_ms", "scrub ms (median)", ".1f"),
+                       ("scrub_max_ms", "scrub ms (max)", ".1f")]))
+    return result
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
