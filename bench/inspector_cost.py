@@ -7,7 +7,9 @@ whose forward is fast enough that the inspector's own overhead shows (the worst 
 or a 7B model on a GPU the model step dominates). Three ways: ``LLMEngine.step`` alone; a
 ``Session`` (what the worker and --headless run: a snapshot and the events after every step);
 the offscreen window running at full speed (the worker thread steps and snapshots; the window
-redraws at most ~30 times a second). Also the grid's redraw time at 16 k, 262 k and 1 M blocks.
+redraws at most ~30 times a second). Also the grid's redraw time at 16 k, 262 k and 1 M blocks, and
+(``snapshot_scale``) at 2,912, 65,536 and 1,048,576 blocks with 256 requests of steady traffic: a
+snapshot's cost, the timeline's memory after 10,000 steps (2,000 at 1 M blocks) and a scrub's time.
 """
 from __future__ import annotations
 
@@ -87,18 +89,65 @@ def window(reqs) -> tuple[int, float]:
     return steps, dt
 
 
+def window_process(reqs) -> tuple[int, float]:
+    """The window as ``kvscope`` runs it: the engine in its own process, snapshots through shared memory."""
+    import tempfile
+
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from engine import EngineConfig
+    from kvscope.main_window import MainWindow
+    from kvscope.sources.build import SourceSpec
+    from kvscope.worker import InjectSpec, ProcessBackend
+    folder = tempfile.mkdtemp(prefix="kvscope-tiny-")
+    tiny_model()[0].save_pretrained(folder)
+    app = QApplication.instance() or QApplication([])
+    spec = SourceSpec(EngineConfig(model=folder, block_size=16, num_gpu_blocks=1024, max_num_seqs=64))
+    win = MainWindow(ProcessBackend(spec), QSettings(os.devnull, QSettings.Format.IniFormat))
+    win.show()
+    win.start()
+    deadline = time.time() + 120
+    while (win.info is None or win.latest is None) and time.time() < deadline:
+        app.processEvents()
+        time.sleep(0.01)
+    win.inject([InjectSpec(p, sp) for p, sp in reqs])
+    while len(win.latest.snapshot.requests) < len(reqs):
+        app.processEvents()
+    win.speed.setCurrentText("max")
+    first = win.latest.step
+    t0 = time.perf_counter()
+    win.toggle_run()
+
+    def done() -> bool:
+        c = win.latest.snapshot.counters
+        return c["num_requests_running"] == 0 and c["num_requests_waiting"] == 0 and win.latest.step > first
+    while not done():
+        app.processEvents()
+        time.sleep(0.001)
+    dt = time.perf_counter() - t0
+    steps = win.latest.step - first
+    win.shutdown()
+    win.close()
+    return steps, dt
+
+
 def run(quick: bool) -> dict:
     reqs = workload(8 if quick else 32)
     rows = []
     for label, fn in (("engine.step() alone", bare), ("Session: + snapshot and events", session),
-                      ("window attached (offscreen)", window)):
+                      ("window, engine on a thread (--engine-thread)", window),
+                      ("window, engine in its own process (kvscope)", window_process)):
         steps, dt = fn(reqs)
         rows.append({"mode": label, "steps": steps, "steps_s": steps / dt, "ms_per_step": 1000 * dt / steps})
     for r in rows:
         r["vs_bare"] = r["steps_s"] / rows[0]["steps_s"]
     from grid_redraw import measure
     grid = measure(sizes=(16_384, 262_144) if quick else (16_384, 262_144, 1_048_576), repeats=5 if quick else 20)
-    result = {"model": "tiny random Llama", "requests": len(reqs), "rows": rows, "grid_redraw": grid}
+    import snapshot_scale
+    scale = snapshot_scale.run(quick)["rows"]
+    result = {"model": "tiny random Llama", "requests": len(reqs), "rows": rows, "grid_redraw": grid,
+              "scale": scale}
     write_results("inspector_cost", result, quick)
     plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3))

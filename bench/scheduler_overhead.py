@@ -5,7 +5,9 @@
 A fake runner replaces the model (``common.install_fake_runner``): everything else of
 ``LLMEngine.step`` runs for real (scheduling, slot allocation, block hashing and caching, events,
 stop checks, outputs). N requests decode together (prompts of 100-400 tokens, 256 output tokens);
-the steps where all N are running are timed. For scale: one decode step of a 7B model on a
+the steps where all N are running are timed. Requests ask for their final output only
+(``RequestOutputKind.FINAL_ONLY``, what ``LLM.generate`` asks for; nano-vllm also returns finished
+sequences only); one row at 256 shows the cost of a cumulative output every step (the server's streams). For scale: one decode step of a 7B model on a
 current GPU takes about 3 ms. With ``--nano-vllm PATH`` (a checkout of nano-vllm, see
 ``bench/nano_vllm_peer.py``) its scheduler and block manager run the same workload side by side.
 """
@@ -25,7 +27,7 @@ from common import (
     tiny_model,
     write_results,
 )
-from engine import SamplingParams
+from engine import RequestOutputKind, SamplingParams
 
 GPU_DECODE_STEP_US = 3000
 
@@ -35,14 +37,15 @@ def workload(n: int) -> list[list[int]]:
     return random_prompts([p for p, _ in length_mix(n, 31, (100, 400), (1, 1))], vocab, seed=32)
 
 
-def measure(n: int, steps: int, caching: bool) -> dict:
+def measure(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> dict:
     engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=n * 48 + 64, max_num_seqs=n,
                         max_num_batched_tokens=max(2048, n * 400), enable_prefix_caching=caching,
                         max_model_len=4096)
     install_fake_runner(engine)
     prompts = workload(n)
     for p in prompts:
-        engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True))
+        engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True,
+                                             output_kind=kind))
     engine.step()  # every prompt prefills in this step (the budget covers them all)
     times = []
     for _ in range(steps):
@@ -51,13 +54,15 @@ def measure(n: int, steps: int, caching: bool) -> dict:
         times.append(time.perf_counter() - t0)
         assert len(engine.scheduler.running) == n
     us = 1e6 * statistics.median(times)
-    return {"running": n, "prefix_caching": "on" if caching else "off", "us_per_step": us,
+    return {"running": n, "prefix_caching": "on" if caching else "off", "outputs": kind.name.lower(),
+            "us_per_step": us,
             "us_per_request": us / n, "fraction_of_gpu_step": us / GPU_DECODE_STEP_US}
 
 
 def run(quick: bool, nano_vllm: str | None = None) -> dict:
     steps = 20 if quick else 200
     rows = [measure(n, steps, caching) for caching in (True, False) for n in (1, 64, 256)]
+    rows.append(measure(256, steps, True, RequestOutputKind.CUMULATIVE))
     peers = []
     if nano_vllm:
         from nano_vllm_peer import measure as peer
@@ -73,7 +78,7 @@ def run(quick: bool, nano_vllm: str | None = None) -> dict:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
     for caching, c in (("on", "#2a7"), ("off", "#888")):
-        rs = [r for r in rows if r["prefix_caching"] == caching]
+        rs = [r for r in rows if r["prefix_caching"] == caching and r["outputs"] == "final_only"]
         ax.plot([r["running"] for r in rs], [r["us_per_step"] for r in rs], "o-", color=c,
                 label=f"prefix caching {caching}")
     ax.axhline(GPU_DECODE_STEP_US, color="#c44", ls="--", label="7B decode step on a GPU (~3 ms)")
@@ -81,7 +86,7 @@ def run(quick: bool, nano_vllm: str | None = None) -> dict:
     ax.set_ylabel("µs of Python per step")
     ax.legend(fontsize=8)
     save_figure(fig, "scheduler_overhead", quick)
-    print(table(rows, [("running", "running", "d"), ("prefix_caching", "caching", ""),
+    print(table(rows, [("running", "running", "d"), ("prefix_caching", "caching", ""), ("outputs", "outputs", ""),
                        ("us_per_step", "µs / step", ".0f"), ("us_per_request", "µs / request", ".1f"),
                        ("fraction_of_gpu_step", "of a 3 ms GPU step", ".0%")]))
     if peers:

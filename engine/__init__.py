@@ -4,10 +4,11 @@
 only reads configurations, events and snapshots (the window, when the engine runs in its own
 process) starts without them.
 """
-from .config import EngineConfig, SamplingParams
+from .config import EngineConfig, RequestOutputKind, SamplingParams
 from .outputs import CompletionOutput, RequestOutput, StepOutput
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "StepOutput"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutputKind", "RequestOutput",
+           "CompletionOutput", "StepOutput"]
 
 
 def __getattr__(name: str):

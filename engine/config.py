@@ -7,6 +7,7 @@ scenario file may set (``kvscope/scenario.py``).
 """
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import types
@@ -170,6 +171,13 @@ def derive_seed(seed: int, index: int) -> int:
     return (seed + 1_000_003 * index) % (MAX_SEED + 1)
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What ``LLMEngine.step`` reports for a request (vLLM's names and values): every step its whole output
+    so far, or only its final one (``LLM.generate`` asks for that: no per-step copies of a growing list)."""
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request decoding settings (vLLM's ``SamplingParams``)."""
@@ -189,6 +197,7 @@ class SamplingParams:
     beam_width: int = 4
     length_penalty: float = 1.0
     early_stopping: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -199,6 +208,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Everything a step could trip over later is refused here, with one line."""
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not _number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:

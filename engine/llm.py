@@ -1,9 +1,10 @@
 """``LLM``: vLLM's offline API on top of ``LLMEngine``."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from .config import EngineConfig, SamplingParams
+from .config import EngineConfig, RequestOutputKind, SamplingParams
 from .inputs import PromptType, is_chat, is_token_ids
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -34,6 +35,8 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError("need one SamplingParams per prompt")
+        # only the final outputs are read here: the engine need not build one per request per step
+        params = [dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY) for sp in params]
         eng = self.llm_engine
         ids, added = [], []
         try:

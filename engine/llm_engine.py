@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .config import EngineConfig, SamplingParams
+from .config import EngineConfig, RequestOutputKind, SamplingParams
 from .core.block_pool import BlockPool
 from .core.cpu_pool import CpuBlockPool
 from .core.kv_cache_manager import KVCacheManager, cdiv
@@ -24,7 +24,7 @@ from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, pool_snapshot, request_info
+from .inspect.snapshot import KVSnapshot, RequestInfo, pool_snapshot, request_info
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
@@ -302,8 +302,14 @@ class LLMEngine:
         first: dict[str, Request] = {}
         for r in touched:
             first.setdefault(r.group_id, r)
-        return [self.output.make_output(groups.groups.get(gid, [r]), groups.beam_groups.get(gid), decode)
-                for gid, r in first.items()]
+        out = []
+        for gid, r in first.items():
+            members = groups.groups.get(gid, [r])
+            if r.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not (
+                    all(m.is_finished for m in members) and not members[0].pending_forks):
+                continue  # the caller asked for the final output only: no per-step copy of the tokens
+            out.append(self.output.make_output(members, groups.beam_groups.get(gid), decode))
+        return out
 
     def _salvage_schedule(self) -> SchedulerOutput:
         """What a failed ``schedule()`` left: every request holding device blocks, and the swap-outs never run."""
@@ -393,10 +399,20 @@ class LLMEngine:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
         finished = list(self.finished_log)
         shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
-        infos = [request_info(r, self.kv.get_block_ids(r.request_id)) for r in shown]
+        infos = [self._snapshot_row(r) for r in shown]
         return pool_snapshot(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
                              self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
                              model_name=self.model_name)
+
+    def _snapshot_row(self, r: Request) -> RequestInfo:
+        """A finished request's row never changes again: it is built once, not at every snapshot."""
+        row = r.snapshot_row
+        if row is not None:
+            return row
+        row = request_info(r, self.kv.get_block_ids(r.request_id))
+        if r.status.finished:
+            r.snapshot_row = row
+        return row
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.inspect.chunked_map import ChunkedMap, FrozenChunkedMap
-from engine.inspect.events import Event
+from engine.inspect.event_codec import pack_events, unpack_events
+from engine.inspect.events import BlockEvicted, BlockStored, BlockUnpublished, CacheReset, Event
+from engine.inspect.indexed_map import OverlayMap, StoreLog
 from engine.inspect.replay import PoolReplayer
 from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, assemble_snapshot
 
@@ -26,7 +27,7 @@ SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped",
           "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
 DEFAULT_BUDGET = 300 * 2**20
 STEP_BYTES = 8 * len(SERIES) + 600  # the series, the counters dict and the shown-requests entry of one step
-EVENT_BYTES = 120  # a frozen slotted event with its strings, roughly (sys.getsizeof + shared strings)
+EVENT_BYTES = 90  # one step's packed events: the bytes object and its list, beyond the packed length
 STATUSES = ("WAITING", "RUNNING", "PREEMPTED", "SWAPPED", "FINISHED_STOPPED", "FINISHED_LENGTH",
             "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_PRUNED")
 _STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
@@ -39,8 +40,7 @@ class _Keyframe:
     has_hash: np.ndarray
     last_access: np.ndarray
     free_queue: np.ndarray
-    tokens: FrozenChunkedMap
-    hashes: FrozenChunkedMap
+    store_of: np.ndarray  # int32 per block: its (tokens, hash) in the history's StoreLog, -1 if none
     num_cpu_blocks: int
     block_size: int
     block_bytes: int
@@ -48,8 +48,8 @@ class _Keyframe:
 
     @property
     def nbytes(self) -> int:
-        arrays = self.ref_cnt.nbytes + self.has_hash.nbytes + self.last_access.nbytes + self.free_queue.nbytes
-        return arrays + 64 * len(self.tokens)  # the chunks are shared between keyframes: a rough share
+        return (self.ref_cnt.nbytes + self.has_hash.nbytes + self.last_access.nbytes + self.free_queue.nbytes
+                + self.store_of.nbytes)
 
 
 @dataclass
@@ -65,8 +65,10 @@ class _RequestTimeline:
     num_output: array = field(default_factory=lambda: array("i"))
     num_computed: array = field(default_factory=lambda: array("i"))
     num_cached: array = field(default_factory=lambda: array("i"))
-    changes: list[tuple[int, tuple, str | None, tuple]] = field(default_factory=list)  # (step, blocks, error, cpu)
-    tokens: tuple[int, ...] = ()  # the longest seen: earlier steps' tokens are its prefixes
+    # (step, blocks, error, cpu blocks), blocks as int32 arrays (a tuple of int objects costs ~9x more)
+    changes: list[tuple[int, array, str | None, array]] = field(default_factory=list)
+    last_key: tuple = ()  # the latest change's (blocks, error, cpu) as the snapshot gave them, to compare with
+    tokens: array = field(default_factory=lambda: array("i"))  # the longest seen: earlier steps' are prefixes
     text: str = ""  # the text with ``len(tokens)`` tokens
     last: RequestInfo | None = None
     extra: dict = field(default_factory=dict)  # fields a newer RequestInfo carries (e.g. client)
@@ -79,10 +81,16 @@ class _RequestTimeline:
         self.num_computed.append(r.num_computed_tokens)
         self.num_cached.append(r.num_cached_tokens)
         key = (r.block_ids, r.error, r.cpu_block_ids)
-        if not self.changes or self.changes[-1][1:] != key:
-            self.changes.append((step, *key))
-        if len(r.token_ids) >= len(self.tokens):
-            self.tokens, self.text = r.token_ids, r.text
+        if not self.changes or self.last_key != key:
+            self.changes.append((step, array("i", r.block_ids), r.error, array("i", r.cpu_block_ids)))
+            self.last_key = key
+        n, new = len(self.tokens), r.token_ids
+        if len(new) >= n:
+            if n and new[n - 1] != self.tokens[n - 1]:  # not a continuation (never seen so far): start again
+                self.tokens = array("i")
+                n = 0
+            self.tokens.extend(new[n:])
+            self.text = r.text
         self.last = r
 
     def at(self, step: int, decode) -> RequestInfo | None:
@@ -93,12 +101,12 @@ class _RequestTimeline:
             return self.last
         c = self.changes[bisect.bisect_right(self.changes, step, key=lambda ch: ch[0]) - 1]
         n_out = self.num_output[i]
-        tokens = self.tokens[:self.num_prompt_tokens + n_out]
+        tokens = tuple(self.tokens[:self.num_prompt_tokens + n_out])
         text = self.text if len(tokens) == len(self.tokens) else (decode(tokens[self.num_prompt_tokens:])
                                                                   if decode else "")
         return RequestInfo(self.request_id, self.index, STATUSES[self.status[i]], self.num_prompt_tokens, n_out,
-                           self.num_cached[i], self.num_computed[i], c[1], text, tokens, c[2], self.group_id,
-                           self.parent_id, c[3], **self.extra)
+                           self.num_cached[i], self.num_computed[i], tuple(c[1]), text, tokens, c[2], self.group_id,
+                           self.parent_id, tuple(c[3]), **self.extra)
 
     def trim(self, first_step: int) -> None:
         i = bisect.bisect_left(self.steps, first_step)
@@ -110,20 +118,26 @@ class _RequestTimeline:
 
     @property
     def nbytes(self) -> int:
-        return 17 * len(self.steps) + 64 * len(self.changes) + 8 * len(self.tokens) + 200
+        return 17 * len(self.steps) + 64 * len(self.changes) + 4 * len(self.tokens) + 200
 
 
 class RunHistory:
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET, keyframe_every: int = 64, decode=None) -> None:
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET, keyframe_every: int | None = None, decode=None) -> None:
+        """``keyframe_every``: steps between keyframes; None: by the pool's size (64 steps up to 32,768
+        blocks, up to 256 at a million: a keyframe's arrays grow with the pool, a scrub's replay does not)."""
         self.budget_bytes = budget_bytes
-        self.keyframe_every = keyframe_every
+        self._fixed_keyframe_every = keyframe_every
+        self.keyframe_every = keyframe_every or 64
         self.decode = decode  # token ids -> text, for the text of a request at an earlier step
         self.steps: list[int] = []
         self.series: dict[str, list[float]] = {k: [] for k in SERIES}
-        self._events: dict[int, list[Event]] = {}
+        self._events: dict[int, list[bytes]] = {}  # packed (event_codec): a tenth of the objects' memory
         self._counters: dict[int, dict] = {}
         self._shown: dict[int, tuple[str, ...]] = {}
         self._keyframes: list[_Keyframe] = []
+        # the prefix cache's contents over time: every stored value once, and the block -> value index now
+        self._store = StoreLog()
+        self._store_of: np.ndarray | None = None
         self._requests: dict[str, _RequestTimeline] = {}
         self._latest: KVSnapshot | None = None
         self._last_tokens = 0.0
@@ -140,9 +154,16 @@ class RunHistory:
         """Keep one record; a second record of the same step (a command between steps) is folded into it."""
         step = snap.step
         new_step = not self.steps or step != self.steps[-1]
+        if self._store_of is None or len(self._store_of) != snap.num_blocks:
+            self._store_of = self._index_of(snap)  # a first record, or a new pool: read it whole once
+            if self._fixed_keyframe_every is None:
+                self.keyframe_every = max(64, min(256, snap.num_blocks // 512))
+        elif events:
+            self._follow_cache(events)
         if events:
-            self._events.setdefault(step, []).extend(events)
-            self._event_bytes += EVENT_BYTES * len(events)
+            packed = pack_events(events)
+            self._events.setdefault(step, []).append(packed)
+            self._event_bytes += len(packed) + EVENT_BYTES
         self._counters[step] = snap.counters
         if new_step:
             self.clock += step_seconds
@@ -150,6 +171,11 @@ class RunHistory:
         shown = tuple(r.request_id for r in snap.requests)
         prev = self._shown.get(self.steps[-1]) if self.steps else None
         self._shown[step] = prev if prev == shown else shown
+        if prev and prev != shown:  # gone from view: its last row (with its whole token tuple) is rebuilt if asked
+            for rid in set(prev).difference(shown):
+                tl = self._requests.get(rid)
+                if tl is not None:
+                    tl.last, tl.last_key = None, ()
         for r in snap.requests:
             tl = self._requests.get(r.request_id)
             if tl is None:
@@ -172,11 +198,28 @@ class RunHistory:
                 or len(snap.ref_cnt) != len(kf.ref_cnt)):
             if kf is not None and kf.step == step:
                 self._keyframes.pop()
-            self._keyframes.append(_keyframe(snap))
+            self._keyframes.append(_keyframe(snap, self._store_of))
         if new_step:
             self.steps.append(step)
             self._add_series(snap, step_seconds, memory)
         self._enforce_budget()
+
+    def _index_of(self, snap: KVSnapshot) -> np.ndarray:
+        index = np.full(snap.num_blocks, -1, np.int32)
+        for b, h in snap.block_hashes.items():
+            index[b] = self._store.add(tuple(snap.cached_tokens.get(b, ())), h)
+        return index
+
+    def _follow_cache(self, events: list[Event]) -> None:
+        """The prefix cache's changes, rule for rule with ``apply_cache_event``."""
+        index = self._store_of
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                index[ev.block_id] = self._store.add(tuple(ev.token_ids), ev.block_hash)
+            elif isinstance(ev, (BlockEvicted, BlockUnpublished)):
+                index[ev.block_id] = -1
+            elif isinstance(ev, CacheReset):
+                index[:] = -1
 
     def _count_output(self, step: int, tl: _RequestTimeline, r: RequestInfo) -> None:
         """A request's first output token is its time to first token; later ones are decode tokens."""
@@ -217,7 +260,7 @@ class RunHistory:
     def nbytes(self) -> int:
         """An estimate of what the history holds (keyframes, events, per-step numbers), kept up to date."""
         return (len(self._keyframes) and self._keyframes[-1].nbytes * len(self._keyframes)) + self._event_bytes \
-            + self._req_bytes + len(self.steps) * STEP_BYTES
+            + self._req_bytes + len(self.steps) * STEP_BYTES + self._store.nbytes
 
     def _enforce_budget(self) -> None:
         while len(self._keyframes) >= 2 and self.nbytes > self.budget_bytes:
@@ -232,7 +275,7 @@ class RunHistory:
             del self.series[k][:i]
         self.ttft = [t for t in self.ttft if t[0] >= first]
         for s in gone:
-            self._event_bytes -= EVENT_BYTES * len(self._events.pop(s, ()))
+            self._event_bytes -= sum(len(b) + EVENT_BYTES for b in self._events.pop(s, ()))
             self._counters.pop(s, None)
             self._shown.pop(s, None)
         live = set(self._shown[self.steps[-1]]) if self.steps else set()
@@ -261,7 +304,7 @@ class RunHistory:
         return (self.steps[0], self.steps[-1]) if self.steps else None
 
     def events_at(self, step: int) -> list[Event]:
-        return self._events.get(step, [])
+        return [e for chunk in self._events.get(step, ()) for e in unpack_events(chunk)]
 
     def at(self, step: int) -> KVSnapshot | None:
         """The snapshot as it was after ``step`` (None outside the reach)."""
@@ -273,10 +316,12 @@ class RunHistory:
         if i < 0:
             return None
         kf = self._keyframes[i]
-        pool = PoolReplayer.from_state(kf.ref_cnt, kf.last_access, kf.free_queue, kf.hashes, kf.tokens)
+        pool = PoolReplayer.from_state(kf.ref_cnt, kf.last_access, kf.free_queue,
+                                       OverlayMap(kf.store_of, self._store.hashes),
+                                       OverlayMap(kf.store_of, self._store.tokens))
         j = bisect.bisect_right(self.steps, kf.step)
         for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
-            pool.apply_all(self._events.get(s, ()), s)
+            pool.apply_all(self.events_at(s), s)
         requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
         tokens, hashes = pool.frozen_maps()
         return assemble_snapshot(
@@ -298,11 +343,9 @@ def _extra_fields(r: RequestInfo) -> dict:
     return {k: getattr(r, k) for k in r.__slots__ if k not in known}
 
 
-def _keyframe(snap: KVSnapshot) -> _Keyframe:
-    tokens, hashes = ChunkedMap(snap.num_blocks), ChunkedMap(snap.num_blocks)
-    for b, t in snap.cached_tokens.items():
-        tokens[b] = t
-    for b, h in snap.block_hashes.items():
-        hashes[b] = h
-    return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, snap.last_access, snap.free_queue, tokens.freeze(),
-                     hashes.freeze(), len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name)
+def _keyframe(snap: KVSnapshot, store_of: np.ndarray) -> _Keyframe:
+    access = snap.last_access
+    if len(access) and access.max() < 2**31:  # engine steps: int32 holds them, at half the bytes
+        access = access.astype(np.int32)
+    return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, access, snap.free_queue, store_of.copy(),
+                     len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name)

@@ -21,6 +21,11 @@ def assert_replay_matches(rp: PoolReplayer, pool) -> None:
     assert_pool_arrays_match(pool)
 
 
+def assert_tables_match(kv) -> None:
+    """The block tables as ids (what the runner and snapshots read) equal the tables of blocks."""
+    assert kv.req_to_block_ids == {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()}
+
+
 def assert_pool_arrays_match(pool) -> None:
     """The arrays and maps a snapshot copies equal the block objects they mirror."""
     assert pool.ref_cnt_arr.tolist() == [b.ref_cnt for b in pool.blocks]
@@ -46,6 +51,7 @@ class Checked:
         self.events += out.events
         self.replayer.apply_all(out.events)
         assert_replay_matches(self.replayer, self.engine.pool)
+        assert_tables_match(self.engine.kv)
         report = self.engine.audit()
         assert report.ok, str(report)
         for o in out.outputs:

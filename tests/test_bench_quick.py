@@ -43,5 +43,10 @@ def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
         rows = {r["kv_cache_dtype"]: r for r in data["rows"]}
         assert rows["fp8"]["x_16bit"] == 2.0 and rows["int8"]["blocks"] > rows["auto"]["blocks"]
         assert all(len(rows[d]["kl_16"]) == 24 and "agree_64_24" in rows[d] for d in ("fp8", "int8", "int4"))
+    if name == "inspector_cost":  # the GPU-size rows: every figure the README's table shows
+        assert [r["blocks"] for r in data["scale"]] == [2_912, 65_536]
+        assert all({"snapshot_ms", "timeline_rss_mb", "timeline_mb_estimate", "scrub_ms", "scrub_max_ms"}
+                   <= set(r) for r in data["scale"])
     if name == "scheduler_overhead":
-        assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256]
+        assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256, 256]
+        assert [r["outputs"] for r in data["rows"]] == ["final_only"] * 6 + ["cumulative"]

@@ -19,6 +19,7 @@ def containers(engine) -> dict[str, int]:
     return {"requests": len(g.requests), "groups": len(g.groups), "beam_groups": len(g.beam_groups),
             "finished_log": len(g.finished_log), "ended": len(g._ended), "maybe_ended": len(g._maybe_ended),
             "created": len(g.created), "req_to_blocks": len(kv.req_to_blocks),
+            "req_to_block_ids": len(kv.req_to_block_ids),
             "num_cached_blocks": len(kv.num_cached_blocks), "tentative": len(pool.tentative),
             "events": len(pool.events), "cached": len(pool.cached), "waiting": len(engine.scheduler.waiting),
             "running": len(engine.scheduler.running), "swapped": len(engine.scheduler.swapped),
@@ -49,6 +50,7 @@ def test_100k_finished_requests_keep_every_container_bounded(tiny_engine):
     assert engine.metrics()["num_requests_finished"] == total
     end = containers(engine)
     assert end["requests"] == end["beam_groups"] == end["req_to_blocks"] == end["num_cached_blocks"] == 0
+    assert end["req_to_block_ids"] == 0
     assert end["finished_log"] == MAX_FINISHED and end["groups"] <= MAX_FINISHED
     assert peak["groups"] <= MAX_FINISHED and peak["finished_log"] <= MAX_FINISHED
     assert peak["tentative"] <= 512 and peak["events"] == 0 and peak["cached"] <= 512

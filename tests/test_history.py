@@ -68,3 +68,27 @@ def test_the_budget_drops_the_oldest_steps_and_says_how_far_back_it_reaches(tiny
     for step in range(first, last + 1):
         assert_same(hist.at(step), truth[step])
     assert len(hist.series["free"]) == len(hist.steps)
+
+
+def test_the_cache_index_follows_evictions_and_a_reset(tiny_engine):
+    """Keyframes keep an index into one log of stored blocks: every step still rebuilds its maps exactly."""
+    engine = tiny_engine(num_gpu_blocks=12)
+    src = LiveSource(engine)
+    hist = RunHistory(keyframe_every=4)
+    truth = {}
+
+    def record(rec):
+        hist.record(rec.snapshot, rec.seconds, None, rec.events)
+        truth[rec.step] = rec.snapshot
+    record(src.current())
+    for round_ in range(3):
+        for j in range(4):  # more distinct prompts than the pool holds: cached blocks are evicted
+            src.inject([10 * round_ + j + 1] * 13, SamplingParams(max_tokens=3, temperature=0.0))
+            while src.has_work():
+                record(src.step())
+        src.reset_prefix_cache()
+        record(src.current())
+    assert engine.pool.num_evictions > 0
+    for step, snap in truth.items():
+        assert_same(hist.at(step), snap)
+    assert len(hist._store.tokens) >= len({h for s in truth.values() for h in s.block_hashes.values()})

@@ -12,7 +12,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
 from engine.inspect.audit import audit_pool
 from engine.inspect.replay import PoolReplayer
-from tests.checked import assert_pool_arrays_match
+from tests.checked import assert_pool_arrays_match, assert_tables_match
 
 BS, NB = 4, 12
 # Few distinct prefixes, so that hits and shared blocks are common.
@@ -73,6 +73,7 @@ class KVMachine(RuleBasedStateMachine):
         assert list(rp.free_queue) == pool.free_queue.ids()
         assert rp.block_hash == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
         assert_pool_arrays_match(pool)  # what a snapshot copies, kept up to date op by op
+        assert_tables_match(self.kv)
 
     def teardown(self):
         for r in list(self.live.values()):
@@ -137,6 +138,7 @@ class KVForkSwapMachine(KVMachine):
         assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
         assert list(rp.free_queue) == pool.free_queue.ids()
         assert_pool_arrays_match(pool)
+        assert_tables_match(self.kv)
         cpu = self.kv.cpu_pool
         assert cpu.num_free_blocks + sum(len(r.cpu_block_ids) for r in self.swapped.values()) == cpu.num_blocks
         for r in self.live.values():  # every table covers its computed tokens

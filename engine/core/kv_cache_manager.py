@@ -1,6 +1,8 @@
 """Per-request block tables on top of the block pool: prefix lookup, slot allocation, free."""
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ..inspect.events import BlockCopied, RequestForked, SwappedIn, SwappedOut
 from .block_pool import BlockPool
 from .cpu_pool import CpuBlockPool
@@ -10,6 +12,9 @@ from .request import Request
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+_BLOCK_ID = attrgetter("block_id")
 
 
 class KVCacheManager:
@@ -33,6 +38,9 @@ class KVCacheManager:
         self.extra_keys = extra_keys
         self.hash_algo = hash_algo
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # The same tables as block ids, kept in step with req_to_blocks (appended, not rebuilt every
+        # step): the runner's block tables and the snapshot read them.
+        self.req_to_block_ids: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already published
         # vLLM's counters, in tokens
         self.prefix_cache_queries = 0
@@ -101,13 +109,16 @@ class KVCacheManager:
         if max(need, 0) + (cow is not None) > self.pool.num_free_blocks - reclaimed:
             return None
         blocks = self.req_to_blocks.setdefault(req.request_id, blocks)
+        ids = self.req_to_block_ids.setdefault(req.request_id, [])
         if cow is not None:
             self._copy_on_write(req, blocks, cow)
         # Touch the hits first, so that they cannot be evicted for this very request.
         self.pool.touch(new_computed_blocks, req.request_id)
         blocks.extend(new_computed_blocks)
+        ids.extend(map(_BLOCK_ID, new_computed_blocks))
         new = self.pool.get_new_blocks(need, req.request_id) if need > 0 else []
         blocks.extend(new)
+        ids.extend(map(_BLOCK_ID, new))
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return new
 
@@ -127,6 +138,7 @@ class KVCacheManager:
         self.pool.events.append(BlockCopied(src.block_id, dst.block_id, req.request_id, n))
         self.num_cow_copies += 1
         blocks[i] = dst
+        self.req_to_block_ids[req.request_id][i] = dst.block_id
         if self.fault != "cow-leak":  # the fault: forget to drop the reference on the source
             self.pool.free_blocks([src], req.request_id)
 
@@ -135,6 +147,7 @@ class KVCacheManager:
         blocks = list(self.req_to_blocks.get(parent.request_id, []))
         self.pool.touch(blocks, child.request_id)
         self.req_to_blocks[child.request_id] = blocks
+        self.req_to_block_ids[child.request_id] = list(map(_BLOCK_ID, blocks))
         self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
         child.block_hashes = list(parent.block_hashes)
         self.pool.events.append(RequestForked(parent.request_id, child.request_id,
@@ -164,6 +177,7 @@ class KVCacheManager:
         self.cpu_pool.release(cpu)
         req.cpu_block_ids = []
         self.req_to_blocks[req.request_id] = blocks
+        self.req_to_block_ids[req.request_id] = list(map(_BLOCK_ID, blocks))
         self.num_cached_blocks[req.request_id] = 0  # new ids: publish them again
         self.pool.events.append(SwappedIn(req.request_id, tuple(cpu), tuple(b.block_id for b in blocks)))
         self.num_swap_ins += 1
@@ -196,6 +210,7 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first (see ``BlockPool.free_blocks``)."""
         blocks = self.req_to_blocks.pop(req.request_id, [])
+        self.req_to_block_ids.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
         if req.cpu_block_ids:
             self.cpu_pool.release(req.cpu_block_ids)
@@ -209,10 +224,16 @@ class KVCacheManager:
     def forget(self, req: Request) -> None:
         """The ``abort-leak`` fault: drop the table but keep every reference (a leak)."""
         self.req_to_blocks.pop(req.request_id, None)
+        self.req_to_block_ids.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+        """The request's block table as ids (a copy: the caller may keep it)."""
+        return list(self.req_to_block_ids.get(request_id, ()))
+
+    def block_ids_view(self, request_id: str) -> list[int]:
+        """The same, without the copy: valid until the table next changes (the scheduler's step)."""
+        return self.req_to_block_ids.get(request_id, [])
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()

@@ -24,7 +24,7 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
+        return self._value_ >= 10  # FINISHED_*: the raw value, no enum lookup (called per request per step)
 
     @property
     def finish_reason(self) -> str | None:
@@ -58,6 +58,7 @@ class Request:
     sample_index: int = 0
     parent_id: str | None = None  # set on forked sequences
     pending_forks: int = 0  # n - 1 until the prompt's prefill is done
+    snapshot_row: object = field(default=None, repr=False)  # its RequestInfo once finished (it never changes)
     num_forks: int = 0  # on-demand forks made of this sequence (names the next one)
     cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
     awaiting_round: bool = False  # a beam whose logits are in, waiting for its siblings' (beam search)

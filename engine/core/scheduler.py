@@ -135,7 +135,7 @@ class Scheduler:
                 preempted.append(paused[-1])
 
         for s in scheduled:
-            s.block_ids = self.kv.get_block_ids(s.request.request_id)
+            s.block_ids = self.kv.block_ids_view(s.request.request_id)
         return SchedulerOutput(scheduled, preempted, *self.kv.take_device_work())
 
     def _preempt(self, req: Request) -> None:

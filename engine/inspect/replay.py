@@ -21,6 +21,7 @@ from .events import (
     SwappedOut,
 )
 from .free_order import FreeOrder
+from .indexed_map import OverlayMap
 
 
 def apply_cache_event(ev: Event, tokens, hashes) -> bool:
@@ -39,6 +40,12 @@ def apply_cache_event(ev: Event, tokens, hashes) -> bool:
     else:
         return False
     return True
+
+
+def _writable(m):
+    if isinstance(m, OverlayMap):
+        return m
+    return m.thaw() if isinstance(m, FrozenChunkedMap) else dict(m)
 
 
 class PoolReplayer:
@@ -65,9 +72,10 @@ class PoolReplayer:
         r = cls(len(ref_cnt))
         r.ref_cnt, r.last_access = ref_cnt.astype(np.int32), last_access.astype(np.int64)
         r.free_order = FreeOrder.from_order(len(ref_cnt), free_queue)
-        # a keyframe's frozen maps thaw in O(chunks); a chunk is copied only when an event writes it
-        r.hashes = hashes.thaw() if isinstance(hashes, FrozenChunkedMap) else dict(hashes)
-        r.cached_tokens = tokens.thaw() if isinstance(tokens, FrozenChunkedMap) else dict(tokens)
+        # an OverlayMap (a timeline keyframe's index array) is written over, not copied; frozen chunked
+        # maps thaw in O(chunks)
+        r.hashes = _writable(hashes)
+        r.cached_tokens = _writable(tokens)
         return r
 
     @property
@@ -77,7 +85,8 @@ class PoolReplayer:
 
     def frozen_maps(self):
         """(cached_tokens, hashes) as read-only mappings for a snapshot."""
-        return tuple(m.freeze() if isinstance(m, ChunkedMap) else dict(m) for m in (self.cached_tokens, self.hashes))
+        return tuple(m.freeze() if isinstance(m, (ChunkedMap, OverlayMap)) else dict(m)
+                     for m in (self.cached_tokens, self.hashes))
 
     @property
     def block_hash(self) -> list[str | None]:
@@ -89,6 +98,8 @@ class PoolReplayer:
 
     @property
     def has_hash(self) -> np.ndarray:
+        if isinstance(self.hashes, OverlayMap):
+            return self.hashes.mask()
         a = np.zeros(self.num_blocks, bool)
         a[list(self.hashes)] = True
         return a
