@@ -9,7 +9,8 @@ the steps where all N are running are timed. Requests ask for their final output
 (``RequestOutputKind.FINAL_ONLY``, what ``LLM.generate`` asks for; nano-vllm also returns finished
 sequences only); one row at 256 shows the cost of a cumulative output every step (the server's
 streams). For scale: one decode step of a 7B model on a current GPU takes about 3 ms. With
-``--nano-vllm PATH`` (a checkout of nano-vllm, see ``bench/nano_vllm_peer.py``) its scheduler and block manager run the same workload side by side.
+``--nano-vllm PATH`` (a checkout of nano-vllm, see ``bench/nano_vllm_peer.py``) its scheduler and
+block manager run the same workload side by side.
 """
 from __future__ import annotations
 
