@@ -50,6 +50,17 @@ class FreeOrder:
         self.pos[ids] = np.arange(self.end, self.end + k)
         self.end += k
 
+    def append_one(self, block_id: int) -> None:
+        """``appended([block_id])`` without the array temporaries (a replay applies events one by one)."""
+        if self.end == len(self.log):
+            self._compact()
+        self.log[self.end] = block_id
+        self.pos[block_id] = self.end
+        self.end += 1
+
+    def remove_one(self, block_id: int) -> None:
+        self.pos[block_id] = -1
+
     def removed(self, ids: list[int]) -> None:
         """``ids`` left the queue (popped from its head or taken from its middle)."""
         if ids:

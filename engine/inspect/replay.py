@@ -42,6 +42,11 @@ def apply_cache_event(ev: Event, tokens, hashes) -> bool:
     return True
 
 
+# which fields of an event name blocks: 1 block_id, 2 src/dst, 3 block_ids (validated before applying)
+_BLOCK_FIELDS = {BlockAllocated: 1, BlockTouched: 1, BlockFreed: 1, BlockStored: 1, BlockEvicted: 1,
+                 BlockUnpublished: 1, BlockCopied: 2, SwappedOut: 3, SwappedIn: 3, RequestForked: 3}
+
+
 def _writable(m):
     if isinstance(m, OverlayMap):
         return m
@@ -105,13 +110,15 @@ class PoolReplayer:
         return a
 
     def _check(self, ev: Event) -> None:
-        ids: tuple[int, ...] = ()
-        if isinstance(ev, BlockCopied):
+        kind = _BLOCK_FIELDS.get(type(ev))
+        if kind is None:
+            return
+        if kind == 1:
+            ids: tuple[int, ...] = (ev.block_id,)
+        elif kind == 2:
             ids = (ev.src_block_id, ev.dst_block_id)
-        elif isinstance(ev, (SwappedOut, SwappedIn, RequestForked)):
+        else:
             ids = ev.block_ids
-        elif isinstance(ev, (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished)):
-            ids = (ev.block_id,)
         for b in ids:
             if not 0 <= b < self.num_blocks:
                 raise ValueError(f"{ev.kind} event names block {b}, but the pool has blocks 0..{self.num_blocks - 1}")
@@ -125,14 +132,14 @@ class PoolReplayer:
             head = self.free_order.head()
             if head != ev.block_id:
                 raise ValueError(f"allocated block {ev.block_id} but the free queue head is {head}")
-            self.free_order.removed([ev.block_id])
+            self.free_order.remove_one(ev.block_id)
             self.ref_cnt[ev.block_id] = 1
             self.owners[ev.block_id] = [ev.request_id]
         elif isinstance(ev, BlockTouched):
             if self.ref_cnt[ev.block_id] == 0:
                 if ev.block_id not in self.free_order:
                     raise ValueError(f"hit on block {ev.block_id}, which is neither in use nor free")
-                self.free_order.removed([ev.block_id])
+                self.free_order.remove_one(ev.block_id)
             self.ref_cnt[ev.block_id] += 1
             self.owners.setdefault(ev.block_id, []).append(ev.request_id)
         elif isinstance(ev, BlockFreed):
@@ -143,7 +150,7 @@ class PoolReplayer:
             if ev.request_id in owners:
                 owners.remove(ev.request_id)
             if self.ref_cnt[ev.block_id] == 0:
-                self.free_order.appended([ev.block_id])
+                self.free_order.append_one(ev.block_id)
         else:
             apply_cache_event(ev, self.cached_tokens, self.hashes)
 
