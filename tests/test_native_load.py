@@ -141,3 +141,24 @@ def test_the_converted_gguf_tokenizer_is_the_one_autotokenizer_gives(smollm2):
     assert ours.chat_template == theirs.chat_template and ours.all_special_ids == theirs.all_special_ids
     ids = list(range(0, len(theirs), 97))
     assert ours.batch_decode([[i] for i in ids]) == theirs.batch_decode([[i] for i in ids])
+
+
+def test_the_embedded_models_token_texts_are_cached_beside_its_conversion(smollm2):
+    from engine import LLMEngine
+    from kvscope.sources import host
+    engine = LLMEngine(num_gpu_blocks=8)
+
+    class Source:
+        pass
+    Source.engine = engine
+    cache = host.vocab_cache_file(engine)
+    assert cache is not None and cache.parent == loader.gguf_cache_dir(engine.source)
+    cache.unlink(missing_ok=True)
+    decoded = host.vocab_of(Source)  # decoded, and written
+    assert cache.is_file() and len(decoded) == engine.vocab_size
+    assert host.vocab_of(Source) == decoded  # read back
+    sample = list(range(0, engine.vocab_size, 211))
+    assert [decoded[i] for i in sample] == engine.tokenizer.batch_decode([[i] for i in sample],
+                                                                          skip_special_tokens=False)
+    cache.write_text("[1, 2")  # torn
+    assert host.vocab_of(Source) == decoded and host.vocab_of(Source) == decoded

@@ -1,6 +1,8 @@
 """Owns the model and the KV tensors; turns a scheduled step into sampled tokens."""
 from __future__ import annotations
 
+import functools
+
 import logging
 from collections.abc import Callable
 
@@ -83,9 +85,9 @@ class ModelRunner:
                                        device, pin, scale))
         return tuple(out)
 
-    @property
+    @functools.cached_property
     def block_bytes(self) -> int:
-        """K + V bytes of one block over all layers, scales included."""
+        """K + V bytes of one block over all layers, scales included (fixed once the pool is built)."""
         m = self.model
         per_token = sum(token_bytes(f, m.num_kv_heads, m.head_dim, dtype_size(self.kv_dtype)) for f in self.kv_formats)
         return m.num_layers * per_token * self.block_size

@@ -2,6 +2,7 @@
 into the engine's model, anything else (a GGUF file's first conversion, .bin checkpoints) through transformers."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -127,8 +128,15 @@ def cache_root() -> Path:
 
 
 def file_digest(path: Path) -> str:
+    st = path.stat()
+    return _digest(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(path: str, _size: int, _mtime_ns: int) -> str:
+    """Once a process for the same file (size and mtime in the key: a replaced file is hashed again)."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
