@@ -126,7 +126,8 @@ def request_info(r, block_ids: list[int]) -> RequestInfo:
     """A row of the snapshot from a live ``Request``."""
     return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
                        max(r.num_cached_tokens, 0), r.num_computed_tokens, tuple(block_ids), r.output_text,
-                       (*r.prompt_token_ids, *r.output_token_ids), r.error, r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
+                       (*r.prompt_token_ids, *r.output_token_ids), r.error, r.group_id, r.parent_id,
+                       tuple(r.cpu_block_ids), r.client)
 
 
 def pool_snapshot(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
