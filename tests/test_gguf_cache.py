@@ -35,3 +35,15 @@ def test_a_torn_cache_entry_is_ignored(tmp_path, monkeypatch):
     (folder / "config.json").write_text("{")  # a crash mid-write: no completion marker
     model, tok = loader.load_hf_model(src, "auto", torch.device("cpu"))
     assert (folder / loader.COMPLETE).is_file() and tok is not None
+
+
+def test_a_conversion_that_cannot_be_cached_is_done_once_and_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(loader, "_save_converted", lambda *a: None)  # as if the cache folder refused writes
+    calls = []
+    real = loader._load
+    monkeypatch.setattr(loader, "_load", lambda s, d, dev: (calls.append(s.gguf_file), real(s, d, dev))[1])
+    model, tok = loader.load_model(loader.embedded_source(), "auto", torch.device("cpu"))
+    assert calls == [loader.embedded_source().gguf_file]  # one dequantization, not one per fallback
+    assert model.num_layers == 30 and tok is not None
+    assert not (loader.gguf_cache_dir(loader.embedded_source()) / loader.COMPLETE).exists()

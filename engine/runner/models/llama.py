@@ -156,7 +156,7 @@ class LlamaForCausalLM(nn.Module):
     def from_hf(cls, hf_model, consume: bool = False) -> LlamaForCausalLM:
         """From a transformers ``*ForCausalLM``; ``consume=True`` (the engine's own loads) empties
         the source as it goes, a borrowed model is left untouched."""
-        check_supported(hf_model.config)
+        check_supported(hf_model.config)  # before reading ``.model.rotary_emb``, which others lack
         return cls(hf_model.config, hf_weights(hf_model, consume), hf_model.model.rotary_emb)
 
     @torch.inference_mode()

@@ -194,16 +194,20 @@ def load_tokenizer(name: str):
 
 
 def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
-                  progress=None):
+                  progress=None, converted: Path | tuple | None = None):
     """Weights as a transformers model, and the tokenizer (``tokenizer`` if given, else the model's own).
 
     A GGUF file is dequantized once and kept converted (safetensors) in the cache folder, keyed
     by the file's hash: later loads read that copy. The engine itself uses ``load_model``, which reads
     safetensors without transformers' modeling code; this is the path for everything else.
+    ``converted``: what ``_converted`` already gave for this GGUF file (no second conversion).
     """
     chosen = load_tokenizer(tokenizer) if tokenizer is not None else None  # before the weights: fail fast
     report = progress or (lambda _text, _fraction=None: None)
-    folder = _converted(source, report) if source.gguf_file else None
+    folder = converted if converted is not None else (_converted(source, report) if source.gguf_file else None)
+    if isinstance(folder, tuple):  # converted, but the cache could not be written: use it as it is
+        model, own = folder
+        return _convert_dtype(model, dtype, device), chosen if chosen is not None else own
     if folder is not None:
         report(f"reading the converted {source.gguf_file} from the cache", 0.6)
         try:
@@ -229,7 +233,8 @@ def load_model(source: ModelSource, dtype: str, device: torch.device, tokenizer:
     chosen = load_tokenizer(tokenizer) if tokenizer is not None else None
     report = progress or (lambda _text, _fraction=None: None)
     folder = _converted(source, report) if source.gguf_file else _local_snapshot(source)
-    if folder is not None and native_files(folder):
+    uncached = folder if isinstance(folder, tuple) else None
+    if isinstance(folder, Path) and native_files(folder):
         report(f"reading {source.name}" + (" (converted, from the cache)" if source.gguf_file else ""), 0.6)
         try:
             model = load_native(folder, dtype, device)
@@ -243,7 +248,7 @@ def load_model(source: ModelSource, dtype: str, device: torch.device, tokenizer:
             if not source.gguf_file:
                 raise
             _drop_broken(folder, e)
-    hf_model, own = load_hf_model(source, dtype, device, progress=report)
+    hf_model, own = load_hf_model(source, dtype, device, progress=report, converted=uncached)
     report("building the model (fusing q/k/v and gate/up)", 0.7)
     return LlamaForCausalLM.from_hf(hf_model, consume=True), chosen if chosen is not None else own
 
@@ -275,7 +280,7 @@ def load_native(folder: Path, dtype: str, device: torch.device):
     config = read_config(folder)
     if getattr(config, "quantization_config", None):
         raise NotNativeError("quantized checkpoint")
-    check_supported(config)
+    check_supported(config)  # before build_rotary, which may import the architecture's module
     target = getattr(torch, dtype) if dtype != "auto" else _checkpoint_dtype(config)
     where = {}  # name -> (file, name stored in the file)
     for f in native_files(folder):
@@ -360,8 +365,9 @@ def _named(tokenizer, source: ModelSource):
     return tokenizer
 
 
-def _converted(source: ModelSource, report) -> Path | None:
-    """The cached conversion of a GGUF file, made now if missing; None if it cannot be cached."""
+def _converted(source: ModelSource, report) -> Path | tuple:
+    """The cached conversion of a GGUF file, made now if missing; if it cannot be cached, the converted
+    (model, tokenizer) itself, so that nobody converts the file a second time."""
     cached = gguf_cache_dir(source)
     if (cached / COMPLETE).is_file():
         return cached
@@ -370,7 +376,13 @@ def _converted(source: ModelSource, report) -> Path | None:
     report("caching the converted model", 0.5)
     cached.parent.mkdir(parents=True, exist_ok=True)
     _save_converted(model, tokenizer, cached)
-    return cached if (cached / COMPLETE).is_file() else None
+    return cached if (cached / COMPLETE).is_file() else (model, tokenizer)
+
+
+def _convert_dtype(model, dtype: str, device: torch.device):
+    if dtype != "auto":
+        model = model.to(getattr(torch, dtype))
+    return model.to(device)
 
 
 def _drop_broken(folder: Path, e: Exception) -> None:
