@@ -53,61 +53,15 @@ def session(reqs) -> tuple[int, float]:
     return s.step_count, time.perf_counter() - t0
 
 
-def window(reqs) -> tuple[int, float]:
-    from PySide6.QtCore import QSettings
+def _drive(win, reqs, load_timeout_s: float) -> tuple[int, float]:
+    """Open ``win``, inject ``reqs``, run at full speed until every request is done: (steps, seconds)."""
     from PySide6.QtWidgets import QApplication
 
-    from kvscope.main_window import MainWindow
-    from kvscope.session import Session
     from kvscope.worker import InjectSpec
-    app = QApplication.instance() or QApplication([])
-    settings = QSettings(os.devnull, QSettings.Format.IniFormat)
-    win = MainWindow(lambda _scenario: Session(new_engine()), settings)
+    app = QApplication.instance()
     win.show()
     win.start()
-    deadline = time.time() + 60
-    while (win.info is None or win.latest is None) and time.time() < deadline:
-        app.processEvents()
-        time.sleep(0.01)
-    win.inject([InjectSpec(p, sp) for p, sp in reqs])
-    while len(win.latest.snapshot.requests) < len(reqs):
-        app.processEvents()
-    win.speed.setCurrentText("max")
-    t0 = time.perf_counter()
-    win.toggle_run()
-
-    def done() -> bool:
-        c = win.latest.snapshot.counters
-        return c["num_requests_running"] == 0 and c["num_requests_waiting"] == 0 and win.latest.step > 0
-    while not done():
-        app.processEvents()
-        time.sleep(0.001)
-    dt = time.perf_counter() - t0
-    steps = win.latest.step
-    win.shutdown()
-    win.close()
-    return steps, dt
-
-
-def window_process(reqs) -> tuple[int, float]:
-    """The window as ``kvscope`` runs it: the engine in its own process, snapshots through shared memory."""
-    import tempfile
-
-    from PySide6.QtCore import QSettings
-    from PySide6.QtWidgets import QApplication
-
-    from engine import EngineConfig
-    from kvscope.main_window import MainWindow
-    from kvscope.sources.build import SourceSpec
-    from kvscope.worker import InjectSpec, ProcessBackend
-    folder = tempfile.mkdtemp(prefix="kvscope-tiny-")
-    tiny_model()[0].save_pretrained(folder)
-    app = QApplication.instance() or QApplication([])
-    spec = SourceSpec(EngineConfig(model=folder, block_size=16, num_gpu_blocks=1024, max_num_seqs=64))
-    win = MainWindow(ProcessBackend(spec), QSettings(os.devnull, QSettings.Format.IniFormat))
-    win.show()
-    win.start()
-    deadline = time.time() + 120
+    deadline = time.time() + load_timeout_s
     while (win.info is None or win.latest is None) and time.time() < deadline:
         app.processEvents()
         time.sleep(0.01)
@@ -130,6 +84,37 @@ def window_process(reqs) -> tuple[int, float]:
     win.shutdown()
     win.close()
     return steps, dt
+
+
+def window(reqs) -> tuple[int, float]:
+    """The window with the engine on its thread (``--engine-thread``)."""
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from kvscope.main_window import MainWindow
+    from kvscope.session import Session
+    QApplication.instance() or QApplication([])
+    win = MainWindow(lambda _scenario: Session(new_engine()), QSettings(os.devnull, QSettings.Format.IniFormat))
+    return _drive(win, reqs, 60)
+
+
+def window_process(reqs) -> tuple[int, float]:
+    """The window as ``kvscope`` runs it: the engine in its own process, snapshots through shared memory."""
+    import tempfile
+
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from engine import EngineConfig
+    from kvscope.main_window import MainWindow
+    from kvscope.sources.build import SourceSpec
+    from kvscope.worker import ProcessBackend
+    folder = tempfile.mkdtemp(prefix="kvscope-tiny-")
+    tiny_model()[0].save_pretrained(folder)
+    QApplication.instance() or QApplication([])
+    spec = SourceSpec(EngineConfig(model=folder, block_size=16, num_gpu_blocks=1024, max_num_seqs=64))
+    win = MainWindow(ProcessBackend(spec), QSettings(os.devnull, QSettings.Format.IniFormat))
+    return _drive(win, reqs, 120)
 
 
 def run(quick: bool) -> dict:

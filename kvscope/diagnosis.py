@@ -27,8 +27,7 @@ class Diagnosis:
     def feed(self, step: int, events, snap: KVSnapshot) -> None:
         if self.misses is None:
             self.misses = CacheMissExplainer(snap.block_size, self.decode)
-        self.misses.feed(step, events,
-                         lambda: {r.request_id: r.token_ids[:r.num_prompt_tokens] for r in snap.requests})
+        self.misses.feed_snapshot(step, events, snap)
 
     def miss_text(self, snap: KVSnapshot | None, request_id: str) -> str:
         """The selected request's prefix-cache story in one or two lines."""

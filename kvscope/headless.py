@@ -109,8 +109,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
 def device_free(device: str) -> int | None:
     """What the device could still give at the end of the run (nvml, else the machine's available RAM)."""
     from .sysinfo import MemoryProbe
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else (0 if device == "cuda" else None)
-    return MemoryProbe(index).read().device_free
+    return MemoryProbe.for_device(device).read().device_free
 
 
 def _compare_caching(session, args: argparse.Namespace) -> int:
@@ -134,10 +133,5 @@ def _compare_caching(session, args: argparse.Namespace) -> int:
     out = {"requests": len(prompts), "divergence": None, "audit": c.audit}
     if c.divergence is not None:
         out["divergence"] = c.divergence.to_dict()
-    if args.json:
-        print(json.dumps(out, indent=2))
-    elif c.divergence is None:
-        print(f"caching on and off agree token for token on {len(prompts)} requests; {c.audit}")
-    else:
-        print(f"{c.divergence}\naudit with caching: {c.audit}")
+    print(json.dumps(out, indent=2) if args.json else c.summary())  # the window shows the same line
     return 0

@@ -46,6 +46,11 @@ def process_rss() -> int:
 class MemoryProbe:
     """Call from the engine's thread (torch.cuda memory is per thread's current device)."""
 
+    @classmethod
+    def for_device(cls, device: str) -> MemoryProbe:
+        """A probe for an engine's device as ``SourceInfo.device`` names it ("cpu", "cuda", "cuda:1")."""
+        return cls(int(device.split(":")[1]) if device.startswith("cuda:") else (0 if device == "cuda" else None))
+
     def __init__(self, device_index: int | None) -> None:
         self.device_index = device_index
         self._handle = None

@@ -264,8 +264,9 @@ class ProcessBackend(EngineBackend):
         if early is not None and early.spec == self.spec and early.proc.is_alive():
             self._adopt(early.proc, early.conn)  # it was told to load when it was spawned
             return
-        if early is not None:
+        if early is not None:  # for another spec, or it died: not this window's engine
             early.proc.terminate()
+            early.conn.close()
         self._spawn()
         self.send(p.Load(self.scenario))
 

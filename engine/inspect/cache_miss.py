@@ -72,6 +72,10 @@ class CacheMissExplainer:
         self.ref: dict[int, int] = {}
         self.misses: dict[str, CacheMiss | None] = {}
 
+    def feed_snapshot(self, step: int, events: Iterable[Event], snap) -> None:
+        """``feed`` with the prompts of the snapshot after the step (sliced only in a step that admits)."""
+        self.feed(step, events, lambda: {r.request_id: r.token_ids[:r.num_prompt_tokens] for r in snap.requests})
+
     def feed(self, step: int, events: Iterable[Event],
              prompts: dict[str, tuple[int, ...]] | Callable[[], dict[str, tuple[int, ...]]]) -> None:
         """``prompts``: the mapping, or a callable that builds it (called only in a step that admits)."""

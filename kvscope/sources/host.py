@@ -181,9 +181,7 @@ class EngineHost:
         info = source.info
         if self.audit_enabled and not info.read_only:
             source.set_audit(True)
-        dev = info.device
-        self._probe = MemoryProbe(int(dev.split(":")[1]) if dev.startswith("cuda:") else
-                                  (0 if dev == "cuda" else None))
+        self._probe = MemoryProbe.for_device(info.device)
         self.emit(p.Loaded(info, vocab_of(source)))
         if not info.read_only:
             self._send(source.current())

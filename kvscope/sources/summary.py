@@ -49,8 +49,7 @@ class Summary:
         self._fragments(rec)
         if self.misses is None:
             self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
-        self.misses.feed(rec.step, rec.events,  # the prompts are sliced only in a step that admits
-                         lambda: {r.request_id: r.token_ids[:r.num_prompt_tokens] for r in rec.snapshot.requests})
+        self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
         c = rec.snapshot.counters
         self.peak_usage = max(self.peak_usage, float(c["kv_cache_usage_perc"]))
         self.peak_blocks_used = max(self.peak_blocks_used, int(c["num_blocks"] - c["num_free_blocks"]))
