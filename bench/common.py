@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from engine import LLMEngine  # noqa: E402
-from engine.core.request import Request  # noqa: E402
 from engine.core.scheduler import SchedulerOutput  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -83,12 +82,9 @@ def install_fake_runner(engine: LLMEngine) -> None:
         return None
 
     def execute(sched: SchedulerOutput):
-        out = {}
-        for s in sched.scheduled:
-            if s.samples:
-                r: Request = s.request
-                out[r.request_id] = (r.num_tokens * 7919 + 1) % engine.vocab_size
-        return out, {}
+        vocab = engine.vocab_size
+        return {s.request.request_id: (s.request.num_tokens * 7919 + 1) % vocab
+                for s in sched.scheduled if s.samples}, {}
     engine.runner.apply_device_work = apply_device_work
     engine.runner.execute = execute
 

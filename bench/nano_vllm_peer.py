@@ -45,9 +45,10 @@ def load(path: str | Path):
     return sched.Scheduler, seq.Sequence, sp.SamplingParams
 
 
-def measure(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int,
-            vocab: int) -> dict:
-    """Median µs per step of ``schedule()`` + ``postprocess()`` with every request decoding."""
+def stepper(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int,
+            vocab: int):
+    """A function running one timed step of ``schedule()`` + ``postprocess()`` with every request
+    decoding (the prompts' prefill already done); it returns the step's seconds."""
     Scheduler, Sequence, SamplingParams = load(path)
     Sequence.block_size = block_size
     cfg = types.SimpleNamespace(max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 400 * len(prompts)),
@@ -60,11 +61,19 @@ def measure(path: str | Path, prompts: list[list[int]], steps: int, block_size: 
         return [(len(q) * 7919 + 1) % vocab for q in seqs]
     seqs, prefill = s.schedule()  # every prompt prefills in this step
     s.postprocess(seqs, fake_tokens(seqs), prefill)
-    times = []
-    for _ in range(steps):
+
+    def step() -> float:
         t0 = time.perf_counter()
         seqs, prefill = s.schedule()
         s.postprocess(seqs, fake_tokens(seqs), prefill)
-        times.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
         assert not prefill and len(seqs) == len(prompts)
-    return {"us_per_step": 1e6 * statistics.median(times)}
+        return dt
+    return step
+
+
+def measure(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int,
+            vocab: int) -> dict:
+    """Median µs per step of ``schedule()`` + ``postprocess()`` with every request decoding."""
+    step = stepper(path, prompts, steps, block_size, num_blocks, vocab)
+    return {"us_per_step": 1e6 * statistics.median(step() for _ in range(steps))}

@@ -38,42 +38,55 @@ def workload(n: int) -> list[list[int]]:
     return random_prompts([p for p, _ in length_mix(n, 31, (100, 400), (1, 1))], vocab, seed=32)
 
 
-def measure(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> dict:
+def stepper(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY):
+    """A function running one timed engine step with all ``n`` requests decoding; it returns the step's
+    seconds. The prompts' prefill is done before the first."""
     engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=n * 48 + 64, max_num_seqs=n,
                         max_num_batched_tokens=max(2048, n * 400), enable_prefix_caching=caching,
                         max_model_len=4096)
     install_fake_runner(engine)
-    prompts = workload(n)
-    for p in prompts:
+    for p in workload(n):
         engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True,
                                              output_kind=kind))
     engine.step()  # every prompt prefills in this step (the budget covers them all)
-    times = []
-    for _ in range(steps):
+
+    def step() -> float:
         t0 = time.perf_counter()
         engine.step()
-        times.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
         assert len(engine.scheduler.running) == n
-    us = 1e6 * statistics.median(times)
+        return dt
+    return step
+
+
+def measure(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> dict:
+    step = stepper(n, steps, caching, kind)
+    us = 1e6 * statistics.median(step() for _ in range(steps))
     return {"running": n, "prefix_caching": "on" if caching else "off", "outputs": kind.name.lower(),
             "us_per_step": us,
             "us_per_request": us / n, "fraction_of_gpu_step": us / GPU_DECODE_STEP_US}
+
+
+def side_by_side(n: int, steps: int, nano_vllm: str, chunk: int = 5) -> dict:
+    """kvscope and nano-vllm stepped in turns, ``chunk`` steps each, over the same ``steps``: a slow spell
+    of this shared machine lands on both alike (whole runs one after the other differed by up to 2x)."""
+    from nano_vllm_peer import stepper as peer
+    vocab = tiny_model()[0].config.vocab_size
+    ours, theirs = stepper(n, steps, True), peer(nano_vllm, workload(n), steps, 16, n * 48 + 64, vocab)
+    a, b = [], []
+    for _ in range(0, steps, chunk):
+        a += [ours() for _ in range(chunk)]
+        b += [theirs() for _ in range(chunk)]
+    a_us, b_us = 1e6 * statistics.median(a), 1e6 * statistics.median(b)
+    return {"running": n, "kvscope_us": a_us, "nano_vllm_us": b_us, "ratio": a_us / b_us}
 
 
 def run(quick: bool, nano_vllm: str | None = None) -> dict:
     steps = 20 if quick else 200
     rows = [measure(n, steps, caching) for caching in (True, False) for n in (1, 64, 256)]
     rows.append(measure(256, steps, True, RequestOutputKind.CUMULATIVE))
-    peers = []
-    if nano_vllm:
-        from nano_vllm_peer import measure as peer
-        vocab = tiny_model()[0].config.vocab_size
-        for n in (1, 64, 256):
-            # Alternate, so that the machine's noise hits both alike; nano-vllm always caches prefixes.
-            ours = [measure(n, steps, True)["us_per_step"] for _ in range(3)]
-            theirs = [peer(nano_vllm, workload(n), steps, 16, n * 48 + 64, vocab)["us_per_step"] for _ in range(3)]
-            a, b = statistics.median(ours), statistics.median(theirs)
-            peers.append({"running": n, "kvscope_us": a, "nano_vllm_us": b, "ratio": a / b})
+    # nano-vllm always caches prefixes: the comparison is with caching on.
+    peers = [side_by_side(n, steps, nano_vllm) for n in (1, 64, 256)] if nano_vllm else []
     result = {"steps_timed": steps, "gpu_decode_step_us": GPU_DECODE_STEP_US, "rows": rows, "nano_vllm": peers}
     write_results("scheduler_overhead", result, quick)
     plt = pyplot()

@@ -262,30 +262,36 @@ class LLMEngine:
         """The forward and everything after it; ``touched`` collects the requests to report."""
         sampled, forking = self.runner.execute(sched)
         groups = self.request_groups
+        beam_groups = groups.beam_groups
+        append_token = self.output.append_token
+        final_only = RequestOutputKind.FINAL_ONLY
         rounds = {}
         for s in sched.scheduled:
             req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            if req.num_computed_tokens <= req.num_prompt_tokens:
+            req.num_computed_tokens = computed = req.num_computed_tokens + s.num_new_tokens
+            if computed <= len(req.prompt_token_ids):
                 self.num_prompt_tokens_computed += s.num_new_tokens
             tok = sampled.get(req.request_id)
             if tok is None:
                 continue
-            beams = groups.beam_groups.get(req.group_id)
-            if beams is not None:
+            if beam_groups and (beams := beam_groups.get(req.group_id)) is not None:
                 beams.report(req, forking[req.request_id])
                 rounds[beams.group_id] = beams
                 touched.append(req)
                 continue
-            if req.request_id in forking:
+            if forking and req.request_id in forking:
                 children = groups.spawn_samples(req)
                 touched += children
                 # Each new sample draws its first token from the same distribution as the first.
                 logits = forking[req.request_id]
                 for child, t in zip(children, self.runner.sample(logits.expand(len(children), -1), children)):
                     self._append(child, t)
-            self._append(req, tok)
-            touched.append(req)
+            status = append_token(req, tok)
+            if status is not None:
+                groups.finish(req, status)
+                touched.append(req)
+            elif req.sampling_params.output_kind is not final_only:
+                touched.append(req)  # a request that wants only its final output is reported when it ends
         for beams in rounds.values():
             if beams.ready():
                 touched += groups.beam_round(beams, self.max_model_len)
@@ -320,7 +326,7 @@ class LLMEngine:
         queued = {r.request_id for q in (self.scheduler.waiting, self.scheduler.swapped) for r in q}
         holding = [r for r in self.requests.values()
                    if r.request_id not in queued or r.request_id in self.kv.req_to_blocks]
-        return SchedulerOutput([ScheduledRequest(r, 0, r.num_computed_tokens) for r in holding], swapped)
+        return SchedulerOutput([ScheduledRequest(r, 0, r.num_computed_tokens, []) for r in holding], swapped)
 
     def _fail_step(self, sched: SchedulerOutput, error: str, swap_outs_lost: bool) -> list[Request]:
         """Fail the step's requests; returns them (for the step's outputs)."""

@@ -33,11 +33,17 @@ class OutputProcessor:
             req.output_text = self.decode(req.output_token_ids)
 
     def append_token(self, req: Request, tok: int) -> RequestStatus | None:
-        """Append a sampled token and apply the stop rules; returns the finish status, if any."""
-        self.push_token(req, tok)
-        return self.stop_status(req, tok)
+        """Append a sampled token and apply the stop rules; returns the finish status, if any.
 
-    def stop_status(self, req: Request, tok: int) -> RequestStatus | None:
+        Called for every running request every step: ``push_token`` inlined, the rules cheapest first.
+        """
+        out = req.output_token_ids
+        out.append(tok)
+        self.num_generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        if self.tokenizer is not None:
+            req.output_text = self.decode(out)
         p = req.sampling_params
         if not p.ignore_eos and tok in req.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
@@ -48,7 +54,8 @@ class OutputProcessor:
             if hits:
                 req.output_text = req.output_text[:min(hits)]  # the stop string is not part of the output
                 return RequestStatus.FINISHED_STOPPED
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        n = len(out)
+        if n >= p.max_tokens or n + len(req.prompt_token_ids) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -270,20 +270,20 @@ def test_a_failure_while_scheduling_frees_what_the_step_had_taken(tiny_engine, m
 def test_a_scheduling_failure_after_a_swap_out_recomputes_the_swapped_request(tiny_engine, monkeypatch):
     engine = tiny_engine(block_size=4, num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=64)
     run = Checked(engine)
-    swapped, real_swap, real_ids = [], engine.kv.swap_out, engine.kv.block_ids_view
+    swapped, real_swap, real_work = [], engine.kv.swap_out, engine.kv.take_device_work
 
     def swap_out(req):
         ok = real_swap(req)
         swapped.append(ok)
         return ok
 
-    def block_ids(rid):
+    def device_work():
         if len(swapped) == 1 and swapped[0]:
             swapped.append("raised")
             raise Boom("late in scheduling")
-        return real_ids(rid)
+        return real_work()
     monkeypatch.setattr(engine.kv, "swap_out", swap_out)
-    monkeypatch.setattr(engine.kv, "block_ids_view", block_ids)  # the scheduler's last call of a step
+    monkeypatch.setattr(engine.kv, "take_device_work", device_work)  # the scheduler's last call of a step
     prompts = pressure(3)
     ids = [engine.add_request(p, SamplingParams(max_tokens=24, **GREEDY)) for p in prompts]
     run.drain()

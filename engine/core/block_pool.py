@@ -87,10 +87,16 @@ class BlockPool:
             b.holders = [request_id]
             self.events.append(BlockAllocated(b.block_id, request_id))
             out.append(b)
-        ids = [b.block_id for b in out]
-        self.free_order.removed(ids)
-        self.ref_cnt_arr[ids] = 1
-        self.last_access_arr[ids] = self.step
+        if n == 1:  # a decode crossing into a new block: scalar writes, no index-array temporaries
+            i = out[0].block_id
+            self.free_order.remove_one(i)
+            self.ref_cnt_arr[i] = 1
+            self.last_access_arr[i] = self.step
+        elif n:
+            ids = [b.block_id for b in out]
+            self.free_order.removed(ids)
+            self.ref_cnt_arr[ids] = 1
+            self.last_access_arr[ids] = self.step
         return out
 
     def _evict(self, b: KVCacheBlock) -> None:
@@ -110,6 +116,8 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock], request_id: str) -> None:
         """Take one more reference on each block (a prefix hit or a fork)."""
+        if not blocks:
+            return
         ids, refs, unfreed = [], [], []
         for b in blocks:
             if b.ref_cnt == 0:
@@ -126,6 +134,12 @@ class BlockPool:
         self._set_refs(ids, refs)
 
     def _set_refs(self, ids: list[int], refs: list[int]) -> None:
+        if not ids:
+            return
+        if len(ids) == 1:
+            self.ref_cnt_arr[ids[0]] = refs[0]
+            self.last_access_arr[ids[0]] = self.step
+            return
         if len(set(ids)) < len(ids):  # the same block twice in one call: its last count is its count
             last = dict(zip(ids, refs))
             ids, refs = list(last), list(last.values())

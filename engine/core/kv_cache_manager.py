@@ -89,16 +89,15 @@ class KVCacheManager:
         Appends into the last partly filled block before taking new ones. Returns the
         newly allocated blocks, or ``None`` (changing nothing) if the pool is too small.
         """
-        blocks = self.req_to_blocks.get(req.request_id, [])
         if not new_computed_blocks:
-            # The decode fast path: the token lands in the last block, which this request owns alone.
-            i, offset = divmod(req.num_computed_tokens, self.block_size)
-            if (num_new_tokens == 1 and offset and not self.reserve_tokens
-                    and i < len(blocks) and blocks[i].ref_cnt == 1):
-                if offset + 1 == self.block_size:
-                    self._cache_full_blocks(req, req.num_computed_tokens + 1)
-                return []
+            blocks = self.req_to_blocks.get(req.request_id, [])
+            had = len(blocks)
+            if num_new_tokens == 1 and req.num_tokens - req.num_computed_tokens == 1 \
+                    and self.append_decode_slots([req], 0, 1):
+                return blocks[had:]  # the one new block, if the last was full
             new_computed_blocks = []
+        else:
+            blocks = self.req_to_blocks.get(req.request_id, [])
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
         need = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
         if self.reserve_tokens and not blocks:
@@ -121,6 +120,41 @@ class KVCacheManager:
         ids.extend(map(_BLOCK_ID, new))
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return new
+
+    def append_decode_slots(self, reqs: list[Request], start: int, stop: int) -> int:
+        """The decode fast path, for a run of requests: room for one more token each, without the
+        general allocation. Returns the index of the first request in ``reqs[start:stop]`` that needs
+        ``allocate_slots`` (``stop`` when none does); every one before it has its slot.
+
+        A token lands in the request's last block when it owns that block alone, or in one new block
+        when the last is full. The general path decides the rest: more than one token to compute
+        (a prefill), a shared tail to copy, the pool out of blocks, an up-front reservation. A block
+        a token fills is published. The scheduler calls this for every running request every step,
+        so the loop is kept to a few lookups.
+        """
+        if self.reserve_tokens:
+            return start
+        tables, ids_of, bs = self.req_to_blocks, self.req_to_block_ids, self.block_size
+        free_queue = self.pool.free_queue
+        for k in range(start, stop):
+            req = reqs[k]
+            nc = req.num_computed_tokens
+            blocks = tables.get(req.request_id)
+            if blocks is None or len(req.prompt_token_ids) + len(req.output_token_ids) - nc != 1:
+                return k
+            i, offset = divmod(nc, bs)
+            if offset:
+                if i >= len(blocks) or blocks[i].ref_cnt != 1:
+                    return k
+            elif i == len(blocks) and free_queue.num_free_blocks:
+                (b,) = self.pool.get_new_blocks(1, req.request_id)
+                blocks.append(b)
+                ids_of[req.request_id].append(b.block_id)
+            else:
+                return k
+            if offset + 1 == bs:
+                self._cache_full_blocks(req, nc + 1)
+        return stop
 
     # -- copy-on-write and fork ---------------------------------------------------------------
     def _shared_tail(self, req: Request, blocks: list[KVCacheBlock]) -> int | None:
@@ -196,16 +230,23 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         bs = self.block_size
-        start = self.num_cached_blocks.get(req.request_id, 0)
+        rid = req.request_id
+        start = self.num_cached_blocks.get(rid, 0)
         end = num_tokens // bs
         if end <= start:
             return
-        hashes = self.block_hashes(req, end * bs)
-        blocks = self.req_to_blocks[req.request_id]
+        hashes = req.block_hashes
+        if len(hashes) < start:
+            self.block_hashes(req, start * bs)
+        blocks = self.req_to_blocks[rid]
+        extra = (self.extra_keys, req.cache_salt)
         for i in range(start, end):
-            self.pool.cache_block(blocks[i], hashes[i], tuple(req.token_slice(i * bs, (i + 1) * bs)),
-                                  req.request_id, hashes[i - 1] if i else None)
-        self.num_cached_blocks[req.request_id] = end
+            tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))  # once: hashed and stored
+            parent = hashes[i - 1] if i else None
+            if i == len(hashes):
+                hashes.append(hash_block_tokens(parent, tokens, extra, self.hash_algo))
+            self.pool.cache_block(blocks[i], hashes[i], tokens, rid, parent)
+        self.num_cached_blocks[rid] = end
 
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first (see ``BlockPool.free_blocks``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ..config import EngineConfig
 from ..inspect.events import RequestAborted, RequestAdmitted, RequestFinished, RequestPreempted
@@ -21,12 +22,17 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     num_computed_tokens: int  # before this step
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[int]  # the request's table: a view, valid until the next schedule()
+    # Whether this step reaches the request's last token, so its logits are sampled.
+    samples: bool = False
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the request's last token, so its logits are sampled."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    @classmethod
+    def of(cls, req: Request, num_new_tokens: int, num_computed_tokens: int, block_ids: list[int]) -> ScheduledRequest:
+        return cls(req, num_new_tokens, num_computed_tokens, block_ids,
+                   num_computed_tokens + num_new_tokens == req.num_tokens)
+
+
+_NUM_NEW_TOKENS = attrgetter("num_new_tokens")
 
 
 @dataclass(slots=True)
@@ -40,7 +46,7 @@ class SchedulerOutput:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(map(_NUM_NEW_TOKENS, self.scheduled))
 
 
 class Scheduler:
@@ -68,21 +74,34 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
 
+        # The running loop is the per-step hot path (hundreds of decoding requests): a run of requests
+        # each decoding one token that fits without the general allocation is handled in one call.
+        kv = self.kv
+        running = self.running
+        ids_of = kv.req_to_block_ids
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+        while i < len(running) and budget > 0:
+            j = kv.append_decode_slots(running, i, min(len(running), i + budget))
+            if j > i:
+                scheduled += [ScheduledRequest(r, 1, r.num_computed_tokens, ids_of[r.request_id], True)
+                              for r in running[i:j]]
+                budget -= j - i
+                i = j
+                continue
+            req = running[i]
+            nc = req.num_computed_tokens
+            num_new = min(req.num_tokens - nc, budget)
             if num_new == 0:  # a beam waiting for its siblings' logits: nothing to compute
                 i += 1
                 continue
-            while self.kv.allocate_slots(req, num_new) is None:
-                victim = self.running.pop()  # always at index >= i: not scheduled yet
+            while kv.allocate_slots(req, num_new) is None:
+                victim = running.pop()  # always at index >= i: not scheduled yet
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
             else:
-                scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens))
+                scheduled.append(ScheduledRequest.of(req, num_new, nc, ids_of[req.request_id]))
                 budget -= num_new
                 i += 1
                 continue
@@ -101,7 +120,7 @@ class Scheduler:
             assert self.kv.allocate_slots(req, num_new) is not None
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens))
+            scheduled.append(ScheduledRequest.of(req, num_new, req.num_computed_tokens, ids_of[req.request_id]))
             budget -= num_new
 
         # Admit waiting requests only in a step that preempted nothing (FCFS).
@@ -121,7 +140,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             self._events.append(RequestAdmitted(req.request_id, req.num_prompt_tokens, num_hit_tokens))
-            scheduled.append(ScheduledRequest(req, num_new, num_hit_tokens))
+            scheduled.append(ScheduledRequest.of(req, num_new, num_hit_tokens, ids_of[req.request_id]))
             budget -= num_new
 
         if not scheduled and not preempted:
@@ -134,8 +153,6 @@ class Scheduler:
                 self._preempt(paused[-1])
                 preempted.append(paused[-1])
 
-        for s in scheduled:
-            s.block_ids = self.kv.block_ids_view(s.request.request_id)
         return SchedulerOutput(scheduled, preempted, *self.kv.take_device_work())
 
     def _preempt(self, req: Request) -> None:
