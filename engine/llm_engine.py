@@ -415,7 +415,7 @@ class LLMEngine:
         row = r.snapshot_row
         if row is not None:
             return row
-        row = request_info(r, self.kv.get_block_ids(r.request_id))
+        row = request_info(r, self.kv.block_ids_view(r.request_id))  # request_info copies it
         if r.status.finished:
             r.snapshot_row = row
         return row

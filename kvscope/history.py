@@ -321,7 +321,8 @@ class RunHistory:
                                        OverlayMap(kf.store_of, self._store.tokens))
         j = bisect.bisect_right(self.steps, kf.step)
         for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
-            pool.apply_all(self.events_at(s), s)
+            for chunk in self._events.get(s, ()):
+                pool.apply_packed(chunk, s)
         requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
         tokens, hashes = pool.frozen_maps()
         return assemble_snapshot(

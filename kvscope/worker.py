@@ -310,7 +310,8 @@ class ProcessBackend(EngineBackend):
                 continue
             if isinstance(msg, WireStepped):
                 if msg.slot is not None and self._slots is None:
-                    continue  # slots of a pool already replaced
+                    self._decoder.skip(msg)  # slots of a pool already replaced
+                    continue
                 res = self._decoder.decode(msg)
                 if msg.slot is not None:
                     self.send(ReleaseSlot(msg.slot))

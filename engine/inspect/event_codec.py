@@ -13,7 +13,8 @@ import msgspec
 
 from .events import EVENT_TYPES, Event
 
-_TYPES: list[type[Event]] = list(EVENT_TYPES.values())
+PACKED_TYPES: list[type[Event]] = list(EVENT_TYPES.values())  # a row's code indexes this
+_TYPES = PACKED_TYPES
 _CODE = {cls: i for i, cls in enumerate(_TYPES)}
 _NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in _TYPES}
 # per type, the positions of tuple fields: msgpack arrays come back as lists
@@ -25,6 +26,12 @@ _decoder = msgspec.msgpack.Decoder()
 
 def pack_events(events: list[Event]) -> bytes:
     return _encoder.encode([(_CODE[type(e)], *[getattr(e, n) for n in _NAMES[type(e)]]) for e in events])
+
+
+def decode_rows(data: bytes) -> list[list]:
+    """The packed rows as they are: ``[code, *fields]``, a code indexing ``EVENT_TYPES``'s values and
+    tuple fields as lists (``PoolReplayer.apply_packed`` reads them without building events)."""
+    return _decoder.decode(data)
 
 
 def unpack_events(data: bytes) -> list[Event]:

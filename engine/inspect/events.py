@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import typing
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
+
+from .slot_init import slot_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,32 +187,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-def _quick_init(cls: type[Event]) -> None:
-    """Give a frozen event class an ``__init__`` that writes its slots directly.
-
-    A frozen dataclass's own ``__init__`` sets every field through ``object.__setattr__``: about 1 µs
-    for a two-field event, and the pool makes one for every block change (tens a decode step).
-    Writing through the slot descriptors skips that lookup and keeps the class frozen to everyone else.
-    """
-    fs = fields(cls)
-    ns: dict[str, object] = {}
-    params, body = [], []
-    for f in fs:
-        ns[f"_set_{f.name}"] = getattr(cls, f.name).__set__
-        if f.default is MISSING:
-            params.append(f.name)
-        else:
-            ns[f"_default_{f.name}"] = f.default
-            params.append(f"{f.name}=_default_{f.name}")
-        body.append(f"    _set_{f.name}(self, {f.name})")
-    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]), ns)
-    init = ns["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init
-
-
 for _cls in EVENT_TYPES.values():
-    _quick_init(_cls)
+    slot_init(_cls)  # the pool makes an event for every block change: tens a decode step
 
 
 @functools.cache

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
+from operator import attrgetter
 
 import numpy as np
 
 from .chunked_map import ChunkedMap, FrozenChunkedMap
+from .event_codec import PACKED_TYPES, decode_rows
 from .events import (
+    EVENT_TYPES,
     BlockAllocated,
     BlockCopied,
     BlockEvicted,
@@ -24,21 +28,38 @@ from .free_order import FreeOrder
 from .indexed_map import OverlayMap
 
 
+# The prefix cache's rules, on an event's fields (so that packed events need no Event object).
+def _cache_stored(tokens, hashes, block_id, block_hash, request_id, token_ids, parent_hash=None) -> None:
+    tokens[block_id] = tuple(token_ids)
+    hashes[block_id] = block_hash
+
+
+def _cache_dropped(tokens, hashes, block_id, *_) -> None:
+    # Evicted: handed out again. Unpublished: its step failed (BlockPool.rollback_step).
+    tokens.pop(block_id, None)
+    hashes.pop(block_id, None)
+
+
+def _cache_reset(tokens, hashes, *_) -> None:
+    tokens.clear()
+    hashes.clear()
+
+
+_CACHE_RULES = {BlockStored: _cache_stored, BlockEvicted: _cache_dropped, BlockUnpublished: _cache_dropped,
+                CacheReset: _cache_reset}
+# an event's fields in order, as one C call (what pack_events writes, too)
+_FIELDS = {cls: attrgetter(*(f.name for f in fields(cls))) if len(fields(cls)) > 1
+           else (lambda g: lambda ev: (g(ev),))(attrgetter(fields(cls)[0].name))
+           for cls in EVENT_TYPES.values()}
+
+
 def apply_cache_event(ev: Event, tokens, hashes) -> bool:
     """Keep copies of the prefix cache's maps (block id -> tokens, block id -> hex hash) up to date,
     rule for rule with ``BlockPool``; returns whether the event was one of the cache's."""
-    if isinstance(ev, BlockStored):
-        tokens[ev.block_id] = tuple(ev.token_ids)
-        hashes[ev.block_id] = ev.block_hash
-    elif isinstance(ev, (BlockEvicted, BlockUnpublished)):
-        # Evicted: handed out again. Unpublished: its step failed (BlockPool.rollback_step).
-        tokens.pop(ev.block_id, None)
-        hashes.pop(ev.block_id, None)
-    elif isinstance(ev, CacheReset):
-        tokens.clear()
-        hashes.clear()
-    else:
+    rule = _CACHE_RULES.get(type(ev))
+    if rule is None:
         return False
+    rule(tokens, hashes, *_FIELDS[type(ev)](ev))
     return True
 
 
@@ -70,6 +91,7 @@ class PoolReplayer:
         self.free_order = FreeOrder(num_blocks)
         self.owners: dict[int, list[str]] = {}
         self.cached_tokens: ChunkedMap[tuple[int, ...]] | dict[int, tuple[int, ...]] = ChunkedMap(num_blocks)
+        self._mv: tuple[memoryview, memoryview] | None = None
 
     @classmethod
     def from_state(cls, ref_cnt: np.ndarray, last_access: np.ndarray, free_queue, hashes, tokens) -> PoolReplayer:
@@ -125,36 +147,76 @@ class PoolReplayer:
 
     def apply(self, ev: Event, step: int = 0) -> None:
         self._check(ev)
-        if isinstance(ev, (BlockAllocated, BlockTouched, BlockFreed)) and not (
-                isinstance(ev, BlockFreed) and self.ref_cnt[ev.block_id] <= 0):
-            self.last_access[ev.block_id] = step
-        if isinstance(ev, BlockAllocated):
-            head = self.free_order.head()
-            if head != ev.block_id:
-                raise ValueError(f"allocated block {ev.block_id} but the free queue head is {head}")
-            self.free_order.remove_one(ev.block_id)
-            self.ref_cnt[ev.block_id] = 1
-            self.owners[ev.block_id] = [ev.request_id]
-        elif isinstance(ev, BlockTouched):
-            if self.ref_cnt[ev.block_id] == 0:
-                if ev.block_id not in self.free_order:
-                    raise ValueError(f"hit on block {ev.block_id}, which is neither in use nor free")
-                self.free_order.remove_one(ev.block_id)
-            self.ref_cnt[ev.block_id] += 1
-            self.owners.setdefault(ev.block_id, []).append(ev.request_id)
-        elif isinstance(ev, BlockFreed):
-            if self.ref_cnt[ev.block_id] <= 0:
-                return  # a fault's double free: the pool skipped it too
-            self.ref_cnt[ev.block_id] -= 1
-            owners = self.owners.get(ev.block_id, [])
-            if ev.request_id in owners:
-                owners.remove(ev.request_id)
-            if self.ref_cnt[ev.block_id] == 0:
-                self.free_order.append_one(ev.block_id)
-        else:
-            apply_cache_event(ev, self.cached_tokens, self.hashes)
+        rule = _POOL_RULES.get(type(ev))
+        if rule is not None:
+            rule(self, step, *_FIELDS[type(ev)](ev))
 
     def apply_all(self, events: Iterable[Event], step: int = 0) -> PoolReplayer:
         for ev in events:
             self.apply(ev, step)
         return self
+
+    def apply_packed(self, data: bytes, step: int = 0) -> None:
+        """``apply_all(unpack_events(data), step)`` without building the events: a timeline scrub replays
+        thousands. For events this process recorded itself (the window's history): their block ids
+        were checked when they came in, so they are not checked again."""
+        rules = _RULES_BY_CODE
+        for row in decode_rows(data):
+            rule = rules[row[0]]
+            if rule is not None:
+                rule(self, step, *row[1:])
+
+    # -- the pool's rules, mirroring BlockPool; ref counts and stamps go through memoryviews (Python ints)
+    def _views(self):
+        if self._mv is None or self._mv[0].obj is not self.ref_cnt or self._mv[1].obj is not self.last_access:
+            self._mv = (memoryview(self.ref_cnt), memoryview(self.last_access))
+        return self._mv
+
+    def _allocated(self, step: int, block_id: int, request_id: str) -> None:
+        head = self.free_order.head()
+        if head != block_id:
+            raise ValueError(f"allocated block {block_id} but the free queue head is {head}")
+        ref, access = self._views()
+        access[block_id] = step
+        self.free_order.remove_one(block_id)
+        ref[block_id] = 1
+        self.owners[block_id] = [request_id]
+
+    def _touched(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
+        ref, access = self._views()
+        if ref[block_id] == 0:
+            if block_id not in self.free_order:
+                raise ValueError(f"hit on block {block_id}, which is neither in use nor free")
+            self.free_order.remove_one(block_id)
+        access[block_id] = step
+        ref[block_id] += 1
+        self.owners.setdefault(block_id, []).append(request_id)
+
+    def _freed(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
+        ref, access = self._views()
+        if ref[block_id] <= 0:
+            return  # a fault's double free: the pool skipped it too
+        access[block_id] = step
+        ref[block_id] -= 1
+        owners = self.owners.get(block_id, [])
+        if request_id in owners:
+            owners.remove(request_id)
+        if ref[block_id] == 0:
+            self.free_order.append_one(block_id)
+
+    def _stored(self, step: int, *fields) -> None:
+        _cache_stored(self.cached_tokens, self.hashes, *fields)
+
+    def _dropped(self, step: int, *fields) -> None:
+        _cache_dropped(self.cached_tokens, self.hashes, *fields)
+
+    def _reset(self, step: int, *fields) -> None:
+        _cache_reset(self.cached_tokens, self.hashes)
+
+
+_POOL_RULES = {BlockAllocated: PoolReplayer._allocated, BlockTouched: PoolReplayer._touched,
+               BlockFreed: PoolReplayer._freed, BlockStored: PoolReplayer._stored,
+               BlockEvicted: PoolReplayer._dropped, BlockUnpublished: PoolReplayer._dropped,
+               CacheReset: PoolReplayer._reset}
+# the same by the packed code (event_codec's), None for events that change no pool state
+_RULES_BY_CODE = [_POOL_RULES.get(cls) for cls in PACKED_TYPES]

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
+
+from .slot_init import slot_init
 
 
 class BlockState(enum.IntEnum):
@@ -18,6 +21,7 @@ class BlockState(enum.IntEnum):
     LEAKED = 5  # flagged by audit()
 
 
+@slot_init  # a snapshot makes one per live request: hundreds a step
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     request_id: str
@@ -122,9 +126,9 @@ def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.nda
     owner[blocks[first]] = index[first]
 
 
-def request_info(r, block_ids: list[int]) -> RequestInfo:
+def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
     """A row of the snapshot from a live ``Request``."""
-    return RequestInfo(r.request_id, r.index, r.status.name, r.num_prompt_tokens, len(r.output_token_ids),
+    return RequestInfo(r.request_id, r.index, r.status._name_, len(r.prompt_token_ids), len(r.output_token_ids),
                        max(r.num_cached_tokens, 0), r.num_computed_tokens, tuple(block_ids), r.output_text,
                        (*r.prompt_token_ids, *r.output_token_ids), r.error, r.group_id, r.parent_id,
                        tuple(r.cpu_block_ids), r.client)

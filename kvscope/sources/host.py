@@ -16,6 +16,8 @@ from ..sysinfo import MemoryProbe, MemoryReading
 from . import protocol as p
 from .base import Source
 
+MEMORY_READ_EVERY_S = 0.05  # the memory plot's resolution: a reading per step cost ~0.3 ms of a small step
+
 logger = logging.getLogger("kvscope")
 
 # scenario name (None: the command line's, "": none) -> source; a factory with a ``progress`` keyword
@@ -181,7 +183,7 @@ class EngineHost:
         info = source.info
         if self.audit_enabled and not info.read_only:
             source.set_audit(True)
-        self._probe = MemoryProbe.for_device(info.device)
+        self._probe = MemoryProbe.for_device(info.device, MEMORY_READ_EVERY_S)
         self.emit(p.Loaded(info, vocab_of(source)))
         if not info.read_only:
             self._send(source.current())

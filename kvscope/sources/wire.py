@@ -2,18 +2,21 @@
 
 The prefix cache's token and hash maps are sent once after a load; afterwards the window
 keeps its own copy up to date from the events (the event stream is the contract), so a step
-costs its events, its request rows and a copy of the per-block arrays.
+costs its events, its request rows and a copy of the per-block arrays. A request row travels as
+a delta of the one sent before it: the same row (a finished request's) as its id alone, a running
+one as its fields with only the tokens it gained (a row's token tuple was most of a step's bytes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 
 from engine.inspect.chunked_map import ChunkedMap
-from engine.inspect.events import Event
+from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.replay import apply_cache_event
-from engine.inspect.snapshot import KVSnapshot
+from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from engine.outputs import StepOutput
 
 from ..sysinfo import MemoryReading
@@ -23,19 +26,63 @@ from .shm import FIELDS, ShmSlots
 
 ARRAYS = tuple(name for name, _, _ in FIELDS)
 SCALARS = ("step", "block_size", "num_blocks", "block_bytes", "model_name")
+_ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
+_ROW = attrgetter(*_ROW_FIELDS)
+_TOKENS_AT = _ROW_FIELDS.index("token_ids")
+
+
+def encode_rows(rows: tuple[RequestInfo, ...], sent: dict[str, RequestInfo]) -> tuple:
+    """Each row as a delta of ``sent`` (the rows of the record before, by request id), which is updated.
+
+    An item is the request id alone (the very row sent before), or ``(n, *fields)`` whose token field
+    holds the tokens after the first ``n`` of the row sent before (``n`` = 0: all of them)."""
+    out = []
+    new: dict[str, RequestInfo] = {}
+    for r in rows:
+        prev = sent.get(r.request_id)
+        new[r.request_id] = r
+        if prev is r:
+            out.append(r.request_id)
+            continue
+        f = list(_ROW(r))
+        n = len(prev.token_ids) if prev is not None else 0
+        if n and len(r.token_ids) >= n and r.token_ids[:n] == prev.token_ids:
+            f[_TOKENS_AT] = r.token_ids[n:]
+        else:
+            n = 0
+        out.append((n, *f))
+    sent.clear()
+    sent.update(new)
+    return tuple(out)
+
+
+def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo, ...]:
+    """The inverse of ``encode_rows``, with ``rows`` the decoded rows of the record before (updated)."""
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(rows[item])
+            continue
+        n, *f = item
+        if n:
+            f[_TOKENS_AT] = rows[f[0]].token_ids + f[_TOKENS_AT]
+        out.append(RequestInfo(*f))
+    rows.clear()
+    rows.update((r.request_id, r) for r in out)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class WireStepped:
     """A ``Stepped`` result with its arrays in shared-memory slot ``slot`` (or inline when none was free)."""
     scalars: dict
-    requests: tuple
+    requests: tuple  # encode_rows's items
     counters: dict
     slot: int | None
     lengths: dict[str, int] | None
     inline: dict[str, np.ndarray] | None
     cache: tuple[dict, dict] | None  # (cached_tokens, block_hashes): only the first record after a load
-    events: list[Event]
+    events: bytes  # packed (event_codec): a third of pickling the event objects, both ways
     has_output: bool  # False for the record of a command between steps
     error: str | None
     num_scheduled_tokens: int
@@ -51,6 +98,7 @@ class RecordEncoder:
         self.slots: ShmSlots | None = None
         self.free: set[int] = set()
         self.cache_sent = False
+        self.rows_sent: dict[str, RequestInfo] = {}
 
     def attach(self, slots: ShmSlots) -> None:
         self.detach()
@@ -79,12 +127,14 @@ class RecordEncoder:
         else:
             inline = arrays
         cache = None
-        if not self.cache_sent:
+        if not self.cache_sent:  # a new source: its maps whole, its rows whole
             cache = (dict(snap.cached_tokens), dict(snap.block_hashes))
             self.cache_sent = True
+            self.rows_sent.clear()
         out = rec.step_output
-        return WireStepped({k: getattr(snap, k) for k in SCALARS}, snap.requests, snap.counters, slot, lengths,
-                           inline, cache, rec.events, out is not None, out.error if out else None,
+        rows = encode_rows(snap.requests, self.rows_sent)
+        return WireStepped({k: getattr(snap, k) for k in SCALARS}, rows, snap.counters, slot, lengths,
+                           inline, cache, pack_events(rec.events), out is not None, out.error if out else None,
                            out.num_scheduled_tokens if out else 0, rec.seconds, rec.audit, st.memory)
 
 
@@ -95,8 +145,16 @@ class RecordDecoder:
         self.slots: ShmSlots | None = None
         self.tokens: ChunkedMap = ChunkedMap(0)
         self.hashes: ChunkedMap = ChunkedMap(0)
+        self.rows: dict[str, RequestInfo] = {}
 
-    def decode(self, w: WireStepped) -> Stepped:
+    def skip(self, w: WireStepped) -> None:
+        """A record not shown (its arrays are in slots already replaced): its maps and rows still
+        count, since the next record's follow on from these."""
+        self._follow(w)
+
+    def _follow(self, w: WireStepped) -> tuple[list, tuple[RequestInfo, ...]]:
+        """The record's events and rows, with the cache maps and the rows brought up to it."""
+        events = unpack_events(w.events)
         if w.cache is not None:
             n = w.scalars["num_blocks"]
             self.tokens, self.hashes = ChunkedMap(n), ChunkedMap(n)
@@ -104,13 +162,18 @@ class RecordDecoder:
                 self.tokens[b] = v
             for b, v in w.cache[1].items():
                 self.hashes[b] = v
+            self.rows.clear()
         else:
-            for ev in w.events:
+            for ev in events:
                 apply_cache_event(ev, self.tokens, self.hashes)
+        return events, decode_rows(w.requests, self.rows)
+
+    def decode(self, w: WireStepped) -> Stepped:
+        events, rows = self._follow(w)
         arrays = self.slots.read(w.slot, w.lengths) if w.slot is not None else dict(w.inline)
         for a in arrays.values():
             a.flags.writeable = False
-        snap = KVSnapshot(**w.scalars, **arrays, requests=w.requests, counters=w.counters,
+        snap = KVSnapshot(**w.scalars, **arrays, requests=rows, counters=w.counters,
                           cached_tokens=self.tokens.freeze(), block_hashes=self.hashes.freeze())
         out = StepOutput(w.scalars["step"], [], [], w.num_scheduled_tokens, {}, w.error) if w.has_output else None
-        return Stepped(StepRecord(w.scalars["step"], snap, w.events, out, w.seconds, w.audit), w.memory)
+        return Stepped(StepRecord(w.scalars["step"], snap, events, out, w.seconds, w.audit), w.memory)

@@ -1,0 +1,67 @@
+"""Step records across the process boundary: every record decodes to the snapshot the engine made."""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+
+from engine import SamplingParams
+from kvscope.sources import protocol as p
+from kvscope.sources.live import LiveSource
+from kvscope.sources.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows
+from kvscope.sysinfo import MemoryReading
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def _roundtrip(enc: RecordEncoder, dec: RecordDecoder, rec) -> p.Stepped:
+    wire = pickle.loads(pickle.dumps(enc.encode(p.Stepped(rec, MemoryReading())), protocol=5))
+    return dec.decode(wire)
+
+
+def test_records_decode_to_the_engines_snapshots_step_after_step(tiny_engine):
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
+    enc, dec = RecordEncoder(), RecordDecoder()  # no shared memory: arrays inline
+    for i, prompt in enumerate([list(range(5, 19)), list(range(5, 15)) + [2, 3], [7, 8, 9]]):
+        src.inject(prompt, dataclasses.replace(GREEDY, max_tokens=4 + 3 * i))
+    sent = []
+    while src.has_work():
+        rec = src.step()
+        got = _roundtrip(enc, dec, rec).record
+        snap = rec.snapshot
+        assert got.snapshot.requests == snap.requests  # rows rebuilt from deltas, tokens and all
+        assert got.events == rec.events
+        assert dict(got.snapshot.cached_tokens) == dict(snap.cached_tokens)
+        assert np.array_equal(got.snapshot.state, snap.state)
+        sent.append(enc.rows_sent.copy())
+    # finished rows are the same objects step after step: they travel as their id alone
+    last = [r for r in rec.snapshot.requests if r.status.startswith("FINISHED")]
+    assert last and all(sent[-1][r.request_id] is r for r in last)
+
+
+def test_a_row_whose_tokens_are_not_a_continuation_travels_whole():
+    from engine.inspect.snapshot import RequestInfo
+    a = RequestInfo("a", 0, "RUNNING", 3, 1, 0, 3, (0,), "", (1, 2, 3, 4))
+    grown = dataclasses.replace(a, num_output_tokens=2, token_ids=(1, 2, 3, 4, 5))
+    rewritten = dataclasses.replace(a, num_output_tokens=2, token_ids=(1, 2, 3, 9, 5))  # a beam's new tokens
+    sent, rows = {}, {}
+    assert decode_rows(encode_rows((a,), sent), rows) == (a,)
+    items = encode_rows((grown,), sent)
+    assert items[0][0] == 4 and items[0][1 + 9] == (5,)  # the 4 tokens before, then the new one
+    assert decode_rows(items, rows) == (grown,)
+    items = encode_rows((rewritten,), sent)
+    assert items[0][0] == 0  # whole
+    assert decode_rows(items, rows) == (rewritten,)
+    assert decode_rows(encode_rows((), sent), rows) == () and not sent and not rows  # gone: forgotten both sides
+
+
+def test_a_new_source_starts_the_rows_again(tiny_engine):
+    enc, dec = RecordEncoder(), RecordDecoder()
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
+    src.inject([5, 6, 7, 8, 9], GREEDY)
+    _roundtrip(enc, dec, src.step())
+    enc.loaded()  # what the engine process does on Loaded: the decoder may have lost everything
+    dec2 = RecordDecoder()
+    rec = src.step()
+    assert _roundtrip(enc, dec2, rec).record.snapshot.requests == rec.snapshot.requests
