@@ -44,20 +44,32 @@ class OutputProcessor:
             req.first_token_time = time.monotonic()
         if self.tokenizer is not None:
             req.output_text = self.decode(out)
-        p = req.sampling_params
-        if not p.ignore_eos and tok in req.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if tok in p.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if p.stop:
-            hits = [i for i in (req.output_text.find(s) for s in p.stop) if i >= 0]
-            if hits:
-                req.output_text = req.output_text[:min(hits)]  # the stop string is not part of the output
+        rules = req.stop_rules
+        if rules is None:
+            req.stop_rules = rules = self._stop_rules(req)
+        limit, look = rules
+        if look:
+            p = req.sampling_params
+            if not p.ignore_eos and tok in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
-        n = len(out)
-        if n >= p.max_tokens or n + len(req.prompt_token_ids) >= self.max_model_len:
+            if tok in p.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if p.stop:
+                hits = [i for i in (req.output_text.find(s) for s in p.stop) if i >= 0]
+                if hits:
+                    req.output_text = req.output_text[:min(hits)]  # the stop string is not part of the output
+                    return RequestStatus.FINISHED_STOPPED
+        if len(out) >= limit:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _stop_rules(self, req: Request) -> tuple[int, bool]:
+        """(output tokens at which it ends by length, whether any token or text ends it sooner): both
+        fixed once the request is admitted (its prompt and sampling parameters never change)."""
+        p = req.sampling_params
+        limit = min(p.max_tokens, self.max_model_len - len(req.prompt_token_ids))
+        look = bool((not p.ignore_eos and req.eos_token_ids) or p.stop_token_ids or p.stop)
+        return limit, look
 
     def make_output(self, members: list[Request], beams: BeamGroup | None, decode: bool = True) -> RequestOutput:
         """The user-visible output of one group: one completion per sample (or per best beam).

@@ -63,6 +63,7 @@ class Request:
     cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
     awaiting_round: bool = False  # a beam whose logits are in, waiting for its siblings' (beam search)
     client: str = ""  # who sent it (an HTTP client's host:port); "" for the window, scripts, scenarios
+    stop_rules: tuple[int, bool] | None = field(default=None, repr=False)  # OutputProcessor's, once
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id
