@@ -21,7 +21,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from common import engine_for, length_mix, main, pyplot, random_prompts, save_figure, table, tiny_model, write_results  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
-
 ROUNDS = 5
 
 
@@ -121,6 +120,8 @@ def window_process(reqs) -> tuple[int, float]:
 
 
 def run(quick: bool) -> dict:
+    from engine.gc_policy import tune_gc
+    tune_gc()  # as kvscope's window and engine processes do (the engine process after each load)
     reqs = workload(8 if quick else 32)
     modes = (("engine.step() alone", bare), ("Session: + snapshot and events", session),
              ("window, engine on a thread (--engine-thread)", window),

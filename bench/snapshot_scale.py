@@ -10,7 +10,9 @@ finished one replaced at once. Measured per size: ``LLMEngine.snapshot()`` (medi
 object by object (``deep_size``: every object reachable from it, once; numpy arrays with their data),
 its own running estimate (what its memory budget acts on), the process's resident memory growth
 (engine and timeline: the engine's prefix cache fills too), and the time ``at(step)`` takes to rebuild
-a random earlier step (median and worst, ms).
+a random earlier step (median and worst, ms). The garbage collector is set as in kvscope's processes
+(``engine.gc_policy.tune_gc``: the loaded heap frozen, the youngest generation collected every 50,000
+allocations): with CPython's default a snapshot at 65,536 blocks took 8.5 ms instead of 5.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 
 from common import engine_for, install_fake_runner, length_mix, main, random_prompts, table, tiny_model, write_results
 from engine import SamplingParams
+from engine.gc_policy import tune_gc
 from kvscope.history import RunHistory
 from kvscope.sysinfo import process_rss
 
@@ -60,7 +63,7 @@ def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
     traffic = iter(_traffic(steps * running // 100 + 4 * running))
     for _ in range(running):
         engine.add_request(*next(traffic))
-    gc.collect()
+    tune_gc()  # what kvscope's engine process does after a load (engine.gc_policy)
     history = RunHistory(budget_bytes=10 * 2**30)  # no budget cut: measure what 10,000 steps cost
     rss0 = process_rss()
     snap_ms = []

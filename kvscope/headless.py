@@ -42,6 +42,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 2)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
+    from engine.gc_policy import tune_gc
+    tune_gc()  # the loaded heap frozen, fewer collections
     if getattr(args, "compare_caching", False):
         return _compare_caching(session, args)
     summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len)

@@ -83,7 +83,7 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
     """
     n = len(ref_cnt)
     # state from (ref count clipped to 2, hashed) through a table: one pass instead of three np.where
-    code = np.clip(ref_cnt, 0, 2).astype(np.uint8)
+    code = np.minimum(ref_cnt, 2).astype(np.uint8)  # ref counts are never negative; clip's limit checks cost more
     code <<= 1
     code |= has_hash
     state = _STATE_OF_CODE[code]
@@ -119,7 +119,7 @@ def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.nda
     blocks = np.fromiter(chain.from_iterable(r.block_ids for r in requests), np.int64, total)
     starts = np.repeat(np.cumsum(lens) - lens, lens)
     computed = np.repeat(np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests)), lens)
-    fill = np.clip(computed - (np.arange(total) - starts) * block_size, 0, block_size).astype(np.int16)
+    fill = np.minimum(np.maximum(computed - (np.arange(total) - starts) * block_size, 0), block_size).astype(np.int16)
     np.maximum.at(filled, blocks, fill)
     index = np.repeat(np.fromiter((r.index for r in requests), np.int32, len(requests)), lens)
     first = np.unique(blocks, return_index=True)[1]  # the first occurrence is the earliest request's

@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from engine.gc_policy import tune_gc
+
 from . import protocol as p
 from .build import SourceSpec
 from .host import EngineHost
@@ -147,8 +149,11 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
         while True:
             if queue:
                 idle = False
-                if not host.handle(queue.popleft()):
+                cmd = queue.popleft()
+                if not host.handle(cmd):
                     break
+                if isinstance(cmd, p.Load):
+                    tune_gc()  # the loaded heap frozen, fewer collections (engine.gc_policy)
                 continue
             now = time.monotonic()
             if host.running and not idle and now >= next_tick:
