@@ -164,3 +164,31 @@ def test_an_early_engine_for_another_spec_is_stopped_not_used(qtbot, settings, t
         assert not early.proc.is_alive()
     finally:
         win.shutdown()
+
+
+def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_window):
+    """At "max" the engine process's next tick is always due: it must still read the pipe between steps
+    (a Pause, and the window's releases of the shared-memory slots)."""
+    win = process_window(num_gpu_blocks=256)
+    long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    win.inject([InjectSpec(list(range(10, 30)), long)])
+    qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == 1, timeout=20_000)
+    inline = []
+    real = win.worker._decoder.decode
+    win.worker._decoder.decode = lambda w: (inline.append(w.inline is not None), real(w))[1]
+    win.speed.setCurrentText("max")
+    win.act_run.trigger()
+    start = win.latest.step
+    qtbot.waitUntil(lambda: win.latest.step >= start + 20, timeout=30_000)
+    win.act_run.trigger()
+    qtbot.waitUntil(lambda: not win.running, timeout=5000)
+    time.sleep(0.3)
+    win.flush()
+    paused_at = win.latest.step
+    assert win.latest.snapshot.request(win.latest.snapshot.requests[0].request_id).status == "RUNNING"
+    qtbot.wait(300)
+    win.flush()
+    assert win.latest.step == paused_at  # paused with work left, not at the end of the run
+    # the arrays came through shared memory, not pickled through the pipe (which a record falls back to
+    # only while the window still holds both slots)
+    assert len(inline) >= 20 and sum(inline) < len(inline) / 2

@@ -159,6 +159,10 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             if host.running and not idle and now >= next_tick:
                 next_tick = now + host.interval_ms / 1000
                 idle = not host.tick() and host.running  # serving with nothing to do: wait for a wake-up
+                # At full speed the next tick is due at once, so the pipe is read here: a Pause, and the
+                # window's slot releases (without them every record after the second carried its arrays
+                # pickled instead of through shared memory).
+                pump()
                 continue
             timeout = None if not host.running or idle else max(0.0, next_tick - now)
             ready = wait([conn, wake_r], timeout)
