@@ -21,6 +21,7 @@ SHAPES = {
     "scheduler_overhead": ("rows", {"running", "prefix_caching", "us_per_step", "us_per_request"}),
     "kv_quant": ("rows", {"kv_cache_dtype", "blocks", "tokens", "x_fp32", "x_16bit", "tok_s"}),
     "kv_events": ("rows", {"what", "value", "unit", "vs_bare"}),
+    "replay_memory": ("rows", {"trace_mb", "steps", "replayed", "rss_growth_mb"}),
 }
 
 
@@ -47,6 +48,9 @@ def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
         assert [r["blocks"] for r in data["scale"]] == [2_912, 65_536]
         assert all({"snapshot_ms", "timeline_rss_mb", "timeline_mb_estimate", "scrub_ms", "scrub_max_ms"}
                    <= set(r) for r in data["scale"])
+    if name == "replay_memory":  # every record replayed, in memory that does not grow with the trace
+        (row,) = data["rows"]
+        assert row["replayed"] == row["steps"] and row["trace_mb"] >= 1 and row["rss_growth_mb"] < 64
     if name == "scheduler_overhead":
         assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256, 256]
         assert [r["outputs"] for r in data["rows"]] == ["final_only"] * 6 + ["cumulative"]
