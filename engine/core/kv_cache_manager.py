@@ -50,13 +50,15 @@ class KVCacheManager:
     def block_hashes(self, req: Request, num_tokens: int) -> list[bytes]:
         """Chained hashes of the request's full blocks within its first ``num_tokens``."""
         bs = self.block_size
+        for i in range(len(req.block_hashes), num_tokens // bs):
+            self._chain_hash(req, req.token_slice(i * bs, (i + 1) * bs))
+        return req.block_hashes
+
+    def _chain_hash(self, req: Request, tokens) -> None:
+        """Hash the request's next full block (``tokens``) onto its chain."""
         hashes = req.block_hashes
-        extra = (self.extra_keys, req.cache_salt)
-        for i in range(len(hashes), num_tokens // bs):
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, req.token_slice(i * bs, (i + 1) * bs), extra,
-                                            self.hash_algo))
-        return hashes
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, (self.extra_keys, req.cache_salt),
+                                        self.hash_algo))
 
     # -- prefix lookup ------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
@@ -89,15 +91,13 @@ class KVCacheManager:
         Appends into the last partly filled block before taking new ones. Returns the
         newly allocated blocks, or ``None`` (changing nothing) if the pool is too small.
         """
+        blocks = self.req_to_blocks.get(req.request_id, [])
         if not new_computed_blocks:
-            blocks = self.req_to_blocks.get(req.request_id, [])
             had = len(blocks)
             if num_new_tokens == 1 and req.num_tokens - req.num_computed_tokens == 1 \
                     and self.append_decode_slots([req], 0, 1):
                 return blocks[had:]  # the one new block, if the last was full
             new_computed_blocks = []
-        else:
-            blocks = self.req_to_blocks.get(req.request_id, [])
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
         need = cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
         if self.reserve_tokens and not blocks:
@@ -235,17 +235,13 @@ class KVCacheManager:
         end = num_tokens // bs
         if end <= start:
             return
-        hashes = req.block_hashes
-        if len(hashes) < start:
-            self.block_hashes(req, start * bs)
+        hashes = self.block_hashes(req, start * bs)
         blocks = self.req_to_blocks[rid]
-        extra = (self.extra_keys, req.cache_salt)
         for i in range(start, end):
-            tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))  # once: hashed and stored
-            parent = hashes[i - 1] if i else None
+            tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))  # once: hashed (if not yet) and stored
             if i == len(hashes):
-                hashes.append(hash_block_tokens(parent, tokens, extra, self.hash_algo))
-            self.pool.cache_block(blocks[i], hashes[i], tokens, rid, parent)
+                self._chain_hash(req, tokens)
+            self.pool.cache_block(blocks[i], hashes[i], tokens, rid, hashes[i - 1] if i else None)
         self.num_cached_blocks[rid] = end
 
     def free(self, req: Request) -> None:

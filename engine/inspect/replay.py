@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import fields
-from operator import attrgetter
 
 import numpy as np
 
 from .chunked_map import ChunkedMap, FrozenChunkedMap
-from .event_codec import PACKED_TYPES, decode_rows
+from .event_codec import FIELDS_OF, PACKED_TYPES, packed_rows
 from .events import (
-    EVENT_TYPES,
     BlockAllocated,
     BlockCopied,
     BlockEvicted,
@@ -47,10 +44,6 @@ def _cache_reset(tokens, hashes, *_) -> None:
 
 _CACHE_RULES = {BlockStored: _cache_stored, BlockEvicted: _cache_dropped, BlockUnpublished: _cache_dropped,
                 CacheReset: _cache_reset}
-# an event's fields in order, as one C call (what pack_events writes, too)
-_FIELDS = {cls: attrgetter(*(f.name for f in fields(cls))) if len(fields(cls)) > 1
-           else (lambda g: lambda ev: (g(ev),))(attrgetter(fields(cls)[0].name))
-           for cls in EVENT_TYPES.values()}
 
 
 def apply_cache_event(ev: Event, tokens, hashes) -> bool:
@@ -59,7 +52,7 @@ def apply_cache_event(ev: Event, tokens, hashes) -> bool:
     rule = _CACHE_RULES.get(type(ev))
     if rule is None:
         return False
-    rule(tokens, hashes, *_FIELDS[type(ev)](ev))
+    rule(tokens, hashes, *FIELDS_OF[type(ev)](ev))
     return True
 
 
@@ -91,13 +84,13 @@ class PoolReplayer:
         self.free_order = FreeOrder(num_blocks)
         self.owners: dict[int, list[str]] = {}
         self.cached_tokens: ChunkedMap[tuple[int, ...]] | dict[int, tuple[int, ...]] = ChunkedMap(num_blocks)
-        self._mv: tuple[memoryview, memoryview] | None = None
+        self._set_arrays(self.ref_cnt, self.last_access)
 
     @classmethod
     def from_state(cls, ref_cnt: np.ndarray, last_access: np.ndarray, free_queue, hashes, tokens) -> PoolReplayer:
         """Resume from a pool's state (a timeline keyframe) instead of an empty pool."""
         r = cls(len(ref_cnt))
-        r.ref_cnt, r.last_access = ref_cnt.astype(np.int32), last_access.astype(np.int64)
+        r._set_arrays(ref_cnt.astype(np.int32), last_access.astype(np.int64))
         r.free_order = FreeOrder.from_order(len(ref_cnt), free_queue)
         # an OverlayMap (a timeline keyframe's index array) is written over, not copied; frozen chunked
         # maps thaw in O(chunks)
@@ -149,7 +142,7 @@ class PoolReplayer:
         self._check(ev)
         rule = _POOL_RULES.get(type(ev))
         if rule is not None:
-            rule(self, step, *_FIELDS[type(ev)](ev))
+            rule(self, step, *FIELDS_OF[type(ev)](ev))
 
     def apply_all(self, events: Iterable[Event], step: int = 0) -> PoolReplayer:
         for ev in events:
@@ -161,29 +154,29 @@ class PoolReplayer:
         thousands. For events this process recorded itself (the window's history): their block ids
         were checked when they came in, so they are not checked again."""
         rules = _RULES_BY_CODE
-        for row in decode_rows(data):
+        for row in packed_rows(data):
             rule = rules[row[0]]
             if rule is not None:
                 rule(self, step, *row[1:])
 
-    # -- the pool's rules, mirroring BlockPool; ref counts and stamps go through memoryviews (Python ints)
-    def _views(self):
-        if self._mv is None or self._mv[0].obj is not self.ref_cnt or self._mv[1].obj is not self.last_access:
-            self._mv = (memoryview(self.ref_cnt), memoryview(self.last_access))
-        return self._mv
+    def _set_arrays(self, ref_cnt: np.ndarray, last_access: np.ndarray) -> None:
+        self.ref_cnt, self.last_access = ref_cnt, last_access
+        # the same memory as Python-int views: the rules below touch one block at a time
+        self._ref, self._access = memoryview(ref_cnt), memoryview(last_access)
 
+    # -- the pool's rules, mirroring BlockPool
     def _allocated(self, step: int, block_id: int, request_id: str) -> None:
         head = self.free_order.head()
         if head != block_id:
             raise ValueError(f"allocated block {block_id} but the free queue head is {head}")
-        ref, access = self._views()
+        ref, access = self._ref, self._access
         access[block_id] = step
         self.free_order.remove_one(block_id)
         ref[block_id] = 1
         self.owners[block_id] = [request_id]
 
     def _touched(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
-        ref, access = self._views()
+        ref, access = self._ref, self._access
         if ref[block_id] == 0:
             if block_id not in self.free_order:
                 raise ValueError(f"hit on block {block_id}, which is neither in use nor free")
@@ -193,7 +186,7 @@ class PoolReplayer:
         self.owners.setdefault(block_id, []).append(request_id)
 
     def _freed(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
-        ref, access = self._views()
+        ref, access = self._ref, self._access
         if ref[block_id] <= 0:
             return  # a fault's double free: the pool skipped it too
         access[block_id] = step
