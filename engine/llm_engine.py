@@ -24,7 +24,7 @@ from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, RequestInfo, pool_snapshot, request_info
+from .inspect.snapshot import KVSnapshot, PoolState, RequestInfo, pool_state, request_info
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
@@ -403,12 +403,16 @@ class LLMEngine:
 
     def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
+        return self.pool_state(max_finished).assemble()
+
+    def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
+        """What ``snapshot`` is derived from, without the derived views (an engine process sends this)."""
         finished = list(self.finished_log)
         shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
         infos = [self._snapshot_row(r) for r in shown]
-        return pool_snapshot(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
-                             self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
-                             model_name=self.model_name)
+        return pool_state(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
+                          self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
+                          model_name=self.model_name)
 
     def _snapshot_row(self, r: Request) -> RequestInfo:
         """A finished request's row never changes again: it is built once, not at every snapshot."""

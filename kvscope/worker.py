@@ -329,7 +329,7 @@ class ProcessBackend(EngineBackend):
         self._decoder.slots = None
         if old is not None:
             old.close()
-        slots = ShmSlots.create(info.num_blocks, info.num_cpu_blocks)
+        slots = ShmSlots.create(info.num_blocks)
         self._slots = self._decoder.slots = slots
         self.send(AttachSlots(slots.spec))
 

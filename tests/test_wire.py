@@ -8,7 +8,9 @@ import numpy as np
 
 from engine import SamplingParams
 from kvscope.sources import protocol as p
+from engine.inspect.snapshot import KVSnapshot, PoolState
 from kvscope.sources.live import LiveSource
+from kvscope.sources.shm import ShmSlots
 from kvscope.sources.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows
 from kvscope.sysinfo import MemoryReading
 
@@ -38,6 +40,37 @@ def test_records_decode_to_the_engines_snapshots_step_after_step(tiny_engine):
     # finished rows are the same objects step after step: they travel as their id alone
     last = [r for r in rec.snapshot.requests if r.status.startswith("FINISHED")]
     assert last and all(sent[-1][r.request_id] is r for r in last)
+
+
+def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snapshot(tiny_engine):
+    """What the engine process sends (raw ``PoolState``, arrays through shared memory) assembles, in the
+    window's process, to every field of the snapshot the engine itself builds; swaps included."""
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=12, num_cpu_blocks=16, preemption_mode="swap"))
+    src.raw_snapshots = True
+    slots = ShmSlots.create(12)
+    enc, dec = RecordEncoder(), RecordDecoder()
+    enc.attach(ShmSlots.attach(slots.spec))
+    dec.slots = slots
+    for i in range(4):
+        src.inject(list(range(5 + i, 15 + i)), dataclasses.replace(GREEDY, max_tokens=12))
+    swapped = 0
+    try:
+        while src.has_work():
+            rec = src.step()
+            assert isinstance(rec.snapshot, PoolState)
+            want = src.engine.snapshot()
+            wire = pickle.loads(pickle.dumps(enc.encode(p.Stepped(rec, MemoryReading())), protocol=5))
+            assert wire.slot is not None and wire.inline is None
+            got = dec.decode(wire).record.snapshot
+            enc.release(wire.slot)
+            swapped += int((got.cpu_state != 0).sum())
+            for f in dataclasses.fields(KVSnapshot):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+    finally:
+        enc.detach()
+        slots.close()
+    assert swapped  # the CPU pool's views were derived from the rows too
 
 
 def test_a_row_whose_tokens_are_not_a_continuation_travels_whole():

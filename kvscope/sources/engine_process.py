@@ -113,7 +113,7 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
         except BlockingIOError:  # a wake-up is already pending
             pass
 
-    host = EngineHost(spec.factory, emit, server.bridge if server else None)
+    host = EngineHost(spec.factory, emit, server.bridge if server else None, raw_snapshots=True)
     if server is not None:
         server.bridge.wake = wake
     queue: deque = deque()

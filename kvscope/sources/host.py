@@ -73,12 +73,16 @@ def vocab_cache_file(engine):
 class EngineHost:
     """``bridge``: an HTTP server's ``RequestBridge`` (kvscope.serve): with one, a live source starts
     in Run and stays in Run when idle (the driver waits for the bridge's wake-up), and every command
-    settles the bridge, so a client whose request was aborted here gets its answer at once."""
+    settles the bridge, so a client whose request was aborted here gets its answer at once.
+    ``raw_snapshots`` (an engine process): a live source's records carry the raw ``PoolState``, which
+    the wire sends and the window's process assembles."""
 
-    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None], bridge=None) -> None:
+    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None], bridge=None,
+                 raw_snapshots: bool = False) -> None:
         self.factory = factory
         self.emit = emit
         self.bridge = bridge
+        self.raw_snapshots = raw_snapshots
         self.source: Source | None = None
         self.running = False
         self.interval_ms = 0
@@ -180,6 +184,8 @@ class EngineHost:
             self.emit(p.LoadFailed(one_line(e), isinstance(e, (ValueError, OSError))))
             return
         self.source = source
+        if self.raw_snapshots and hasattr(source, "raw_snapshots"):
+            source.raw_snapshots = True
         info = source.info
         if self.audit_enabled and not info.read_only:
             source.set_audit(True)

@@ -43,6 +43,9 @@ class LiveSource:
         # Called with every record, on the engine's thread, after the trace (e.g. the KV-event
         # publisher). An observer with a ``close()`` is closed with the source.
         self.observers: list[Callable[[StepRecord], None]] = []
+        # An engine process sets this: its records carry the raw pool state, and the window's process
+        # derives the views (engine.inspect.snapshot.PoolState).
+        self.raw_snapshots = False
         self.trace = None
         if trace_path:
             c = engine.config
@@ -87,7 +90,7 @@ class LiveSource:
         e = self.engine
         audit = e.audit(emit_events=True) if self.audit_enabled else None
         events = (list(out.events) if out else []) + e.pool.drain_events()
-        snap = e.snapshot()
+        snap = e.pool_state() if self.raw_snapshots else e.snapshot()
         if self.trace is not None:
             self.trace.record(snap, events, audit.bad_blocks if audit else None, seconds)
         rec = StepRecord(e.step_count, snap, events, out, seconds, audit)

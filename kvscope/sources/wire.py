@@ -1,5 +1,8 @@
 """Step records across the process boundary: arrays through shared memory, the rest pickled.
 
+A record carries the raw pool state (``PoolState``: ref counts, hash flags, last access, the free
+queue, the rows); the window's process derives the views (state, owner, filled slots, the CPU pool)
+with the same ``assemble_snapshot`` as everywhere else, so the engine process does not pay for them.
 The prefix cache's token and hash maps are sent once after a load; afterwards the window
 keeps its own copy up to date from the events (the event stream is the contract), so a step
 costs its events, its request rows and a copy of the per-block arrays. A request row travels as
@@ -16,7 +19,7 @@ import numpy as np
 from engine.inspect.chunked_map import ChunkedMap
 from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.replay import apply_cache_event
-from engine.inspect.snapshot import KVSnapshot, RequestInfo
+from engine.inspect.snapshot import PoolState, RequestInfo
 from engine.outputs import StepOutput
 
 from ..sysinfo import MemoryReading
@@ -24,8 +27,8 @@ from .base import StepRecord
 from .protocol import Stepped
 from .shm import FIELDS, ShmSlots
 
-ARRAYS = tuple(name for name, _, _ in FIELDS)
-SCALARS = ("step", "block_size", "num_blocks", "block_bytes", "model_name")
+ARRAYS = tuple(name for name, _ in FIELDS)
+SCALARS = ("step", "block_size", "num_cpu_blocks", "block_bytes", "model_name")
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
 _ROW = attrgetter(*_ROW_FIELDS)
 _TOKENS_AT = _ROW_FIELDS.index("token_ids")
@@ -90,6 +93,13 @@ class WireStepped:
     audit: object
     memory: MemoryReading
 
+    def __reduce__(self):  # pickled as a tuple: half the time of a slots dataclass's state
+        return WireStepped, tuple(getattr(self, f) for f in self.__slots__)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.lengths["ref_cnt"] if self.lengths is not None else len(self.inline["ref_cnt"])
+
 
 class RecordEncoder:
     """Engine-process side."""
@@ -117,10 +127,10 @@ class RecordEncoder:
         self.cache_sent = False
 
     def encode(self, st: Stepped) -> WireStepped:
-        rec, snap = st.record, st.record.snapshot
+        rec, snap = st.record, st.record.snapshot  # a PoolState, or a KVSnapshot (a trace replay's)
         arrays = {name: getattr(snap, name) for name in ARRAYS}
         slot = lengths = inline = None
-        if self.slots is not None and self.free and self.slots.fits(snap.num_blocks, len(snap.cpu_state)):
+        if self.slots is not None and self.free and self.slots.fits(snap.num_blocks):
             slot = min(self.free)
             self.free.discard(slot)
             lengths = self.slots.write(slot, arrays)
@@ -156,7 +166,7 @@ class RecordDecoder:
         """The record's events and rows, with the cache maps and the rows brought up to it."""
         events = unpack_events(w.events)
         if w.cache is not None:
-            n = w.scalars["num_blocks"]
+            n = w.num_blocks
             self.tokens, self.hashes = ChunkedMap(n), ChunkedMap(n)
             for b, v in w.cache[0].items():
                 self.tokens[b] = v
@@ -171,9 +181,7 @@ class RecordDecoder:
     def decode(self, w: WireStepped) -> Stepped:
         events, rows = self._follow(w)
         arrays = self.slots.read(w.slot, w.lengths) if w.slot is not None else dict(w.inline)
-        for a in arrays.values():
-            a.flags.writeable = False
-        snap = KVSnapshot(**w.scalars, **arrays, requests=rows, counters=w.counters,
-                          cached_tokens=self.tokens.freeze(), block_hashes=self.hashes.freeze())
+        snap = PoolState(**w.scalars, **arrays, requests=rows, counters=w.counters,
+                         cached_tokens=self.tokens.freeze(), block_hashes=self.hashes.freeze()).assemble()
         out = StepOutput(w.scalars["step"], [], [], w.num_scheduled_tokens, {}, w.error) if w.has_output else None
         return Stepped(StepRecord(w.scalars["step"], snap, events, out, w.seconds, w.audit), w.memory)
