@@ -7,8 +7,8 @@ import pickle
 import numpy as np
 
 from engine import SamplingParams
-from kvscope.sources import protocol as p
 from engine.inspect.snapshot import KVSnapshot, PoolState
+from kvscope.sources import protocol as p
 from kvscope.sources.live import LiveSource
 from kvscope.sources.shm import ShmSlots
 from kvscope.sources.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows

@@ -82,14 +82,14 @@ class PoolReplayer:
         self.hashes: ChunkedMap[str] | dict[int, str] = ChunkedMap(num_blocks)  # block id -> hex hash
         # arrays, not an OrderedDict of every block: a timeline scrub builds one of these per move
         self.free_order = FreeOrder(num_blocks)
-        self.owners: dict[int, list[str]] = {}
         self.cached_tokens: ChunkedMap[tuple[int, ...]] | dict[int, tuple[int, ...]] = ChunkedMap(num_blocks)
         self._set_arrays(self.ref_cnt, self.last_access)
 
     @classmethod
     def from_state(cls, ref_cnt: np.ndarray, last_access: np.ndarray, free_queue, hashes, tokens) -> PoolReplayer:
         """Resume from a pool's state (a timeline keyframe) instead of an empty pool."""
-        r = cls(len(ref_cnt))
+        r = cls.__new__(cls)  # not __init__: its empty pool would be thrown away (~1 ms at 65,536 blocks)
+        r.num_blocks = len(ref_cnt)
         r._set_arrays(ref_cnt.astype(np.int32), last_access.astype(np.int64))
         r.free_order = FreeOrder.from_order(len(ref_cnt), free_queue)
         # an OverlayMap (a timeline keyframe's index array) is written over, not copied; frozen chunked
@@ -173,7 +173,6 @@ class PoolReplayer:
         access[block_id] = step
         self.free_order.remove_one(block_id)
         ref[block_id] = 1
-        self.owners[block_id] = [request_id]
 
     def _touched(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
         ref, access = self._ref, self._access
@@ -183,7 +182,6 @@ class PoolReplayer:
             self.free_order.remove_one(block_id)
         access[block_id] = step
         ref[block_id] += 1
-        self.owners.setdefault(block_id, []).append(request_id)
 
     def _freed(self, step: int, block_id: int, request_id: str, ref_cnt: int = 0) -> None:
         ref, access = self._ref, self._access
@@ -191,9 +189,6 @@ class PoolReplayer:
             return  # a fault's double free: the pool skipped it too
         access[block_id] = step
         ref[block_id] -= 1
-        owners = self.owners.get(block_id, [])
-        if request_id in owners:
-            owners.remove(request_id)
         if ref[block_id] == 0:
             self.free_order.append_one(block_id)
 
