@@ -21,7 +21,7 @@ from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.events import BlockEvicted, BlockStored, BlockUnpublished, CacheReset, Event
 from engine.inspect.indexed_map import OverlayMap, StoreLog
 from engine.inspect.replay import PoolReplayer
-from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, assemble_snapshot
+from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, StepDigest, assemble_snapshot, block_counts
 
 SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped", "tokens_per_s",
           "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
@@ -45,6 +45,9 @@ class _Keyframe:
     block_size: int
     block_bytes: int
     model_name: str
+    # event chunks of its own step it holds already: a later record of that step kept as a digest
+    # (a command between steps) is replayed over it
+    chunks_in: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -150,11 +153,16 @@ class RunHistory:
         self._decode_tokens = 0
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, snap: KVSnapshot, step_seconds: float, memory=None, events: list[Event] | None = None) -> None:
-        """Keep one record; a second record of the same step (a command between steps) is folded into it."""
+    def record(self, snap: KVSnapshot | StepDigest, step_seconds: float, memory=None,
+               events: list[Event] | None = None) -> None:
+        """Keep one record; a second record of the same step (a command between steps) is folded into it.
+        A ``StepDigest`` (a step the window did not draw) keeps all but a keyframe."""
         step = snap.step
         new_step = not self.steps or step != self.steps[-1]
+        whole = isinstance(snap, KVSnapshot)  # else a StepDigest: no arrays, so no keyframe from it
         if self._store_of is None or len(self._store_of) != snap.num_blocks:
+            if not whole:
+                raise ValueError("a pool's first record must carry its whole snapshot, not a digest")
             self._store_of = self._index_of(snap)  # a first record, or a new pool: read it whole once
             if self._fixed_keyframe_every is None:
                 self.keyframe_every = max(64, min(256, snap.num_blocks // 512))
@@ -192,13 +200,16 @@ class RunHistory:
             before = tl.nbytes
             tl.add(step, r)
             self._req_bytes += tl.nbytes - before
-        self._latest = snap
         kf = self._keyframes[-1] if self._keyframes else None
-        if (kf is None or kf.step == step or step - kf.step >= self.keyframe_every
-                or len(snap.ref_cnt) != len(kf.ref_cnt)):
-            if kf is not None and kf.step == step:
-                self._keyframes.pop()
-            self._keyframes.append(_keyframe(snap, self._store_of))
+        if whole:
+            self._latest = snap
+            if (kf is None or kf.step == step or step - kf.step >= self.keyframe_every
+                    or snap.num_blocks != len(kf.ref_cnt)):
+                if kf is not None and kf.step == step:
+                    self._keyframes.pop()
+                self._keyframes.append(_keyframe(snap, self._store_of, len(self._events.get(step, ()))))
+        elif self._latest is not None and self._latest.step == step:
+            self._latest = None  # the step moved on from the whole snapshot kept for it
         if new_step:
             self.steps.append(step)
             self._add_series(snap, step_seconds, memory)
@@ -232,9 +243,9 @@ class RunHistory:
         else:
             self._decode_tokens += r.num_output_tokens - before
 
-    def _add_series(self, snap: KVSnapshot, step_seconds: float, memory) -> None:
+    def _add_series(self, snap: KVSnapshot | StepDigest, step_seconds: float, memory) -> None:
         c = snap.counters
-        counts = np.bincount(snap.state, minlength=len(BlockState))
+        counts = block_counts(snap)
         q = c.get("prefix_cache_queries", 0)
         tokens = c.get("generation_tokens", 0)
         tps = (tokens - self._last_tokens) / step_seconds if step_seconds > 0 else 0.0
@@ -319,6 +330,8 @@ class RunHistory:
         pool = PoolReplayer.from_state(kf.ref_cnt, kf.last_access, kf.free_queue,
                                        OverlayMap(kf.store_of, self._store.hashes),
                                        OverlayMap(kf.store_of, self._store.tokens))
+        for chunk in self._events.get(kf.step, ())[kf.chunks_in:]:
+            pool.apply_packed(chunk, kf.step)
         j = bisect.bisect_right(self.steps, kf.step)
         for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
             for chunk in self._events.get(s, ()):
@@ -344,9 +357,9 @@ def _extra_fields(r: RequestInfo) -> dict:
     return {k: getattr(r, k) for k in r.__slots__ if k not in known}
 
 
-def _keyframe(snap: KVSnapshot, store_of: np.ndarray) -> _Keyframe:
+def _keyframe(snap: KVSnapshot, store_of: np.ndarray, chunks_in: int) -> _Keyframe:
     access = snap.last_access
     if len(access) and access.max() < 2**31:  # engine steps: int32 holds them, at half the bytes
         access = access.astype(np.int32)
     return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, access, snap.free_queue, store_of.copy(),
-                     len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name)
+                     len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name, chunks_in)

@@ -26,6 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.inspect.snapshot import KVSnapshot
+
 from .diagnosis import Diagnosis, comparison_prompts
 from .history import RunHistory
 from .scenario import available, load_scenario
@@ -388,7 +390,8 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def on_stepped(self, result: StepResult) -> None:
-        self.latest = result
+        if isinstance(result.snapshot, KVSnapshot):  # else a digest: a newer record came with it
+            self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
         self.events.append(result.step, result.events)

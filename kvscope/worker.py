@@ -27,6 +27,8 @@ from .sources.wire import RecordDecoder, WireStepped
 logger = logging.getLogger("kvscope")
 HANG_TIMEOUT_S = 15.0  # no heartbeat for this long: the engine process is hung, not busy
 START_TIMEOUT_S = 180.0  # from spawn to the first message (imports torch and transformers)
+READ_BATCH = 64  # messages the reader takes from the pipe before it hands them on
+WHOLE_EVERY = 16  # steps: a record is decoded whole at least this often (the timeline's keyframes)
 
 StepResult = p.Stepped  # what ``stepped`` carries (a record and the memory reading after it)
 EngineInfo = SourceInfo
@@ -217,6 +219,7 @@ class ProcessBackend(EngineBackend):
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._decoder = RecordDecoder()
+        self._whole_step = -WHOLE_EVERY  # the step of the last record decoded whole
         self._slots: ShmSlots | None = None
         self._closing = False
         self._reported = False
@@ -299,30 +302,48 @@ class ProcessBackend(EngineBackend):
     def _read(self, conn) -> None:
         while True:
             try:
-                msg = conn.recv()
+                batch = [conn.recv()]
+                while len(batch) < READ_BATCH and conn.poll(0):
+                    batch.append(conn.recv())
             except (EOFError, OSError):
                 break
             except Exception as e:  # noqa: BLE001 - a message that cannot be decoded is a dead link
                 logger.error("engine process sent something unreadable: %s", e)
                 break
             self.last_beat = time.monotonic()
-            if isinstance(msg, Heartbeat):
-                continue
-            if isinstance(msg, WireStepped):
-                if msg.slot is not None and self._slots is None:
-                    self._decoder.skip(msg)  # slots of a pool already replaced
-                    continue
-                res = self._decoder.decode(msg)
-                if msg.slot is not None:
-                    self.send(ReleaseSlot(msg.slot))
-                self._post(res)
-                continue
-            if isinstance(msg, p.Loaded):
-                self._attach_slots(msg.info)
-            self._post(msg)
+            newest = max((i for i, m in enumerate(batch) if isinstance(m, WireStepped)), default=-1)
+            for i, msg in enumerate(batch):
+                self._handle(msg, i == newest)
         if not self._closing:
             self._post(p.Died(self._death_message()))
             self._reported = True
+
+    def _handle(self, msg, newest: bool) -> None:
+        if isinstance(msg, Heartbeat):
+            return
+        if isinstance(msg, WireStepped):
+            if msg.slot is not None and self._slots is None:
+                self._decoder.skip(msg)  # slots of a pool already replaced
+                return
+            # Only the newest record of what has come is drawn: the ones before it are digested (rows,
+            # counters, the blocks per state; no arrays copied or assembled), except every few steps,
+            # the first after a load and a command's, so that the timeline's keyframes stay close.
+            step = msg.scalars["step"]
+            whole = (newest or msg.cache is not None or not msg.has_output
+                     or step - self._whole_step >= WHOLE_EVERY or step < self._whole_step)
+            if whole:
+                res = self._decoder.decode(msg)
+                self._whole_step = step
+            else:
+                res = self._decoder.digest(msg)
+            if msg.slot is not None:
+                self.send(ReleaseSlot(msg.slot))
+            self._post(res)
+            return
+        if isinstance(msg, p.Loaded):
+            self._attach_slots(msg.info)
+            self._whole_step = -WHOLE_EVERY
+        self._post(msg)
 
     def _attach_slots(self, info: SourceInfo) -> None:
         old, self._slots = self._slots, None

@@ -174,8 +174,10 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     win.inject([InjectSpec(list(range(10, 30)), long)])
     qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == 1, timeout=20_000)
     inline = []
-    real = win.worker._decoder.decode
-    win.worker._decoder.decode = lambda w: (inline.append(w.inline is not None), real(w))[1]
+    dec = win.worker._decoder
+    real, real_digest = dec.decode, dec.digest  # every record is decoded whole or digested
+    dec.decode = lambda w: (inline.append(w.inline is not None), real(w))[1]
+    dec.digest = lambda w: (inline.append(w.inline is not None), real_digest(w))[1]
     win.speed.setCurrentText("max")
     win.act_run.trigger()
     start = win.latest.step
@@ -192,3 +194,57 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     # the arrays came through shared memory, not pickled through the pipe (which a record falls back to
     # only while the window still holds both slots)
     assert len(inline) >= 20 and sum(inline) < len(inline) / 2
+
+
+def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(qtbot, tiny_engine, tiny_dir):
+    """Only the newest record of what came through the pipe is drawn: the ones before it are digested
+    (rows, counters, blocks per state), except the first after a load, a command's, and one every
+    WHOLE_EVERY steps (the timeline's keyframes); the window's history stays exact either way."""
+    from engine.inspect.snapshot import KVSnapshot, StepDigest
+    from kvscope.history import RunHistory
+    from kvscope.sources import protocol as p
+    from kvscope.sources.live import LiveSource
+    from kvscope.sources.shm import ShmSlots
+    from kvscope.sources.wire import RecordEncoder
+    from kvscope.sysinfo import MemoryReading
+    from kvscope.worker import WHOLE_EVERY
+
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
+    src.raw_snapshots = True
+    backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))  # never started: fed by hand
+    posted = []
+    backend._post = posted.append
+    backend._handle(p.Loaded(src.info, ()), False)  # creates the slots (the attach goes nowhere)
+    enc = RecordEncoder()
+    enc.attach(ShmSlots.attach(backend._slots.spec))
+    released = []
+    backend.send = lambda cmd: released.append(cmd.slot)
+
+    def feed(rec, newest: bool) -> None:
+        w = enc.encode(p.Stepped(rec, MemoryReading()))
+        backend._handle(w, newest)
+        if w.slot is not None:
+            enc.release(w.slot)
+    src.inject(list(range(5, 19)), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    feed(src.current(), False)  # the first record after the load (and a command's): whole
+    truth = {}
+    for i in range(WHOLE_EVERY + 4):
+        rec = src.step()
+        truth[rec.step] = src.engine.snapshot()
+        feed(rec, i == WHOLE_EVERY + 3)
+    try:
+        snaps = [r.record.snapshot for r in posted[1:]]
+        whole = [s.step for s in snaps if isinstance(s, KVSnapshot)]
+        digested = [s.step for s in snaps if isinstance(s, StepDigest)]
+        first = snaps[1].step  # the first step
+        assert whole == [snaps[0].step, first + WHOLE_EVERY - 1, snaps[-1].step]
+        assert len(digested) == len(snaps) - 3 and released  # the slots were given back
+        hist = RunHistory(keyframe_every=8)
+        for r in posted[1:]:
+            hist.record(r.record.snapshot, r.record.seconds, None, r.record.events)
+        for step, snap in truth.items():
+            got = hist.at(step)
+            assert np.array_equal(got.state, snap.state) and got.requests == snap.requests
+    finally:
+        enc.detach()
+        backend._slots.close()

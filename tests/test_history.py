@@ -54,6 +54,29 @@ def test_every_step_rebuilds_exactly_from_keyframes_and_events(tiny_engine):
         assert_same(hist.at(step), snap)
 
 
+def test_steps_kept_as_digests_rebuild_exactly_and_plot_the_same(tiny_engine):
+    """The window digests a record a newer one came with (no arrays): the timeline keeps the same
+    series and still rebuilds every step exactly, from keyframes taken at the whole ones."""
+    from engine.inspect.snapshot import StepDigest, block_counts, state_counts
+    engine = tiny_engine(num_gpu_blocks=24, preemption_mode="swap", num_cpu_blocks=8)
+    whole, mixed = RunHistory(keyframe_every=7), RunHistory(keyframe_every=7)
+    truth = {}
+    for i, rec in enumerate(busy_run(engine, 120, seed=3)):
+        snap = rec.snapshot
+        counts = state_counts(snap.ref_cnt, snap.has_hash)
+        assert counts == block_counts(snap)  # the digest counts what the assembled state shows
+        whole.record(snap, rec.seconds, None, rec.events)
+        if i and i % 5:
+            snap = StepDigest(snap.step, snap.block_size, snap.num_blocks, snap.requests, snap.counters, counts,
+                              snap.num_cpu_blocks, snap.block_bytes, snap.model_name)
+        mixed.record(snap, rec.seconds, None, rec.events)
+        truth[rec.step] = rec.snapshot
+    assert mixed.steps == whole.steps
+    assert {k: list(v) for k, v in mixed.series.items()} == {k: list(v) for k, v in whole.series.items()}
+    for step, snap in truth.items():
+        assert_same(mixed.at(step), snap)
+
+
 def test_the_budget_drops_the_oldest_steps_and_says_how_far_back_it_reaches(tiny_engine):
     engine = tiny_engine(num_gpu_blocks=24)
     hist = RunHistory(keyframe_every=5, budget_bytes=60_000)

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 
 from engine import SamplingParams
-from engine.inspect.snapshot import KVSnapshot, PoolState
+from engine.inspect.snapshot import KVSnapshot, PoolState, StepDigest, block_counts
 from kvscope.sources import protocol as p
 from kvscope.sources.live import LiveSource
 from kvscope.sources.shm import ShmSlots
@@ -48,9 +48,9 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
     src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=12, num_cpu_blocks=16, preemption_mode="swap"))
     src.raw_snapshots = True
     slots = ShmSlots.create(12)
-    enc, dec = RecordEncoder(), RecordDecoder()
+    enc, dec, dig = RecordEncoder(), RecordDecoder(), RecordDecoder()  # dig: digests most records
     enc.attach(ShmSlots.attach(slots.spec))
-    dec.slots = slots
+    dec.slots = dig.slots = slots
     for i in range(4):
         src.inject(list(range(5 + i, 15 + i)), dataclasses.replace(GREEDY, max_tokens=12))
     swapped = 0
@@ -62,6 +62,12 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
             wire = pickle.loads(pickle.dumps(enc.encode(p.Stepped(rec, MemoryReading())), protocol=5))
             assert wire.slot is not None and wire.inline is None
             got = dec.decode(wire).record.snapshot
+            if wire.scalars["step"] % 3:
+                d = dig.digest(wire).record.snapshot
+                assert isinstance(d, StepDigest) and d.requests == want.requests and d.counters == want.counters
+                assert d.state_counts == block_counts(want) and d.num_blocks == want.num_blocks
+            else:  # a digested record leaves the decoder where decoding it would have
+                assert dig.decode(wire).record.snapshot.requests == want.requests
             enc.release(wire.slot)
             swapped += int((got.cpu_state != 0).sum())
             for f in dataclasses.fields(KVSnapshot):
@@ -73,19 +79,26 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
     assert swapped  # the CPU pool's views were derived from the rows too
 
 
-def test_a_row_whose_tokens_are_not_a_continuation_travels_whole():
+def test_a_row_travels_as_its_new_tokens_and_a_changed_block_table_only():
     from engine.inspect.snapshot import RequestInfo
     a = RequestInfo("a", 0, "RUNNING", 3, 1, 0, 3, (0,), "", (1, 2, 3, 4))
     grown = dataclasses.replace(a, num_output_tokens=2, token_ids=(1, 2, 3, 4, 5))
-    rewritten = dataclasses.replace(a, num_output_tokens=2, token_ids=(1, 2, 3, 9, 5))  # a beam's new tokens
+    moved = dataclasses.replace(grown, num_output_tokens=3, block_ids=(0, 7), token_ids=(1, 2, 3, 4, 5, 6))
+    # not a continuation of the last token sent (6, the sixth): the tokens travel whole
+    restarted = dataclasses.replace(moved, num_output_tokens=3, token_ids=(1, 2, 3, 4, 9, 7, 8))
     sent, rows = {}, {}
     assert decode_rows(encode_rows((a,), sent), rows) == (a,)
+    blocks_at = 1 + 7  # after n: request_id, index, status, 3 token counts, num_computed, then block_ids
     items = encode_rows((grown,), sent)
     assert items[0][0] == 4 and items[0][1 + 9] == (5,)  # the 4 tokens before, then the new one
+    assert items[0][blocks_at] is None  # the block table sent before
     assert decode_rows(items, rows) == (grown,)
-    items = encode_rows((rewritten,), sent)
-    assert items[0][0] == 0  # whole
-    assert decode_rows(items, rows) == (rewritten,)
+    items = encode_rows((moved,), sent)
+    assert items[0][0] == 5 and items[0][1 + 9] == (6,) and items[0][blocks_at] == (0, 7)
+    assert decode_rows(items, rows) == (moved,)
+    items = encode_rows((restarted,), sent)
+    assert items[0][0] == 0 and items[0][1 + 9] == restarted.token_ids  # whole
+    assert decode_rows(items, rows) == (restarted,)
     assert decode_rows(encode_rows((), sent), rows) == () and not sent and not rows  # gone: forgotten both sides
 
 

@@ -131,10 +131,13 @@ def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.nda
 
 
 def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
-    """A row of the snapshot from a live ``Request``."""
-    return RequestInfo(r.request_id, r.index, r.status._name_, len(r.prompt_token_ids), len(r.output_token_ids),
+    """A row of the snapshot from a live ``Request`` (its prompt, which never changes, tupled once)."""
+    prompt = r.prompt_tuple
+    if prompt is None:
+        prompt = r.prompt_tuple = tuple(r.prompt_token_ids)
+    return RequestInfo(r.request_id, r.index, r.status._name_, len(prompt), len(r.output_token_ids),
                        max(r.num_cached_tokens, 0), r.num_computed_tokens, tuple(block_ids), r.output_text,
-                       (*r.prompt_token_ids, *r.output_token_ids), r.error, r.group_id, r.parent_id,
+                       prompt + tuple(r.output_token_ids), r.error, r.group_id, r.parent_id,
                        tuple(r.cpu_block_ids), r.client)
 
 
@@ -168,6 +171,42 @@ class PoolState:
                                  self.free_queue, self.requests, self.cached_tokens, self.block_hashes,
                                  self.counters, self.num_cpu_blocks, block_bytes=self.block_bytes,
                                  model_name=self.model_name)
+
+
+@dataclass(frozen=True, slots=True)
+class StepDigest:
+    """What a record keeps when its snapshot will not be drawn (a newer one came with it): the rows,
+    the counters and how many blocks are in each state, without the per-block arrays. The window's
+    history needs no more of such a step, and the views draw only the newest snapshot."""
+    step: int
+    block_size: int
+    num_blocks: int
+    requests: tuple[RequestInfo, ...]
+    counters: dict[str, float]
+    state_counts: tuple[int, ...]  # blocks per BlockState, as np.bincount(snapshot.state) gives them
+    num_cpu_blocks: int = 0
+    block_bytes: int = 0
+    model_name: str = ""
+
+
+def state_counts(ref_cnt: np.ndarray, has_hash: np.ndarray) -> tuple[int, ...]:
+    """Blocks per ``BlockState`` of the device pool, from the raw arrays (what ``assemble_snapshot``'s
+    state would count): free and cached have no reference, used one, shared more."""
+    idle = ref_cnt == 0
+    n_idle = int(np.count_nonzero(idle))
+    cached = int(np.count_nonzero(idle & has_hash))
+    used = int(np.count_nonzero(ref_cnt == 1))
+    counts = [0] * len(BlockState)
+    counts[BlockState.FREE], counts[BlockState.CACHED] = n_idle - cached, cached
+    counts[BlockState.USED], counts[BlockState.SHARED] = used, len(ref_cnt) - n_idle - used
+    return tuple(counts)
+
+
+def block_counts(snap: KVSnapshot | StepDigest) -> tuple[int, ...]:
+    """Blocks per ``BlockState`` of a snapshot or a digest."""
+    if isinstance(snap, StepDigest):
+        return snap.state_counts
+    return tuple(int(c) for c in np.bincount(snap.state, minlength=len(BlockState)))
 
 
 def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -77,8 +78,11 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
     alive.set()
 
     def send(obj) -> None:
+        # Plain pickle, read by the window's ``conn.recv()`` as it is: Connection.send would build a
+        # ForkingPickler (and copy its reducer table) for every record; nothing sent here needs one.
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         with lock:
-            conn.send(obj)
+            conn.send_bytes(data)
 
     encoder = RecordEncoder()
 

@@ -70,6 +70,11 @@ class ShmSlots:
             lengths[name] = k
         return lengths
 
+    def view(self, slot: int, name: str, length: int) -> np.ndarray:
+        """One array in place, valid until the slot is released (for a look, not to keep)."""
+        off, dtype, _ = self.layout[name]
+        return np.ndarray((length,), dtype, self.shms[slot].buf, off)
+
     def read(self, slot: int, lengths: dict[str, int]) -> dict[str, np.ndarray]:
         """Copies out of the slot (the engine may overwrite it once released)."""
         buf = self.shms[slot].buf

@@ -19,7 +19,7 @@ import numpy as np
 from engine.inspect.chunked_map import ChunkedMap
 from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.replay import apply_cache_event
-from engine.inspect.snapshot import PoolState, RequestInfo
+from engine.inspect.snapshot import PoolState, RequestInfo, StepDigest, state_counts
 from engine.outputs import StepOutput
 
 from ..sysinfo import MemoryReading
@@ -32,13 +32,18 @@ SCALARS = ("step", "block_size", "num_cpu_blocks", "block_bytes", "model_name")
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
 _ROW = attrgetter(*_ROW_FIELDS)
 _TOKENS_AT = _ROW_FIELDS.index("token_ids")
+_BLOCKS_AT = _ROW_FIELDS.index("block_ids")
 
 
 def encode_rows(rows: tuple[RequestInfo, ...], sent: dict[str, RequestInfo]) -> tuple:
     """Each row as a delta of ``sent`` (the rows of the record before, by request id), which is updated.
 
     An item is the request id alone (the very row sent before), or ``(n, *fields)`` whose token field
-    holds the tokens after the first ``n`` of the row sent before (``n`` = 0: all of them)."""
+    holds the tokens after the first ``n`` of the row sent before (``n`` = 0: all of them) and whose
+    block-id field is None when the block table is the one sent before. The tokens continue the row
+    before when the row is at least as long and agrees at the last token sent: a request's token list
+    only grows (a fork is a new request), the rule the window's history follows too; comparing whole
+    prefixes cost O(tokens) a row a step, most of a record at 256 long requests."""
     out = []
     new: dict[str, RequestInfo] = {}
     for r in rows:
@@ -48,11 +53,16 @@ def encode_rows(rows: tuple[RequestInfo, ...], sent: dict[str, RequestInfo]) -> 
             out.append(r.request_id)
             continue
         f = list(_ROW(r))
-        n = len(prev.token_ids) if prev is not None else 0
-        if n and len(r.token_ids) >= n and r.token_ids[:n] == prev.token_ids:
-            f[_TOKENS_AT] = r.token_ids[n:]
+        if prev is None:
+            out.append((0, *f))
+            continue
+        n, tokens = len(prev.token_ids), r.token_ids
+        if n and len(tokens) >= n and tokens[n - 1] == prev.token_ids[n - 1]:
+            f[_TOKENS_AT] = tokens[n:]
         else:
             n = 0
+        if r.block_ids == prev.block_ids:
+            f[_BLOCKS_AT] = None
         out.append((n, *f))
     sent.clear()
     sent.update(new)
@@ -69,6 +79,8 @@ def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo
         n, *f = item
         if n:
             f[_TOKENS_AT] = rows[f[0]].token_ids + f[_TOKENS_AT]
+        if f[_BLOCKS_AT] is None:
+            f[_BLOCKS_AT] = rows[f[0]].block_ids
         out.append(RequestInfo(*f))
     rows.clear()
     rows.update((r.request_id, r) for r in out)
@@ -178,10 +190,28 @@ class RecordDecoder:
                 apply_cache_event(ev, self.tokens, self.hashes)
         return events, decode_rows(w.requests, self.rows)
 
+    def digest(self, w: WireStepped) -> Stepped:
+        """The record with a ``StepDigest`` for its snapshot: for a record a newer one follows at once,
+        which will not be drawn. Its arrays are only counted (in place), not copied or assembled."""
+        events, rows = self._follow(w)
+        if w.slot is not None:
+            n = w.lengths["ref_cnt"]
+            ref, hashed = self.slots.view(w.slot, "ref_cnt", n), self.slots.view(w.slot, "has_hash", n)
+        else:
+            ref, hashed = w.inline["ref_cnt"], w.inline["has_hash"]
+        sc = w.scalars
+        snap = StepDigest(sc["step"], sc["block_size"], len(ref), rows, w.counters, state_counts(ref, hashed),
+                          sc["num_cpu_blocks"], sc["block_bytes"], sc["model_name"])
+        del ref, hashed  # the slot's memory may be released (and written again) now
+        return self._stepped(w, snap, events)
+
+    def _stepped(self, w: WireStepped, snap, events) -> Stepped:
+        out = StepOutput(w.scalars["step"], [], [], w.num_scheduled_tokens, {}, w.error) if w.has_output else None
+        return Stepped(StepRecord(w.scalars["step"], snap, events, out, w.seconds, w.audit), w.memory)
+
     def decode(self, w: WireStepped) -> Stepped:
         events, rows = self._follow(w)
         arrays = self.slots.read(w.slot, w.lengths) if w.slot is not None else dict(w.inline)
         snap = PoolState(**w.scalars, **arrays, requests=rows, counters=w.counters,
                          cached_tokens=self.tokens.freeze(), block_hashes=self.hashes.freeze()).assemble()
-        out = StepOutput(w.scalars["step"], [], [], w.num_scheduled_tokens, {}, w.error) if w.has_output else None
-        return Stepped(StepRecord(w.scalars["step"], snap, events, out, w.seconds, w.audit), w.memory)
+        return self._stepped(w, snap, events)
