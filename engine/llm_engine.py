@@ -24,7 +24,7 @@ from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, PoolState, RequestInfo, pool_state, request_info
+from .inspect.snapshot import KVSnapshot, LiveRow, PoolState, RequestInfo, pool_state, request_info
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
@@ -405,11 +405,17 @@ class LLMEngine:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
         return self.pool_state(max_finished).assemble()
 
-    def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
-        """What ``snapshot`` is derived from, without the derived views (an engine process sends this)."""
+    def pool_state(self, max_finished: int = MAX_FINISHED, live_rows: bool = False) -> PoolState:
+        """What ``snapshot`` is derived from, without the derived views (an engine process sends this).
+        ``live_rows``: the live requests' rows as ``LiveRow``s, for the wire, which sends their changes."""
         finished = list(self.finished_log)
         shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
-        infos = [self._snapshot_row(r) for r in shown]
+        if live_rows:
+            view = self.kv.block_ids_view
+            infos = [LiveRow(r, view(r.request_id)) if r.snapshot_row is None and not r.status.finished
+                     else self._snapshot_row(r) for r in shown]
+        else:
+            infos = [self._snapshot_row(r) for r in shown]
         return pool_state(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
                           self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
                           model_name=self.model_name)

@@ -39,7 +39,7 @@ def test_records_decode_to_the_engines_snapshots_step_after_step(tiny_engine):
         sent.append(enc.rows_sent.copy())
     # finished rows are the same objects step after step: they travel as their id alone
     last = [r for r in rec.snapshot.requests if r.status.startswith("FINISHED")]
-    assert last and all(sent[-1][r.request_id] is r for r in last)
+    assert last and all(sent[-1][r.request_id].row is r for r in last)
 
 
 def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snapshot(tiny_engine):
@@ -53,6 +53,8 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
     dec.slots = dig.slots = slots
     for i in range(4):
         src.inject(list(range(5 + i, 15 + i)), dataclasses.replace(GREEDY, max_tokens=12))
+    # two samples: forked sequences whose first rows carry their parent's tokens
+    src.inject(list(range(40, 47)), SamplingParams(max_tokens=10, n=2, temperature=1.0, seed=3))
     swapped = 0
     try:
         while src.has_work():

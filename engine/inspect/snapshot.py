@@ -130,15 +130,46 @@ def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.nda
     owner[blocks[first]] = index[first]
 
 
-def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
-    """A row of the snapshot from a live ``Request`` (its prompt, which never changes, tupled once)."""
+def prompt_of(r) -> tuple[int, ...]:
+    """A request's prompt as a tuple, made once (it never changes)."""
     prompt = r.prompt_tuple
     if prompt is None:
         prompt = r.prompt_tuple = tuple(r.prompt_token_ids)
-    return RequestInfo(r.request_id, r.index, r.status._name_, len(prompt), len(r.output_token_ids),
-                       max(r.num_cached_tokens, 0), r.num_computed_tokens, tuple(block_ids), r.output_text,
-                       prompt + tuple(r.output_token_ids), r.error, r.group_id, r.parent_id,
-                       tuple(r.cpu_block_ids), r.client)
+    return prompt
+
+
+def request_fields(r, block_ids: tuple[int, ...] | None, token_ids: tuple[int, ...]) -> tuple:
+    """A live ``Request``'s ``RequestInfo`` fields in their order, with the block ids and tokens given
+    (the wire passes deltas of them; ``request_info`` the whole)."""
+    return (r.request_id, r.index, r.status._name_, len(r.prompt_token_ids), len(r.output_token_ids),
+            max(r.num_cached_tokens, 0), r.num_computed_tokens, block_ids, r.output_text, token_ids, r.error,
+            r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
+
+
+def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
+    """A row of the snapshot from a live ``Request``."""
+    return RequestInfo(*request_fields(r, tuple(block_ids), prompt_of(r) + tuple(r.output_token_ids)))
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRow:
+    """A live request's row, not built: the request and its block table as they are now. Only a
+    ``PoolState`` bound for the wire holds these, read before the next step (the wire sends what
+    changed straight from the request: building every row's whole token tuple each step, and then
+    comparing it, was most of a record at 256 long requests)."""
+    request: object  # engine.core.request.Request
+    block_ids: Sequence[int]
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def index(self) -> int:
+        return self.request.index
+
+    def row(self) -> RequestInfo:
+        return request_info(self.request, self.block_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +185,7 @@ class PoolState:
     has_hash: np.ndarray
     last_access: np.ndarray
     free_queue: np.ndarray
-    requests: tuple[RequestInfo, ...]  # sorted by index, as the snapshot has them
+    requests: tuple[RequestInfo | LiveRow, ...]  # sorted by index, as the snapshot has them
     cached_tokens: dict[int, tuple[int, ...]]
     block_hashes: dict[int, str]
     counters: dict[str, float]
@@ -166,9 +197,12 @@ class PoolState:
     def num_blocks(self) -> int:
         return len(self.ref_cnt)
 
+    def rows(self) -> tuple[RequestInfo, ...]:
+        return tuple(r.row() if isinstance(r, LiveRow) else r for r in self.requests)
+
     def assemble(self) -> KVSnapshot:
         return assemble_snapshot(self.step, self.block_size, self.ref_cnt, self.has_hash, self.last_access,
-                                 self.free_queue, self.requests, self.cached_tokens, self.block_hashes,
+                                 self.free_queue, self.rows(), self.cached_tokens, self.block_hashes,
                                  self.counters, self.num_cpu_blocks, block_bytes=self.block_bytes,
                                  model_name=self.model_name)
 
@@ -209,7 +243,7 @@ def block_counts(snap: KVSnapshot | StepDigest) -> tuple[int, ...]:
     return tuple(int(c) for c in np.bincount(snap.state, minlength=len(BlockState)))
 
 
-def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
+def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo | LiveRow], counters: dict,
                num_cpu_blocks: int, block_bytes: int = 0, model_name: str = "") -> PoolState:
     """The raw state of a live ``BlockPool``, copied (the replay rebuilds the same from its event stream)."""
     for a in (ref_cnt := pool.ref_cnt_arr.copy(), has_hash := pool.has_hash_arr.copy(),

@@ -90,7 +90,8 @@ class LiveSource:
         e = self.engine
         audit = e.audit(emit_events=True) if self.audit_enabled else None
         events = (list(out.events) if out else []) + e.pool.drain_events()
-        snap = e.pool_state() if self.raw_snapshots else e.snapshot()
+        # raw: with no trace to write, the live rows stay LiveRows (read by the wire before the next step)
+        snap = e.pool_state(live_rows=self.trace is None) if self.raw_snapshots else e.snapshot()
         if self.trace is not None:
             self.trace.record(snap, events, audit.bad_blocks if audit else None, seconds)
         rec = StepRecord(e.step_count, snap, events, out, seconds, audit)

@@ -19,7 +19,15 @@ import numpy as np
 from engine.inspect.chunked_map import ChunkedMap
 from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.replay import apply_cache_event
-from engine.inspect.snapshot import PoolState, RequestInfo, StepDigest, state_counts
+from engine.inspect.snapshot import (
+    LiveRow,
+    PoolState,
+    RequestInfo,
+    StepDigest,
+    prompt_of,
+    request_fields,
+    state_counts,
+)
 from engine.outputs import StepOutput
 
 from ..sysinfo import MemoryReading
@@ -35,38 +43,69 @@ _TOKENS_AT = _ROW_FIELDS.index("token_ids")
 _BLOCKS_AT = _ROW_FIELDS.index("block_ids")
 
 
-def encode_rows(rows: tuple[RequestInfo, ...], sent: dict[str, RequestInfo]) -> tuple:
-    """Each row as a delta of ``sent`` (the rows of the record before, by request id), which is updated.
+@dataclass(slots=True)
+class _Sent:
+    """What the record before sent of a row: the row itself (None for a ``LiveRow``), its token count,
+    its last token and its block table."""
+    row: RequestInfo | None
+    num_tokens: int
+    last_token: int
+    block_ids: tuple[int, ...]
+
+
+def encode_rows(rows: tuple[RequestInfo | LiveRow, ...], sent: dict[str, _Sent]) -> tuple:
+    """Each row as a delta of ``sent`` (what the record before sent, by request id), which is updated.
 
     An item is the request id alone (the very row sent before), or ``(n, *fields)`` whose token field
     holds the tokens after the first ``n`` of the row sent before (``n`` = 0: all of them) and whose
     block-id field is None when the block table is the one sent before. The tokens continue the row
     before when the row is at least as long and agrees at the last token sent: a request's token list
     only grows (a fork is a new request), the rule the window's history follows too; comparing whole
-    prefixes cost O(tokens) a row a step, most of a record at 256 long requests."""
+    prefixes cost O(tokens) a row a step. A ``LiveRow`` is encoded from its request directly."""
     out = []
-    new: dict[str, RequestInfo] = {}
+    new: dict[str, _Sent] = {}
     for r in rows:
-        prev = sent.get(r.request_id)
-        new[r.request_id] = r
-        if prev is r:
-            out.append(r.request_id)
+        rid = r.request_id
+        prev = sent.get(rid)
+        if isinstance(r, LiveRow):
+            item, new[rid] = _live_item(r, prev)
+            out.append(item)
+            continue
+        if prev is not None and prev.row is r:
+            out.append(rid)
+            new[rid] = prev
             continue
         f = list(_ROW(r))
-        if prev is None:
-            out.append((0, *f))
-            continue
-        n, tokens = len(prev.token_ids), r.token_ids
-        if n and len(tokens) >= n and tokens[n - 1] == prev.token_ids[n - 1]:
-            f[_TOKENS_AT] = tokens[n:]
-        else:
-            n = 0
-        if r.block_ids == prev.block_ids:
-            f[_BLOCKS_AT] = None
+        tokens = r.token_ids
+        n = 0
+        if prev is not None:
+            n = prev.num_tokens
+            if n and len(tokens) >= n and tokens[n - 1] == prev.last_token:
+                f[_TOKENS_AT] = tokens[n:]
+            else:
+                n = 0
+            if r.block_ids == prev.block_ids:
+                f[_BLOCKS_AT] = None
         out.append((n, *f))
+        new[rid] = _Sent(r, len(tokens), tokens[-1] if tokens else -1, r.block_ids)
     sent.clear()
     sent.update(new)
     return tuple(out)
+
+
+def _live_item(r: LiveRow, prev: _Sent | None) -> tuple[tuple, _Sent]:
+    req = r.request
+    prompt, output = prompt_of(req), req.output_token_ids
+    p, total = len(prompt), len(prompt) + len(output)
+    blocks = tuple(r.block_ids)
+    last = output[-1] if output else (prompt[-1] if prompt else -1)
+    n = prev.num_tokens if prev is not None else 0
+    if n and total >= n and (output[n - 1 - p] if n > p else prompt[n - 1]) == prev.last_token:
+        tokens = tuple(output[n - p:]) if n >= p else prompt[n:] + tuple(output)
+    else:
+        n, tokens = 0, prompt + tuple(output)
+    same_blocks = prev is not None and blocks == prev.block_ids
+    return (n, *request_fields(req, None if same_blocks else blocks, tokens)), _Sent(None, total, last, blocks)
 
 
 def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo, ...]:
@@ -120,7 +159,7 @@ class RecordEncoder:
         self.slots: ShmSlots | None = None
         self.free: set[int] = set()
         self.cache_sent = False
-        self.rows_sent: dict[str, RequestInfo] = {}
+        self.rows_sent: dict[str, _Sent] = {}
 
     def attach(self, slots: ShmSlots) -> None:
         self.detach()
