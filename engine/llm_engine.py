@@ -265,13 +265,15 @@ class LLMEngine:
         beam_groups = groups.beam_groups
         append_token = self.output.append_token
         final_only = RequestOutputKind.FINAL_ONLY
+        token_of = sampled.get
         rounds = {}
+        prompt_tokens = 0
         for s in sched.scheduled:
             req = s.request
             req.num_computed_tokens = computed = req.num_computed_tokens + s.num_new_tokens
             if computed <= len(req.prompt_token_ids):
-                self.num_prompt_tokens_computed += s.num_new_tokens
-            tok = sampled.get(req.request_id)
+                prompt_tokens += s.num_new_tokens
+            tok = token_of(req.request_id)
             if tok is None:
                 continue
             if beam_groups and (beams := beam_groups.get(req.group_id)) is not None:
@@ -292,6 +294,7 @@ class LLMEngine:
                 touched.append(req)
             elif req.sampling_params.output_kind is not final_only:
                 touched.append(req)  # a request that wants only its final output is reported when it ends
+        self.num_prompt_tokens_computed += prompt_tokens
         for beams in rounds.values():
             if beams.ready():
                 touched += groups.beam_round(beams, self.max_model_len)
