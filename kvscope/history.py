@@ -76,6 +76,7 @@ class _RequestTimeline:
     last: RequestInfo | None = None
     extra: dict = field(default_factory=dict)  # fields a newer RequestInfo carries (e.g. client)
     arrived: float = 0.0  # the run's clock (summed step seconds) when the request was first shown
+    shown_until: int = -1  # the last step it was shown at (its last entry may be older: unchanged since)
 
     def add(self, step: int, r: RequestInfo) -> None:
         self.steps.append(step)
@@ -112,7 +113,8 @@ class _RequestTimeline:
                            self.parent_id, tuple(c[3]), **self.extra)
 
     def trim(self, first_step: int) -> None:
-        i = bisect.bisect_left(self.steps, first_step)
+        # the last entry stays even when older: a row unchanged since (it is not added again) reads from it
+        i = min(bisect.bisect_left(self.steps, first_step), len(self.steps) - 1)
         for name in ("steps", "status", "num_output", "num_computed", "num_cached"):
             a = getattr(self, name)
             del a[:i]
@@ -190,7 +192,10 @@ class RunHistory:
                 tl = self._requests[r.request_id] = _RequestTimeline(
                     r.request_id, r.index, r.num_prompt_tokens, r.group_id, r.parent_id,
                     extra=_extra_fields(r), arrived=self.clock - (step_seconds if new_step else 0.0))
-            if tl.last is r and tl.steps and tl.steps[-1] == step:
+            tl.shown_until = step
+            if tl.last is r and tl.steps:
+                # the very row recorded last (a finished request's, kept on show): nothing changed, so
+                # nothing is added; its last entry stands for the steps after it
                 continue
             if new_step:
                 self._count_output(step, tl, r)
@@ -292,7 +297,7 @@ class RunHistory:
         live = set(self._shown[self.steps[-1]]) if self.steps else set()
         for rid in list(self._requests):
             tl = self._requests[rid]
-            if tl.steps and tl.steps[-1] < first and rid not in live:
+            if tl.steps and tl.shown_until < first and rid not in live:
                 del self._requests[rid]
             else:
                 tl.trim(first)
