@@ -2,12 +2,13 @@
 
     python bench/inspector_cost.py [--quick]
 
-Three batches of 32 requests in turn (prompts 16-128, outputs 32-96 tokens, fixed seeds) on the
-tiny random Llama, whose forward is fast enough that the inspector's own overhead shows (the worst
-case: on SmolLM2 or a 7B model on a GPU the model step dominates). Four ways: ``LLMEngine.step``
-alone; a ``Session`` (what --headless runs: a snapshot and the events after every step); the
-offscreen window at full speed with the engine on a thread (``--engine-thread``), and with the
-engine in its own process (what ``kvscope`` runs; the window redraws at most ~30 times a second).
+Batches of 32 requests (prompts 16-128, outputs 32-96 tokens, fixed seeds) on the tiny random
+Llama, whose forward is fast enough that the inspector's own overhead shows (the worst case: on
+SmolLM2 or a 7B model on a GPU the model step dominates). Four ways: ``LLMEngine.step`` alone; a
+``Session`` (what --headless runs: a snapshot and the events after every step); the offscreen
+window at full speed with the engine on a thread (``--engine-thread``), and with the engine in its
+own process (what ``kvscope`` runs; the window redraws at most ~30 times a second). Every batch a
+mode runs comes right after the bare engine ran it, and "x bare" is the median of those pairs.
 Also the grid's redraw time at 16 k, 262 k and 1 M blocks, and
 (``snapshot_scale``) at 2,912, 65,536 and 1,048,576 blocks with 256 requests of steady traffic: a
 snapshot's cost, the timeline's memory after 10,000 steps (2,000 at 1 M blocks) and a scrub's time.
@@ -23,7 +24,7 @@ from common import engine_for, length_mix, main, pyplot, random_prompts, save_fi
 from engine import SamplingParams  # noqa: E402
 
 ROUNDS = 7
-BATCHES = 3  # each run steps three different batches of 32 requests in turn: ~1 s of steps, not ~0.3 s
+BATCHES = 3  # three different batches of 32 requests a round
 
 
 def workload(n: int, seed: int = 22):
@@ -36,31 +37,73 @@ def new_engine():
     return engine_for(tiny_model(), block_size=16, num_gpu_blocks=1024, max_num_seqs=64)
 
 
-def bare(batches) -> tuple[int, float]:
+def bare(reqs) -> tuple[int, float]:
+    """One batch on a fresh engine: (steps, seconds of stepping)."""
     engine = new_engine()
-    dt = 0.0
-    for reqs in batches:
-        for p, sp in reqs:
-            engine.add_request(p, sp)
-        t0 = time.perf_counter()
-        while engine.has_unfinished():
-            engine.step()
-        dt += time.perf_counter() - t0
-    return engine.step_count, dt
+    for p, sp in reqs:
+        engine.add_request(p, sp)
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return engine.step_count, time.perf_counter() - t0
 
 
-def session(batches) -> tuple[int, float]:
-    from kvscope.session import Session
-    s = Session(new_engine())
-    dt = 0.0
-    for reqs in batches:
+class SessionRunner:
+    """A ``Session`` (what --headless runs) over one engine, batch after batch."""
+
+    def __init__(self) -> None:
+        from kvscope.session import Session
+        self.s = Session(new_engine())
+
+    def run(self, reqs) -> tuple[int, float]:
         for p, sp in reqs:
-            s.inject(p, sp)
+            self.s.inject(p, sp)
+        first = self.s.step_count
         t0 = time.perf_counter()
-        while s.has_work():
-            s.step()
-        dt += time.perf_counter() - t0
-    return s.step_count, dt
+        while self.s.has_work():
+            self.s.step()
+        return self.s.step_count - first, time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.s.close()
+
+
+class WindowRunner:
+    """The offscreen window at full speed; each ``run`` injects a batch and runs it to its end."""
+
+    def __init__(self, win, load_timeout_s: float) -> None:
+        from PySide6.QtWidgets import QApplication
+        self.app, self.win = QApplication.instance(), win
+        win.show()
+        win.start()
+        deadline = time.time() + load_timeout_s
+        while (win.info is None or win.latest is None) and time.time() < deadline:
+            self.app.processEvents()
+            time.sleep(0.01)
+        if win.latest is None:
+            raise SystemExit("inspector_cost: the window's engine did not load")
+        win.speed.setCurrentText("max")
+
+    def run(self, reqs) -> tuple[int, float]:
+        from kvscope.worker import InjectSpec
+        app, win = self.app, self.win
+        win.inject([InjectSpec(p, sp) for p, sp in reqs])
+        while win.latest.snapshot.counters["num_requests_waiting"] < len(reqs):
+            app.processEvents()
+        first = win.latest.step
+        t0 = time.perf_counter()
+        win.toggle_run()
+        while not _batch_done(win, first):
+            app.processEvents()
+            time.sleep(0.001)
+        dt = time.perf_counter() - t0
+        while win.running:  # the engine's own pause at the end of the batch
+            app.processEvents()
+        return win.latest.step - first, dt
+
+    def close(self) -> None:
+        self.win.shutdown()
+        self.win.close()
 
 
 def _batch_done(win, first: int) -> bool:
@@ -68,43 +111,7 @@ def _batch_done(win, first: int) -> bool:
     return c["num_requests_running"] == 0 and c["num_requests_waiting"] == 0 and win.latest.step > first
 
 
-def _drive(win, batches, load_timeout_s: float) -> tuple[int, float]:
-    """Open ``win``; for each batch: inject it, run at full speed until every request is done. (steps, seconds)."""
-    from PySide6.QtWidgets import QApplication
-
-    from kvscope.worker import InjectSpec
-    app = QApplication.instance()
-    win.show()
-    win.start()
-    deadline = time.time() + load_timeout_s
-    while (win.info is None or win.latest is None) and time.time() < deadline:
-        app.processEvents()
-        time.sleep(0.01)
-    if win.latest is None:
-        raise SystemExit("inspector_cost: the window's engine did not load")
-    win.speed.setCurrentText("max")
-    steps, dt = 0, 0.0
-    for reqs in batches:
-        win.inject([InjectSpec(p, sp) for p, sp in reqs])
-        while win.latest.snapshot.counters["num_requests_waiting"] < len(reqs):
-            app.processEvents()
-        first = win.latest.step
-        t0 = time.perf_counter()
-        win.toggle_run()
-
-        while not _batch_done(win, first):
-            app.processEvents()
-            time.sleep(0.001)
-        dt += time.perf_counter() - t0
-        steps += win.latest.step - first
-        while win.running:  # the engine's own pause at the end of the batch
-            app.processEvents()
-    win.shutdown()
-    win.close()
-    return steps, dt
-
-
-def window(batches) -> tuple[int, float]:
+def thread_window() -> WindowRunner:
     """The window with the engine on its thread (``--engine-thread``)."""
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
@@ -113,10 +120,10 @@ def window(batches) -> tuple[int, float]:
     from kvscope.session import Session
     QApplication.instance() or QApplication([])
     win = MainWindow(lambda _scenario: Session(new_engine()), QSettings(os.devnull, QSettings.Format.IniFormat))
-    return _drive(win, batches, 60)
+    return WindowRunner(win, 60)
 
 
-def window_process(batches) -> tuple[int, float]:
+def process_window() -> WindowRunner:
     """The window as ``kvscope`` runs it: the engine in its own process, snapshots through shared memory."""
     import tempfile
 
@@ -132,37 +139,47 @@ def window_process(batches) -> tuple[int, float]:
     QApplication.instance() or QApplication([])
     spec = SourceSpec(EngineConfig(model=folder, block_size=16, num_gpu_blocks=1024, max_num_seqs=64))
     win = MainWindow(ProcessBackend(spec), QSettings(os.devnull, QSettings.Format.IniFormat))
-    return _drive(win, batches, 120)
+    return WindowRunner(win, 120)
 
 
 def run(quick: bool) -> dict:
     from engine.gc_policy import tune_gc
     tune_gc()  # as kvscope's window and engine processes do (the engine process after each load)
     batches = [workload(8 if quick else 32, 22 + i) for i in range(1 if quick else BATCHES)]
-    modes = (("engine.step() alone", bare), ("Session: + snapshot and events", session),
-             ("window, engine on a thread (--engine-thread)", window),
-             ("window, engine in its own process (kvscope)", window_process))
-    # Rounds of all modes in turn; per mode the median steps/s, and the median of its ratio to the bare
-    # run of the same round: one run alone varied by up to 1.5x on this shared machine, and a slow spell
-    # then lands on the modes of one round alike.
+    modes = (("Session: + snapshot and events", SessionRunner),
+             ("window, engine on a thread (--engine-thread)", thread_window),
+             ("window, engine in its own process (kvscope)", process_window))
+    # Each batch of a mode runs just after the bare engine ran the same batch, and the ratio is taken
+    # per pair: one run alone varies by up to 1.5x on this shared machine, in spells of seconds, so
+    # rounds of whole modes in turn moved a mode's median by +-0.1 from one run to the next.
+    bare_runs: list[tuple[int, float]] = []
     runs: dict[str, list[tuple[int, float]]] = {label: [] for label, _ in modes}
+    ratios: dict[str, list[float]] = {label: [] for label, _ in modes}
     for _ in range(1 if quick else ROUNDS):
-        for label, fn in modes:
-            runs[label].append(fn(batches))
-    bare_rates = [n / dt for n, dt in runs[modes[0][0]]]
-    rows = []
-    for label, _ in modes:
-        rates = [n / dt for n, dt in runs[label]]
-        ratios = sorted(r / b for r, b in zip(rates, bare_rates))
-        steps, dt = sorted(runs[label], key=lambda r: r[0] / r[1])[len(runs[label]) // 2]
-        rows.append({"mode": label, "steps": steps, "steps_s": steps / dt, "ms_per_step": 1000 * dt / steps,
-                     "rounds": len(runs[label]), "vs_bare": ratios[len(ratios) // 2],
-                     "vs_bare_range": [ratios[0], ratios[-1]]})
+        for label, open_mode in modes:
+            runner = open_mode()
+            for reqs in batches:
+                b = bare(reqs)
+                m = runner.run(reqs)
+                bare_runs.append(b)
+                runs[label].append(m)
+                ratios[label].append((m[0] / m[1]) / (b[0] / b[1]))
+            runner.close()
+
+    def row(label: str, done: list[tuple[int, float]], r: list[float]) -> dict:
+        steps, dt = sorted(done, key=lambda x: x[0] / x[1])[len(done) // 2]
+        r = sorted(r)
+        return {"mode": label, "steps": steps, "steps_s": steps / dt, "ms_per_step": 1000 * dt / steps,
+                "pairs": len(r), "vs_bare": r[len(r) // 2], "vs_bare_range": [r[0], r[-1]],
+                "vs_bare_quartiles": [r[len(r) // 4], r[(3 * len(r)) // 4]]}
+    rows = [row("engine.step() alone", bare_runs, [1.0] * len(bare_runs))]
+    rows += [row(label, runs[label], ratios[label]) for label, _ in modes]
     from grid_redraw import measure
     grid = measure(sizes=(16_384, 262_144) if quick else (16_384, 262_144, 1_048_576), repeats=5 if quick else 20)
     import snapshot_scale
     scale = snapshot_scale.run(quick)["rows"]
-    result = {"model": "tiny random Llama", "requests": sum(map(len, batches)), "rows": rows, "grid_redraw": grid,
+    result = {"model": "tiny random Llama", "requests_per_batch": len(batches[0]), "batches": len(batches),
+              "rounds": 1 if quick else ROUNDS, "rows": rows, "grid_redraw": grid,
               "scale": scale}
     write_results("inspector_cost", result, quick)
     plt = pyplot()
@@ -174,7 +191,7 @@ def run(quick: bool) -> dict:
     ax[1].set_xlabel("blocks in the pool")
     save_figure(fig, "inspector_cost", quick)
     print(table(rows, [("mode", "mode", ""), ("steps_s", "steps/s", ".1f"), ("ms_per_step", "ms/step", ".2f"),
-                       ("vs_bare", "x bare (median of rounds)", ".2f")]))
+                       ("vs_bare", "x bare (median of pairs)", ".2f")]))
     print(table(grid, [("blocks", "blocks", ",d"), ("median_ms", "grid redraw ms (median)", ".1f")]))
     return result
 
