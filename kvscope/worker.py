@@ -300,16 +300,20 @@ class ProcessBackend(EngineBackend):
 
     # -- the reader thread: blocks on the pipe, so the GUI thread never does -------------------
     def _read(self, conn) -> None:
-        while True:
+        ended = False
+        while not ended:
+            batch = []
             try:
-                batch = [conn.recv()]
+                batch.append(conn.recv())
                 while len(batch) < READ_BATCH and conn.poll(0):
                     batch.append(conn.recv())
             except (EOFError, OSError):
-                break
+                ended = True  # what came before the end is still shown (a dying engine's last records)
             except Exception as e:  # noqa: BLE001 - a message that cannot be decoded is a dead link
                 logger.error("engine process sent something unreadable: %s", e)
-                break
+                ended = True
+            if not batch:
+                continue
             self.last_beat = time.monotonic()
             newest = max((i for i, m in enumerate(batch) if isinstance(m, WireStepped)), default=-1)
             for i, msg in enumerate(batch):
