@@ -27,7 +27,6 @@ from .sources.wire import RecordDecoder, WireStepped
 logger = logging.getLogger("kvscope")
 HANG_TIMEOUT_S = 15.0  # no heartbeat for this long: the engine process is hung, not busy
 START_TIMEOUT_S = 180.0  # from spawn to the first message (imports torch and transformers)
-READ_BATCH = 64  # messages the reader takes from the pipe before it hands them on
 WHOLE_EVERY = 16  # steps: a record is decoded whole at least this often (the timeline's keyframes)
 
 StepResult = p.Stepped  # what ``stepped`` carries (a record and the memory reading after it)
@@ -300,54 +299,64 @@ class ProcessBackend(EngineBackend):
 
     # -- the reader thread: blocks on the pipe, so the GUI thread never does -------------------
     def _read(self, conn) -> None:
-        ended = False
-        while not ended:
-            batch = []
+        # Only the newest record is drawn: a record is held until what follows it is known, and
+        # digested if another record follows (rows, counters, blocks per state; no arrays copied or
+        # assembled), decoded whole if the pipe is empty or something else follows. Holding one
+        # record keeps one shared-memory slot, so the engine still has the other to write.
+        pending: WireStepped | None = None
+        while True:
             try:
-                batch.append(conn.recv())
-                while len(batch) < READ_BATCH and conn.poll(0):
-                    batch.append(conn.recv())
+                if pending is not None and not conn.poll(0):
+                    self._handle_record(pending, True)  # nothing newer has come
+                    pending = None
+                    continue
+                msg = conn.recv()
             except (EOFError, OSError):
-                ended = True  # what came before the end is still shown (a dying engine's last records)
+                break
             except Exception as e:  # noqa: BLE001 - a message that cannot be decoded is a dead link
                 logger.error("engine process sent something unreadable: %s", e)
-                ended = True
-            if not batch:
-                continue
+                break
             self.last_beat = time.monotonic()
-            newest = max((i for i, m in enumerate(batch) if isinstance(m, WireStepped)), default=-1)
-            for i, msg in enumerate(batch):
-                self._handle(msg, i == newest)
+            if isinstance(msg, Heartbeat):
+                continue
+            if isinstance(msg, WireStepped):
+                if pending is not None:
+                    self._handle_record(pending, False)
+                pending = msg
+                continue
+            if pending is not None:
+                self._handle_record(pending, True)
+                pending = None
+            self._handle_other(msg)
+        if pending is not None:  # a dying engine's last record is still shown
+            self._handle_record(pending, True)
         if not self._closing:
             self._post(p.Died(self._death_message()))
             self._reported = True
 
-    def _handle(self, msg, newest: bool) -> None:
-        if isinstance(msg, Heartbeat):
-            return
-        if isinstance(msg, WireStepped):
-            if msg.slot is not None and self._slots is None:
-                self._decoder.skip(msg)  # slots of a pool already replaced
-                return
-            # Only the newest record of what has come is drawn: the ones before it are digested (rows,
-            # counters, the blocks per state; no arrays copied or assembled), except every few steps,
-            # the first after a load and a command's, so that the timeline's keyframes stay close.
-            step = msg.scalars["step"]
-            whole = (newest or msg.cache is not None or not msg.has_output
-                     or step - self._whole_step >= WHOLE_EVERY or step < self._whole_step)
-            if whole:
-                res = self._decoder.decode(msg)
-                self._whole_step = step
-            else:
-                res = self._decoder.digest(msg)
-            if msg.slot is not None:
-                self.send(ReleaseSlot(msg.slot))
-            self._post(res)
-            return
+    def _handle_other(self, msg: p.Result) -> None:
         if isinstance(msg, p.Loaded):
             self._attach_slots(msg.info)
             self._whole_step = -WHOLE_EVERY
         self._post(msg)
+
+    def _handle_record(self, msg: WireStepped, newest: bool) -> None:
+        if msg.slot is not None and self._slots is None:
+            self._decoder.skip(msg)  # slots of a pool already replaced
+            return
+        # Decoded whole also: the first after a load, a command's, and one every WHOLE_EVERY steps, so
+        # that the timeline's keyframes stay close.
+        step = msg.scalars["step"]
+        whole = (newest or msg.cache is not None or not msg.has_output
+                 or step - self._whole_step >= WHOLE_EVERY or step < self._whole_step)
+        if whole:
+            res = self._decoder.decode(msg)
+            self._whole_step = step
+        else:
+            res = self._decoder.digest(msg)
+        if msg.slot is not None:
+            self.send(ReleaseSlot(msg.slot))
+        self._post(res)
 
     def _attach_slots(self, info: SourceInfo) -> None:
         old, self._slots = self._slots, None

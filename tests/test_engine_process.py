@@ -197,7 +197,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
 
 
 def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(qtbot, tiny_engine, tiny_dir):
-    """Only the newest record of what came through the pipe is drawn: the ones before it are digested
+    """Only the newest record is drawn: a record another record follows is digested
     (rows, counters, blocks per state), except the first after a load, a command's, and one every
     WHOLE_EVERY steps (the timeline's keyframes); the window's history stays exact either way."""
     from engine.inspect.snapshot import KVSnapshot, StepDigest
@@ -214,7 +214,7 @@ def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(
     backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))  # never started: fed by hand
     posted = []
     backend._post = posted.append
-    backend._handle(p.Loaded(src.info, ()), False)  # creates the slots (the attach goes nowhere)
+    backend._handle_other(p.Loaded(src.info, ()))  # creates the slots (the attach goes nowhere)
     enc = RecordEncoder()
     enc.attach(ShmSlots.attach(backend._slots.spec))
     released = []
@@ -222,7 +222,7 @@ def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(
 
     def feed(rec, newest: bool) -> None:
         w = enc.encode(p.Stepped(rec, MemoryReading()))
-        backend._handle(w, newest)
+        backend._handle_record(w, newest)
         if w.slot is not None:
             enc.release(w.slot)
     src.inject(list(range(5, 19)), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
@@ -248,3 +248,42 @@ def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(
     finally:
         enc.detach()
         backend._slots.close()
+
+
+def test_the_reader_digests_a_record_only_when_another_record_follows_it(qtbot, tiny_engine, tiny_dir):
+    """Through a real pipe: records followed by records are digested; the one before another message
+    (the end of a run) and the last before the pipe closes are decoded whole; order is kept."""
+    import multiprocessing as mp
+
+    from engine.inspect.snapshot import KVSnapshot, StepDigest
+    from kvscope.sources import protocol as p
+    from kvscope.sources.live import LiveSource
+    from kvscope.sources.wire import RecordEncoder
+    from kvscope.sysinfo import MemoryReading
+
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
+    src.raw_snapshots = True
+    backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))  # never started: fed by hand
+    posted = []
+    backend._post = posted.append
+    backend._closing = True  # the pipe's end here is not a death
+    backend._handle_other(p.Loaded(src.info, ()))
+    backend.send = lambda cmd: None
+    enc = RecordEncoder()  # no slots attached: the arrays travel inline
+    src.inject(list(range(5, 19)), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    ours, theirs = mp.Pipe(duplex=True)
+    ours.send(enc.encode(p.Stepped(src.current(), MemoryReading())))
+    for _ in range(5):
+        ours.send(enc.encode(p.Stepped(src.step(), MemoryReading())))
+    ours.send(p.RunningChanged(False))
+    for _ in range(3):
+        ours.send(enc.encode(p.Stepped(src.step(), MemoryReading())))
+    ours.close()
+    backend._read(theirs)
+    kinds = [("run" if isinstance(r, p.RunningChanged) else
+              "whole" if isinstance(r.record.snapshot, KVSnapshot) else
+              "digest" if isinstance(r.record.snapshot, StepDigest) else "?") for r in posted[1:]]
+    assert kinds == ["whole", "digest", "digest", "digest", "digest", "whole", "run", "digest", "digest", "whole"]
+    steps = [r.record.step for r in posted[1:] if not isinstance(r, p.RunningChanged)]
+    assert steps == sorted(steps) and steps[-1] == src.step_count
+    backend._slots.close()
