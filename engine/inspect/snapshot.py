@@ -86,11 +86,7 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
     Shared by the live engine and by trace replay, so both build identical snapshots.
     """
     n = len(ref_cnt)
-    # state from (ref count clipped to 2, hashed) through a table: one pass instead of three np.where
-    code = np.minimum(ref_cnt, 2).astype(np.uint8)  # ref counts are never negative; clip's limit checks cost more
-    code <<= 1
-    code |= has_hash
-    state = _STATE_OF_CODE[code]
+    state = _state_of(ref_cnt, has_hash)
     owner = np.full(n, -1, np.int32)
     filled = np.where(has_hash, block_size, 0).astype(np.int16)
     cpu_state = np.zeros(num_cpu_blocks, np.uint8)
@@ -107,6 +103,15 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
                       has_hash=has_hash, last_access=last_access, filled=filled, free_queue=free_queue,
                       requests=tuple(requests), cached_tokens=cached_tokens, block_hashes=block_hashes,
                       counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
+
+
+def _state_of(ref_cnt: np.ndarray, has_hash: np.ndarray) -> np.ndarray:
+    """Each block's ``BlockState`` from (ref count clipped to 2, hashed) through a table: one pass
+    instead of three np.where."""
+    code = np.minimum(ref_cnt, 2).astype(np.uint8)  # ref counts are never negative; clip's limit checks cost more
+    code <<= 1
+    code |= has_hash
+    return _STATE_OF_CODE[code]
 
 
 _STATE_OF_CODE = np.array([BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.USED,
@@ -224,23 +229,18 @@ class StepDigest:
 
 
 def state_counts(ref_cnt: np.ndarray, has_hash: np.ndarray) -> tuple[int, ...]:
-    """Blocks per ``BlockState`` of the device pool, from the raw arrays (what ``assemble_snapshot``'s
-    state would count): free and cached have no reference, used one, shared more."""
-    idle = ref_cnt == 0
-    n_idle = int(np.count_nonzero(idle))
-    cached = int(np.count_nonzero(idle & has_hash))
-    used = int(np.count_nonzero(ref_cnt == 1))
-    counts = [0] * len(BlockState)
-    counts[BlockState.FREE], counts[BlockState.CACHED] = n_idle - cached, cached
-    counts[BlockState.USED], counts[BlockState.SHARED] = used, len(ref_cnt) - n_idle - used
-    return tuple(counts)
+    """Blocks per ``BlockState`` of the device pool from the raw arrays, by the rule the snapshot's
+    state uses."""
+    return _counts(_state_of(ref_cnt, has_hash))
 
 
 def block_counts(snap: KVSnapshot | StepDigest) -> tuple[int, ...]:
     """Blocks per ``BlockState`` of a snapshot or a digest."""
-    if isinstance(snap, StepDigest):
-        return snap.state_counts
-    return tuple(int(c) for c in np.bincount(snap.state, minlength=len(BlockState)))
+    return snap.state_counts if isinstance(snap, StepDigest) else _counts(snap.state)
+
+
+def _counts(state: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(c) for c in np.bincount(state, minlength=len(BlockState)))
 
 
 def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo | LiveRow], counters: dict,
@@ -256,9 +256,3 @@ def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo | Li
 
 def _index(r: RequestInfo) -> int:
     return r.index
-
-
-def pool_snapshot(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
-                  num_cpu_blocks: int, **extra) -> KVSnapshot:
-    """A snapshot of a live ``BlockPool``."""
-    return pool_state(step, block_size, pool, requests, counters, num_cpu_blocks, **extra).assemble()

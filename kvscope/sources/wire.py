@@ -234,7 +234,7 @@ class RecordDecoder:
         which will not be drawn. Its arrays are only counted (in place), not copied or assembled."""
         events, rows = self._follow(w)
         if w.slot is not None:
-            n = w.lengths["ref_cnt"]
+            n = w.num_blocks
             ref, hashed = self.slots.view(w.slot, "ref_cnt", n), self.slots.view(w.slot, "has_hash", n)
         else:
             ref, hashed = w.inline["ref_cnt"], w.inline["has_hash"]
