@@ -115,3 +115,16 @@ def test_the_cache_index_follows_evictions_and_a_reset(tiny_engine):
     for step, snap in truth.items():
         assert_same(hist.at(step), snap)
     assert len(hist._store.tokens) >= len({h for s in truth.values() for h in s.block_hashes.values()})
+
+
+def test_a_digest_cannot_open_a_pool_it_has_no_arrays_for():
+    """A pool's first record must be whole (the reader always decodes the first after a load so):
+    a digest first is refused with one line, and the history is left empty."""
+    import pytest
+
+    from engine.inspect.snapshot import StepDigest
+    hist = RunHistory()
+    digest = StepDigest(1, 16, 8, (), {}, (8, 0, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match="first record must carry its whole snapshot"):
+        hist.record(digest, 0.0)
+    assert hist.steps == [] and hist.latest is None and hist.at(1) is None
