@@ -192,7 +192,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     win.flush()
     assert win.latest.step == paused_at  # paused with work left, not at the end of the run
     # the arrays came through shared memory, not pickled through the pipe (which a record falls back to
-    # only while the window still holds both slots)
+    # only while the window still holds every slot)
     assert len(inline) >= 20 and sum(inline) < len(inline) / 2
 
 

@@ -1,4 +1,5 @@
-"""Snapshot arrays through shared memory: two slots, so the engine writes one while the window reads the other.
+"""Snapshot arrays through shared memory, in three slots: the window's reader holds one record until it
+knows what follows it, one release may still be on its way back, and the engine writes the third.
 
 The window's process creates (and unlinks) the slots, so they outlive a crashed engine process;
 the engine process attaches by name. Each slot holds the raw per-block arrays of one step
@@ -12,6 +13,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 # name -> dtype; each array has one entry per device block (the free queue at most that many)
+NUM_SLOTS = 3  # with two, every other record at full speed found none free and pickled its arrays
 FIELDS: tuple[tuple[str, str], ...] = (
     ("ref_cnt", "i4"), ("has_hash", "?"), ("last_access", "i8"), ("free_queue", "i4"),
 )
@@ -29,7 +31,7 @@ def _layout(n: int) -> tuple[dict[str, tuple[int, np.dtype, int]], int]:
 
 @dataclass(frozen=True, slots=True)
 class SlotSpec:
-    names: tuple[str, str]
+    names: tuple[str, ...]
     num_blocks: int
 
 
@@ -43,7 +45,7 @@ class ShmSlots:
     @classmethod
     def create(cls, n: int) -> ShmSlots:
         _, size = _layout(n)
-        return cls([shared_memory.SharedMemory(create=True, size=size) for _ in range(2)], n, owner=True)
+        return cls([shared_memory.SharedMemory(create=True, size=size) for _ in range(NUM_SLOTS)], n, owner=True)
 
     @classmethod
     def attach(cls, spec: SlotSpec) -> ShmSlots:
@@ -54,7 +56,7 @@ class ShmSlots:
 
     @property
     def spec(self) -> SlotSpec:
-        return SlotSpec((self.shms[0].name, self.shms[1].name), self.n)
+        return SlotSpec(tuple(shm.name for shm in self.shms), self.n)
 
     def fits(self, n: int) -> bool:
         return n == self.n

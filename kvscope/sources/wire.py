@@ -163,7 +163,7 @@ class RecordEncoder:
 
     def attach(self, slots: ShmSlots) -> None:
         self.detach()
-        self.slots, self.free = slots, {0, 1}
+        self.slots, self.free = slots, set(range(len(slots.shms)))
 
     def detach(self) -> None:
         if self.slots is not None:
