@@ -117,9 +117,14 @@ def main() -> None:
     peak = peak_gbs(name, args.peak_gbs) if device.type == "cuda" else None
     max_batch = max(args.batches)
     t0 = time.perf_counter()
+    max_model_len = args.prompt_len + args.max_tokens + 16
+    # A pool just big enough for the largest batch: transformers' generate runs on the same card after
+    # each engine run, and a pool sized to 90% of it (the engine's default) leaves it no room.
+    block_size = 16
+    num_blocks = max_batch * -(-max_model_len // block_size) + 8
     engine = LLMEngine.from_hf_model(model, None, name=args.model or f"random {args.shape}",
                                      max_num_seqs=max_batch, enforce_eager=args.enforce_eager,
-                                     max_model_len=args.prompt_len + args.max_tokens + 16)
+                                     max_model_len=max_model_len, block_size=block_size, num_gpu_blocks=num_blocks)
     setup_s = time.perf_counter() - t0
     w_bytes = weights_bytes(engine.runner.model)
     kv_token_bytes = engine.runner.block_bytes // engine.config.block_size
