@@ -6,6 +6,7 @@ import torch
 
 from engine import SamplingParams
 from engine.inspect.replay import PoolReplayer
+from engine.inspect.snapshot import state_counts
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -34,6 +35,8 @@ def assert_pool_arrays_match(pool) -> None:
     assert pool.free_order.order().tolist() == pool.free_queue.ids()
     assert dict(pool.tokens_by_block.items()) == {b.block_id: b.token_ids for b in pool.cached.values()}
     assert dict(pool.hash_hex_by_block.items()) == {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
+    # the blocks per state the pool counts as they change: what a count over the snapshot's states gives
+    assert pool.state_counts() == state_counts(pool.ref_cnt_arr, pool.has_hash_arr)
 
 
 class Checked:

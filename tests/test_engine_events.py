@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from engine import SamplingParams
+from engine.config import FAULTS
 from engine.inspect.events import BlockAllocated, RequestAdmitted, RequestFinished, RequestPreempted
 from engine.inspect.replay import PoolReplayer
-from engine.inspect.snapshot import BlockState
+from engine.inspect.snapshot import BlockState, block_counts
 
 
 def run_random_workload(engine, seed: int, steps: int = 120):
@@ -85,3 +88,28 @@ def test_audit_finds_a_leaked_block(tiny_engine):
     assert not report.ok
     assert report.leaked_blocks == sorted(b.block_id for b in blocks)
     assert all(p.last_owner == rid for p in report.problems if p.problem == "leaked")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_the_pool_counts_blocks_per_state_as_they_change(tiny_engine, fault, mode):
+    """What an engine process sends for a step it does not copy the arrays of: the pool's own counts of free,
+    cached, used and shared blocks, kept as blocks change, equal a count over the snapshot's states at every
+    step; under preemption, samples, aborts and every planted fault too (a leak, a double free...)."""
+    engine = tiny_engine(num_gpu_blocks=24, block_size=4, num_cpu_blocks=16, preemption_mode=mode, fault=fault)
+    rng = random.Random(1)
+    shared = [rng.randrange(256) for _ in range(9)]
+    for i in range(12):
+        engine.add_request(shared + [rng.randrange(256) for _ in range(rng.randrange(1, 12))],
+                           SamplingParams(max_tokens=rng.randrange(3, 20), n=rng.choice([1, 1, 2]), temperature=1.0,
+                                          seed=i))
+    steps, seen = 0, set()
+    while engine.has_unfinished() and steps < 400:
+        engine.step()
+        steps += 1
+        if steps % 7 == 0 and engine.requests:
+            engine.abort(next(iter(engine.requests)))
+        counts = engine.pool.state_counts()
+        assert counts == block_counts(engine.snapshot()), f"step {steps}"
+        seen.update(BlockState(i) for i, c in enumerate(counts) if c)
+    assert {BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED} <= seen

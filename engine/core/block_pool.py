@@ -59,6 +59,10 @@ class BlockPool:
         self.tokens_by_block: ChunkedMap[tuple[int, ...]] = ChunkedMap(num_blocks)
         self.hash_hex_by_block: ChunkedMap[str] = ChunkedMap(num_blocks)
         self.free_order = FreeOrder(num_blocks)
+        # Blocks per state kept as they change (with the free queue's length they give every count of
+        # ``state_counts``), so a step's record counts its states in O(1), not in a pass over the pool.
+        self.num_cached_free = 0  # ref count 0 with a hash: free, but reusable until evicted
+        self.num_shared = 0  # ref count > 1
 
     # -- queries ----------------------------------------------------------------
     @property
@@ -67,6 +71,12 @@ class BlockPool:
 
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def state_counts(self) -> tuple[int, ...]:
+        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked), as counting the
+        snapshot's state array would give them (swaps live in the CPU pool, leaks are the audit's)."""
+        free, cached, shared = self.free_queue.num_free_blocks, self.num_cached_free, self.num_shared
+        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0)
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVCacheBlock | None:
         b = self.cached.get(block_hash)
@@ -82,6 +92,8 @@ class BlockPool:
         out = []
         for _ in range(n):
             b = self.free_queue.popleft()
+            if b.block_hash is not None:
+                self.num_cached_free -= 1
             self._evict(b)
             assert b.ref_cnt == 0
             b.ref_cnt = 1
@@ -126,7 +138,11 @@ class BlockPool:
             if b.ref_cnt == 0:
                 self.free_queue.remove(b)
                 unfreed.append(b.block_id)
+                if b.block_hash is not None:
+                    self.num_cached_free -= 1
             b.ref_cnt += 1
+            if b.ref_cnt == 2:
+                self.num_shared += 1
             b.last_access = self.step
             b.last_owner = request_id
             b.holders.append(request_id)
@@ -162,6 +178,8 @@ class BlockPool:
                 assert self.tolerate_faults, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
                 continue
             b.ref_cnt -= 1
+            if b.ref_cnt == 1:
+                self.num_shared -= 1
             ids.append(b.block_id)
             refs.append(b.ref_cnt)
             b.last_access = self.step
@@ -172,6 +190,8 @@ class BlockPool:
             if b.ref_cnt == 0:
                 self.free_queue.append(b)
                 freed.append(b.block_id)
+                if b.block_hash is not None:
+                    self.num_cached_free += 1
         self.free_order.appended(freed)
         self._set_refs(ids, refs)
 
@@ -186,6 +206,8 @@ class BlockPool:
             return
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
+        if b.ref_cnt == 0:  # only a planted fault publishes a free block
+            self.num_cached_free += 1
         self.tentative.append((b, block_hash))
         hex_hash = block_hash.hex()
         self._hash_mv[b.block_id] = True
@@ -210,6 +232,8 @@ class BlockPool:
                 continue
             del self.cached[h]
             b.block_hash, b.token_ids = None, ()
+            if b.ref_cnt == 0:
+                self.num_cached_free -= 1
             self._unmark(b.block_id)
             self.events.append(BlockUnpublished(b.block_id, h.hex(), reason))
             undone.append(b.block_id)
@@ -225,6 +249,7 @@ class BlockPool:
         for b in self.blocks:
             b.block_hash, b.token_ids = None, ()
         self.cached.clear()
+        self.num_cached_free = 0
         self.has_hash_arr[:] = False
         self.tokens_by_block.clear()
         self.hash_hex_by_block.clear()
