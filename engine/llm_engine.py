@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from operator import attrgetter
 
 import torch
 
@@ -24,7 +25,7 @@ from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from .inputs import PromptType, to_token_ids
 from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, LiveRow, PoolState, RequestInfo, pool_state, request_info
+from .inspect.snapshot import KVSnapshot, LiveRow, LiveState, PoolState, RequestInfo, pool_state, request_info
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
 from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
@@ -408,20 +409,31 @@ class LLMEngine:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
         return self.pool_state(max_finished).assemble()
 
-    def pool_state(self, max_finished: int = MAX_FINISHED, live_rows: bool = False) -> PoolState:
-        """What ``snapshot`` is derived from, without the derived views (an engine process sends this).
-        ``live_rows``: the live requests' rows as ``LiveRow``s, for the wire, which sends their changes."""
-        finished = list(self.finished_log)
-        shown = list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
-        if live_rows:
-            view = self.kv.block_ids_view
-            infos = [LiveRow(r, view(r.request_id)) if r.snapshot_row is None and not r.status.finished
-                     else self._snapshot_row(r) for r in shown]
-        else:
-            infos = [self._snapshot_row(r) for r in shown]
-        return pool_state(self.step_count, self.config.block_size, self.pool, infos, self.metrics(),
+    def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
+        """What ``snapshot`` is derived from, without the derived views, copied."""
+        return pool_state(self.step_count, self.config.block_size, self.pool,
+                          [self._snapshot_row(r) for r in self._shown(max_finished)], self.metrics(),
                           self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
                           model_name=self.model_name)
+
+    def live_state(self, max_finished: int = MAX_FINISHED) -> LiveState:
+        """The state now, not copied (what an engine process sends): the live requests' rows as ``LiveRow``s
+        (the wire sends their changes), the pool's blocks per state as it counts them, the pool itself."""
+        rows = [(r.live_row or self._live_row(r)) if r.snapshot_row is None and not r.status.finished
+                else self._snapshot_row(r) for r in self._shown(max_finished)]
+        rows.sort(key=attrgetter("index"))
+        return LiveState(self.step_count, self.config.block_size, tuple(rows), self.metrics(),
+                         self.pool.state_counts(), self.kv.cpu_pool.num_blocks, self.runner.block_bytes,
+                         self.model_name, self.pool)
+
+    def _shown(self, max_finished: int) -> list[Request]:
+        """The requests a snapshot shows: the live ones, then the last ``max_finished`` finished."""
+        finished = list(self.finished_log)
+        return list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
+
+    def _live_row(self, r: Request) -> LiveRow:
+        row = r.live_row = LiveRow(r, self.kv)
+        return row
 
     def _snapshot_row(self, r: Request) -> RequestInfo:
         """A finished request's row never changes again: it is built once, not at every snapshot."""

@@ -21,7 +21,15 @@ from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.events import BlockEvicted, BlockStored, BlockUnpublished, CacheReset, Event
 from engine.inspect.indexed_map import OverlayMap, StoreLog
 from engine.inspect.replay import PoolReplayer
-from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo, StepDigest, assemble_snapshot, block_counts
+from engine.inspect.snapshot import (
+    BlockState,
+    KVSnapshot,
+    PoolState,
+    RequestInfo,
+    StepDigest,
+    assemble_snapshot,
+    block_counts,
+)
 
 SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped", "tokens_per_s",
           "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
@@ -144,7 +152,7 @@ class RunHistory:
         self._store = StoreLog()
         self._store_of: np.ndarray | None = None
         self._requests: dict[str, _RequestTimeline] = {}
-        self._latest: KVSnapshot | None = None
+        self._latest: KVSnapshot | PoolState | None = None  # the newest whole record (assembled when read)
         self._last_tokens = 0.0
         self._event_bytes = 0
         self._req_bytes = 0  # kept up to date as rows are added; recomputed when steps are dropped
@@ -155,13 +163,14 @@ class RunHistory:
         self._decode_tokens = 0
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, snap: KVSnapshot | StepDigest, step_seconds: float, memory=None,
+    def record(self, snap: KVSnapshot | PoolState | StepDigest, step_seconds: float, memory=None,
                events: list[Event] | None = None) -> None:
         """Keep one record; a second record of the same step (a command between steps) is folded into it.
-        A ``StepDigest`` (a step the window did not draw) keeps all but a keyframe."""
+        A ``StepDigest`` (a step the window did not draw) keeps all but a keyframe; a raw ``PoolState`` (an
+        engine process's) is kept as it came, and assembled only if it is read."""
         step = snap.step
         new_step = not self.steps or step != self.steps[-1]
-        whole = isinstance(snap, KVSnapshot)  # else a StepDigest: no arrays, so no keyframe from it
+        whole = not isinstance(snap, StepDigest)  # a digest has no arrays, so no keyframe comes from it
         if self._store_of is None or len(self._store_of) != snap.num_blocks:
             if not whole:
                 raise ValueError("a pool's first record must carry its whole snapshot, not a digest")
@@ -220,7 +229,7 @@ class RunHistory:
             self._add_series(snap, step_seconds, memory)
         self._enforce_budget()
 
-    def _index_of(self, snap: KVSnapshot) -> np.ndarray:
+    def _index_of(self, snap: KVSnapshot | PoolState) -> np.ndarray:
         index = np.full(snap.num_blocks, -1, np.int32)
         for b, h in snap.block_hashes.items():
             index[b] = self._store.add(tuple(snap.cached_tokens.get(b, ())), h)
@@ -248,7 +257,7 @@ class RunHistory:
         else:
             self._decode_tokens += r.num_output_tokens - before
 
-    def _add_series(self, snap: KVSnapshot | StepDigest, step_seconds: float, memory) -> None:
+    def _add_series(self, snap: KVSnapshot | PoolState | StepDigest, step_seconds: float, memory) -> None:
         c = snap.counters
         counts = block_counts(snap)
         q = c.get("prefix_cache_queries", 0)
@@ -307,7 +316,10 @@ class RunHistory:
     # -- reading -----------------------------------------------------------------------------------
     @property
     def latest(self) -> KVSnapshot | None:
-        return self._latest
+        snap = self._latest
+        if isinstance(snap, PoolState):
+            snap = self._latest = snap.assemble()
+        return snap
 
     @property
     def requests(self) -> dict:
@@ -319,6 +331,10 @@ class RunHistory:
         """(first, last) step the timeline can show."""
         return (self.steps[0], self.steps[-1]) if self.steps else None
 
+    def counters_at(self, step: int) -> dict:
+        """The engine's counters after ``step`` (empty outside the reach)."""
+        return self._counters.get(step, {})
+
     def events_at(self, step: int) -> list[Event]:
         return [e for chunk in self._events.get(step, ()) for e in unpack_events(chunk)]
 
@@ -327,7 +343,7 @@ class RunHistory:
         if not self.steps or not self.steps[0] <= step <= self.steps[-1]:
             return None
         if self._latest is not None and step == self._latest.step:
-            return self._latest
+            return self.latest
         i = bisect.bisect_right([k.step for k in self._keyframes], step) - 1
         if i < 0:
             return None
@@ -362,9 +378,9 @@ def _extra_fields(r: RequestInfo) -> dict:
     return {k: getattr(r, k) for k in r.__slots__ if k not in known}
 
 
-def _keyframe(snap: KVSnapshot, store_of: np.ndarray, chunks_in: int) -> _Keyframe:
+def _keyframe(snap: KVSnapshot | PoolState, store_of: np.ndarray, chunks_in: int) -> _Keyframe:
     access = snap.last_access
     if len(access) and access.max() < 2**31:  # engine steps: int32 holds them, at half the bytes
         access = access.astype(np.int32)
     return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, access, snap.free_queue, store_of.copy(),
-                     len(snap.cpu_state), snap.block_size, snap.block_bytes, snap.model_name, chunks_in)
+                     snap.num_cpu_blocks, snap.block_size, snap.block_bytes, snap.model_name, chunks_in)

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.inspect.snapshot import KVSnapshot
+from engine.inspect.snapshot import StepDigest
 
 from .diagnosis import Diagnosis, comparison_prompts
 from .history import RunHistory
@@ -63,7 +63,7 @@ class MainWindow(QMainWindow):
         self.history = RunHistory()
         self.diagnosis = Diagnosis()
         self.info: SourceInfo | None = None
-        self.latest: StepResult | None = None
+        self._latest: StepResult | None = None  # the newest record with whole arrays (see ``latest``)
         self.errors: list[str] = []
         self.running = False
         self._dirty = False
@@ -339,7 +339,7 @@ class MainWindow(QMainWindow):
         self.diagnosis_panel.compare_button.setEnabled(not info.read_only)
         self.act_compare.setEnabled(not info.read_only)
         self.latest = None
-        self.events.model.clear()
+        self.events.clear()
         self.events.set_max_step(None)
         self.plots.set_cursor(None)
         self.plots.set_pool(info.block_bytes)
@@ -388,9 +388,22 @@ class MainWindow(QMainWindow):
             self.busy.setValue(int(100 * fraction))
         self.busy.show()
 
+    @property
+    def latest(self) -> StepResult | None:
+        """The newest record with a whole snapshot. An engine process's comes raw; it is assembled the first
+        time it is asked for (when it is drawn: at most once a frame, however fast the steps come)."""
+        res = self._latest
+        if res is not None:
+            res = self._latest = res.assembled()
+        return res
+
+    @latest.setter
+    def latest(self, result: StepResult | None) -> None:
+        self._latest = result
+
     @Slot(object)
     def on_stepped(self, result: StepResult) -> None:
-        if isinstance(result.snapshot, KVSnapshot):  # else a digest: a newer record came with it
+        if not isinstance(result.snapshot, StepDigest):  # a digest: a newer record came with it
             self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
@@ -459,6 +472,7 @@ class MainWindow(QMainWindow):
         if self.state.live:
             self._show(self.latest.snapshot, self.latest.audit, self.latest.events)
         self.plots.update_from(self.history, self.latest.memory)
+        self.events.flush()
 
     def _pace_redraws(self) -> None:
         interval = self.state.pacer.after_redraw(time.perf_counter(), time.thread_time())

@@ -81,7 +81,9 @@ def describe(ev: Event, decode: Callable[[list[int]], str] | None = None) -> str
 
 
 class EventLogModel(_FlatTableModel):
-    """Every event of every step; append-only, capped so a long run stays light."""
+    """Every event of every step; append-only, capped so a long run stays light. A row's details are
+    written when first shown (or searched): describing every event as it came cost more than the rest of
+    a step's bookkeeping in the window."""
 
     HEADERS = ("step", "kind", "details")
     KIND_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -89,7 +91,8 @@ class EventLogModel(_FlatTableModel):
 
     def __init__(self, max_rows: int = 200_000, decode: Callable[[list[int]], str] | None = None) -> None:
         super().__init__()
-        self.rows: list[tuple[int, Event, str]] = []
+        self.rows: list[tuple[int, Event]] = []
+        self._texts: list[str | None] = []  # each row's details, once written
         self.max_rows = max_rows
         self.decode = decode
 
@@ -98,33 +101,47 @@ class EventLogModel(_FlatTableModel):
         self.decode = decode
         if self.rows:
             self.beginResetModel()
-            self.rows = [(step, e, describe(e, decode)) for step, e, _ in self.rows]
+            self._texts = [None] * len(self.rows)
             self.endResetModel()
 
+    def text(self, row: int) -> str:
+        t = self._texts[row]
+        if t is None:
+            t = self._texts[row] = describe(self.rows[row][1], self.decode)
+        return t
+
     def append(self, step: int, events: list[Event]) -> None:
-        if not events:
+        self.extend([(step, e) for e in events])
+
+    def extend(self, rows: list[tuple[int, Event]]) -> None:
+        """Rows (step, event) at the end, in one insertion."""
+        if not rows:
             return
-        drop = max(0, len(self.rows) + len(events) - self.max_rows)
+        drop = max(0, len(self.rows) + len(rows) - self.max_rows)
         if drop:
             self.beginRemoveRows(QModelIndex(), 0, drop - 1)
             del self.rows[:drop]
+            del self._texts[:drop]
             self.endRemoveRows()
         n = len(self.rows)
-        self.beginInsertRows(QModelIndex(), n, n + len(events) - 1)
-        self.rows.extend((step, e, describe(e, self.decode)) for e in events)
+        self.beginInsertRows(QModelIndex(), n, n + len(rows) - 1)
+        self.rows.extend(rows)
+        self._texts.extend([None] * len(rows))
         self.endInsertRows()
 
     def clear(self) -> None:
         self.beginResetModel()
         self.rows.clear()
+        self._texts.clear()
         self.endResetModel()
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
-        step, ev, text = self.rows[index.row()]
+        step, ev = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return (step, ev.kind, text)[index.column()]
+            c = index.column()
+            return step if c == 0 else ev.kind if c == 1 else self.text(index.row())
         if role == self.KIND_ROLE:
             return ev.kind
         if role == self.EVENT_ROLE:
@@ -156,9 +173,10 @@ class EventFilterProxy(QSortFilterProxyModel):
         self.invalidateFilter()
 
     def filterAcceptsRow(self, row, parent) -> bool:  # noqa: N802
-        step, ev, text = self.sourceModel().rows[row]
+        model = self.sourceModel()
+        step, ev = model.rows[row]
         if self.max_step is not None and step > self.max_step:
             return False
         if self.kinds and ev.kind not in self.kinds:
             return False
-        return not self.text or self.text in f"{step} {ev.kind} {text}".lower()
+        return not self.text or self.text in f"{step} {ev.kind} {model.text(row)}".lower()

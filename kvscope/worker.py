@@ -22,12 +22,12 @@ from .sources.build import SourceSpec
 from .sources.engine_process import AttachSlots, Heartbeat, ReleaseSlot, SpawnedEngine, spawn_engine
 from .sources.host import EngineHost, SourceFactory
 from .sources.shm import ShmSlots
-from .sources.wire import RecordDecoder, WireStepped
+from .sources.wire import RecordDecoder, WireBatch
 
 logger = logging.getLogger("kvscope")
 HANG_TIMEOUT_S = 15.0  # no heartbeat for this long: the engine process is hung, not busy
 START_TIMEOUT_S = 180.0  # from spawn to the first message (imports torch and transformers)
-WHOLE_EVERY = 16  # steps: a record is decoded whole at least this often (the timeline's keyframes)
+WHOLE_EVERY = 16  # steps: a batch's last step is decoded whole at least this often (the timeline's keyframes)
 
 StepResult = p.Stepped  # what ``stepped`` carries (a record and the memory reading after it)
 EngineInfo = SourceInfo
@@ -238,8 +238,11 @@ class ProcessBackend(EngineBackend):
     _wake = Signal()
 
     def _post(self, res: p.Result) -> None:
+        self._post_all((res,))
+
+    def _post_all(self, results) -> None:
         with self._inbox_lock:
-            self._inbox.append(res)
+            self._inbox.extend(results)
             if self._wake_pending:
                 return
             self._wake_pending = True
@@ -299,15 +302,15 @@ class ProcessBackend(EngineBackend):
 
     # -- the reader thread: blocks on the pipe, so the GUI thread never does -------------------
     def _read(self, conn) -> None:
-        # Only the newest record is drawn: a record is held until what follows it is known, and
-        # digested if another record follows (rows, counters, blocks per state; no arrays copied or
-        # assembled), decoded whole if the pipe is empty or something else follows. Holding one
-        # record keeps one shared-memory slot, so the engine still has the other to write.
-        pending: WireStepped | None = None
+        # Only the newest step is drawn: a batch is held until what follows it is known; if another batch
+        # follows, every step of it is digested (rows, counters, blocks per state; no arrays copied or
+        # assembled), else its last step is kept whole (its arrays copied out, assembled only when drawn).
+        # Holding one batch keeps one shared-memory slot, so the engine still has the others to write.
+        pending: WireBatch | None = None
         while True:
             try:
                 if pending is not None and not conn.poll(0):
-                    self._handle_record(pending, True)  # nothing newer has come
+                    self._handle_batch(pending, True)  # nothing newer has come
                     pending = None
                     continue
                 msg = conn.recv()
@@ -319,17 +322,17 @@ class ProcessBackend(EngineBackend):
             self.last_beat = time.monotonic()
             if isinstance(msg, Heartbeat):
                 continue
-            if isinstance(msg, WireStepped):
+            if isinstance(msg, WireBatch):
                 if pending is not None:
-                    self._handle_record(pending, False)
+                    self._handle_batch(pending, False)
                 pending = msg
                 continue
             if pending is not None:
-                self._handle_record(pending, True)
+                self._handle_batch(pending, True)
                 pending = None
             self._handle_other(msg)
-        if pending is not None:  # a dying engine's last record is still shown
-            self._handle_record(pending, True)
+        if pending is not None:  # a dying engine's last steps are still shown
+            self._handle_batch(pending, True)
         if not self._closing:
             self._post(p.Died(self._death_message()))
             self._reported = True
@@ -340,23 +343,22 @@ class ProcessBackend(EngineBackend):
             self._whole_step = -WHOLE_EVERY
         self._post(msg)
 
-    def _handle_record(self, msg: WireStepped, newest: bool) -> None:
-        if msg.slot is not None and self._slots is None:
-            self._decoder.skip(msg)  # slots of a pool already replaced
+    def _handle_batch(self, batch: WireBatch, newest: bool) -> None:
+        if batch.slot is not None and self._slots is None:
+            self._decoder.skip(batch)  # slots of a pool already replaced
             return
-        # Decoded whole also: the first after a load, a command's, and one every WHOLE_EVERY steps, so
-        # that the timeline's keyframes stay close.
-        step = msg.scalars["step"]
-        whole = (newest or msg.cache is not None or not msg.has_output
-                 or step - self._whole_step >= WHOLE_EVERY or step < self._whole_step)
+        # The last step is kept whole also when it is the first after a load (it is sent alone), a
+        # command's, or WHOLE_EVERY steps after the last one kept whole, so that the timeline's keyframes
+        # stay close.
+        last = batch.last
+        whole = batch.has_arrays and (newest or last.cache is not None or not last.has_output
+                                      or last.step - self._whole_step >= WHOLE_EVERY or last.step < self._whole_step)
+        results = self._decoder.decode(batch, whole)
         if whole:
-            res = self._decoder.decode(msg)
-            self._whole_step = step
-        else:
-            res = self._decoder.digest(msg)
-        if msg.slot is not None:
-            self.send(ReleaseSlot(msg.slot))
-        self._post(res)
+            self._whole_step = last.step
+        if batch.slot is not None:
+            self.send(ReleaseSlot(batch.slot))
+        self._post_all(results)
 
     def _attach_slots(self, info: SourceInfo) -> None:
         old, self._slots = self._slots, None

@@ -167,21 +167,20 @@ def test_an_early_engine_for_another_spec_is_stopped_not_used(qtbot, settings, t
 
 
 def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_window):
-    """At "max" the engine process's next tick is always due: it must still read the pipe between steps
+    """At "max" the engine process's next tick is always due: it must still read the pipe between batches
     (a Pause, and the window's releases of the shared-memory slots)."""
     win = process_window(num_gpu_blocks=256)
     long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
     win.inject([InjectSpec(list(range(10, 30)), long)])
     qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == 1, timeout=20_000)
-    inline = []
+    batches = []
     dec = win.worker._decoder
-    real, real_digest = dec.decode, dec.digest  # every record is decoded whole or digested
-    dec.decode = lambda w: (inline.append(w.inline is not None), real(w))[1]
-    dec.digest = lambda w: (inline.append(w.inline is not None), real_digest(w))[1]
+    real = dec.decode  # every batch is decoded (its last step whole or digested)
+    dec.decode = lambda b, whole=True: (batches.append(b), real(b, whole))[1]
     win.speed.setCurrentText("max")
     win.act_run.trigger()
     start = win.latest.step
-    qtbot.waitUntil(lambda: win.latest.step >= start + 20, timeout=30_000)
+    qtbot.waitUntil(lambda: win.latest.step >= start + 60, timeout=30_000)
     win.act_run.trigger()
     qtbot.waitUntil(lambda: not win.running, timeout=5000)
     time.sleep(0.3)
@@ -191,54 +190,75 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     qtbot.wait(300)
     win.flush()
     assert win.latest.step == paused_at  # paused with work left, not at the end of the run
-    # the arrays came through shared memory, not pickled through the pipe (which a record falls back to
+    # the arrays came through shared memory, not pickled through the pipe (which a batch falls back to
     # only while the window still holds every slot)
-    assert len(inline) >= 20 and sum(inline) < len(inline) / 2
+    sent = [b for b in batches if b.has_arrays]
+    assert len(sent) >= 5 and sum(b.inline is not None for b in sent) < len(sent) / 2
+    # steps went together (a batch every BATCH_S), and every step reached the window
+    assert sum(len(b.steps) for b in batches) >= 60 > len(batches)
+    assert win.history.steps[-(paused_at - start):] == list(range(start + 1, paused_at + 1))
 
 
-def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(qtbot, tiny_engine, tiny_dir):
-    """Only the newest record is drawn: a record another record follows is digested
-    (rows, counters, blocks per state), except the first after a load, a command's, and one every
-    WHOLE_EVERY steps (the timeline's keyframes); the window's history stays exact either way."""
-    from engine.inspect.snapshot import KVSnapshot, StepDigest
-    from kvscope.history import RunHistory
+def _fed_backend(tiny_engine, tiny_dir):
+    """A ProcessBackend never started, fed by hand, over a live source in engine-process mode."""
     from kvscope.sources import protocol as p
     from kvscope.sources.live import LiveSource
+
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
+    src.raw_snapshots = True
+    backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))
+    posted = []
+    backend._post = posted.append
+    backend._post_all = posted.extend
+    backend._handle_other(p.Loaded(src.info, ()))  # creates the slots (the attach goes nowhere)
+    src.inject(list(range(5, 19)), SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    return src, backend, posted
+
+
+def test_the_reader_keeps_the_newest_step_whole_and_digests_the_ones_before(qtbot, tiny_engine, tiny_dir):
+    """Only the newest step is drawn: every step of a batch another batch follows is digested (rows,
+    counters, blocks per state), and so are all but the last of every batch; a batch's last step is kept
+    whole when it is the newest, the first after a load, a command's, or WHOLE_EVERY steps after the last
+    one kept whole (the timeline's keyframes). The window's history stays exact either way."""
+    from engine.inspect.snapshot import PoolState, StepDigest
+    from kvscope.history import RunHistory
+    from kvscope.sources import protocol as p
     from kvscope.sources.shm import ShmSlots
     from kvscope.sources.wire import RecordEncoder
     from kvscope.sysinfo import MemoryReading
     from kvscope.worker import WHOLE_EVERY
 
-    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
-    src.raw_snapshots = True
-    backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))  # never started: fed by hand
-    posted = []
-    backend._post = posted.append
-    backend._handle_other(p.Loaded(src.info, ()))  # creates the slots (the attach goes nowhere)
+    src, backend, posted = _fed_backend(tiny_engine, tiny_dir)
     enc = RecordEncoder()
     enc.attach(ShmSlots.attach(backend._slots.spec))
     released = []
     backend.send = lambda cmd: released.append(cmd.slot)
-
-    def feed(rec, newest: bool) -> None:
-        w = enc.encode(p.Stepped(rec, MemoryReading()))
-        backend._handle_record(w, newest)
-        if w.slot is not None:
-            enc.release(w.slot)
-    src.inject(list(range(5, 19)), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
-    feed(src.current(), False)  # the first record after the load (and a command's): whole
     truth = {}
-    for i in range(WHOLE_EVERY + 4):
-        rec = src.step()
-        truth[rec.step] = src.engine.snapshot()
-        feed(rec, i == WHOLE_EVERY + 3)
+
+    def feed(steps: int, newest: bool) -> None:
+        """A batch of ``steps`` steps (0: the record of the state now, as after a command)."""
+        for _ in range(steps):
+            rec = src.step()
+            truth[rec.step] = src.engine.snapshot()  # taken before the next step changes it
+            enc.add(p.Stepped(rec, MemoryReading()))
+        if not steps:
+            enc.add(p.Stepped(src.current(), MemoryReading()))
+        b = enc.flush()
+        backend._handle_batch(b, newest)
+        if b.slot is not None:
+            enc.release(b.slot)
+    feed(0, False)  # the first record after the load (and a command's): whole
+    per_batch, n = 3, 8
+    for i in range(n):
+        feed(per_batch, i == n - 1)
     try:
         snaps = [r.record.snapshot for r in posted[1:]]
-        whole = [s.step for s in snaps if isinstance(s, KVSnapshot)]
-        digested = [s.step for s in snaps if isinstance(s, StepDigest)]
-        first = snaps[1].step  # the first step
-        assert whole == [snaps[0].step, first + WHOLE_EVERY - 1, snaps[-1].step]
-        assert len(digested) == len(snaps) - 3 and released  # the slots were given back
+        whole = [s.step for s in snaps if isinstance(s, PoolState)]
+        first = snaps[0].step
+        kept = first + per_batch * -(-WHOLE_EVERY // per_batch)  # the first batch end WHOLE_EVERY steps on
+        assert whole == [first, kept, snaps[-1].step] and snaps[-1].step == first + per_batch * n
+        assert all(isinstance(s, StepDigest) for s in snaps if s.step not in whole)
+        assert len(released) == n + 1  # every slot was given back
         hist = RunHistory(keyframe_every=8)
         for r in posted[1:]:
             hist.record(r.record.snapshot, r.record.seconds, None, r.record.events)
@@ -250,40 +270,59 @@ def test_the_reader_decodes_the_newest_record_whole_and_digests_the_ones_before(
         backend._slots.close()
 
 
-def test_the_reader_digests_a_record_only_when_another_record_follows_it(qtbot, tiny_engine, tiny_dir):
-    """Through a real pipe: records followed by records are digested; the one before another message
-    (the end of a run) and the last before the pipe closes are decoded whole; order is kept."""
+def test_the_reader_digests_a_batch_only_when_another_batch_follows_it(qtbot, tiny_engine, tiny_dir):
+    """Through a real pipe: batches followed by batches are digested; the last step of the batch before
+    another message (the end of a run) and of the last before the pipe closes are kept whole; order is kept."""
     import multiprocessing as mp
 
-    from engine.inspect.snapshot import KVSnapshot, StepDigest
+    from engine.inspect.snapshot import PoolState, StepDigest
     from kvscope.sources import protocol as p
-    from kvscope.sources.live import LiveSource
     from kvscope.sources.wire import RecordEncoder
     from kvscope.sysinfo import MemoryReading
 
-    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
-    src.raw_snapshots = True
-    backend = ProcessBackend(SourceSpec(EngineConfig(model=tiny_dir)))  # never started: fed by hand
-    posted = []
-    backend._post = posted.append
+    src, backend, posted = _fed_backend(tiny_engine, tiny_dir)
     backend._closing = True  # the pipe's end here is not a death
-    backend._handle_other(p.Loaded(src.info, ()))
     backend.send = lambda cmd: None
     enc = RecordEncoder()  # no slots attached: the arrays travel inline
-    src.inject(list(range(5, 19)), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
     ours, theirs = mp.Pipe(duplex=True)
-    ours.send(enc.encode(p.Stepped(src.current(), MemoryReading())))
-    for _ in range(5):
-        ours.send(enc.encode(p.Stepped(src.step(), MemoryReading())))
+
+    def batch(records) -> None:
+        for rec in records:
+            enc.add(p.Stepped(rec, MemoryReading()))
+        ours.send(enc.flush())
+    batch([src.current()])
+    for size in (1, 2, 1, 3, 2):
+        batch([src.step() for _ in range(size)])
     ours.send(p.RunningChanged(False))
-    for _ in range(3):
-        ours.send(enc.encode(p.Stepped(src.step(), MemoryReading())))
+    for size in (1, 1, 2):
+        batch([src.step() for _ in range(size)])
     ours.close()
     backend._read(theirs)
     kinds = [("run" if isinstance(r, p.RunningChanged) else
-              "whole" if isinstance(r.record.snapshot, KVSnapshot) else
+              "whole" if isinstance(r.record.snapshot, PoolState) else
               "digest" if isinstance(r.record.snapshot, StepDigest) else "?") for r in posted[1:]]
-    assert kinds == ["whole", "digest", "digest", "digest", "digest", "whole", "run", "digest", "digest", "whole"]
+    assert kinds == ["whole"] + ["digest"] * 8 + ["whole", "run"] + ["digest"] * 3 + ["whole"]
     steps = [r.record.step for r in posted[1:] if not isinstance(r, p.RunningChanged)]
     assert steps == sorted(steps) and steps[-1] == src.step_count
     backend._slots.close()
+
+
+def test_the_engine_process_leaves_a_core_to_the_window(monkeypatch):
+    """The engine's CPU threads: one core fewer than the process may use (at least one), unless
+    OMP_NUM_THREADS says otherwise; torch, once imported, is told too."""
+    import torch
+
+    from kvscope.sources.engine_process import leave_a_core_to_the_window
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+        assert leave_a_core_to_the_window() == 3
+        assert os.environ["OMP_NUM_THREADS"] == "3" and torch.get_num_threads() == 3
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+        assert leave_a_core_to_the_window() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "6")
+        assert leave_a_core_to_the_window() == 6  # the user's word stands
+    finally:
+        torch.set_num_threads(before)

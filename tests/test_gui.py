@@ -281,7 +281,7 @@ def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
     assert win.banner.isVisible() and "audit" in win.banner.text()
     leaked = win.latest.audit.bad_blocks
     assert (win.grid.grid.ravel()[leaked] == 5).all()  # BlockState.LEAKED
-    assert any(e.kind == "leak" for _, e, _ in win.events.model.rows)
+    assert any(e.kind == "leak" for _, e in win.events.model.rows)
 
 
 def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):

@@ -1,4 +1,4 @@
-"""Step records across the process boundary: every record decodes to the snapshot the engine made."""
+"""Step records across the process boundary: every step decodes to the snapshot the engine made."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 
 from engine import SamplingParams
-from engine.inspect.snapshot import KVSnapshot, PoolState, StepDigest, block_counts
+from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest, block_counts
 from kvscope.sources import protocol as p
 from kvscope.sources.live import LiveSource
 from kvscope.sources.shm import ShmSlots
@@ -18,8 +18,10 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
 def _roundtrip(enc: RecordEncoder, dec: RecordDecoder, rec) -> p.Stepped:
-    wire = pickle.loads(pickle.dumps(enc.encode(p.Stepped(rec, MemoryReading())), protocol=5))
-    return dec.decode(wire)
+    """One record alone in its batch, through pickle, decoded whole."""
+    enc.add(p.Stepped(rec, MemoryReading()))
+    (got,) = dec.decode(pickle.loads(pickle.dumps(enc.flush(), protocol=5)))
+    return got.assembled()
 
 
 def test_records_decode_to_the_engines_snapshots_step_after_step(tiny_engine):
@@ -42,13 +44,20 @@ def test_records_decode_to_the_engines_snapshots_step_after_step(tiny_engine):
     assert last and all(sent[-1][r.request_id].row is r for r in last)
 
 
+def _same_snapshot(got: KVSnapshot, want: KVSnapshot) -> None:
+    for f in dataclasses.fields(KVSnapshot):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+
+
 def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snapshot(tiny_engine):
-    """What the engine process sends (raw ``PoolState``, arrays through shared memory) assembles, in the
-    window's process, to every field of the snapshot the engine itself builds; swaps included."""
+    """What the engine process sends (a live state read before the next step: rows as deltas, blocks per
+    state as the pool counts them, the pool's arrays through shared memory) assembles, in the window's
+    process, to every field of the snapshot the engine itself builds; swaps included."""
     src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=12, num_cpu_blocks=16, preemption_mode="swap"))
     src.raw_snapshots = True
     slots = ShmSlots.create(12)
-    enc, dec, dig = RecordEncoder(), RecordDecoder(), RecordDecoder()  # dig: digests most records
+    enc, dec, dig = RecordEncoder(), RecordDecoder(), RecordDecoder()  # dig: digests every step
     enc.attach(ShmSlots.attach(slots.spec))
     dec.slots = dig.slots = slots
     for i in range(4):
@@ -59,26 +68,66 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
     try:
         while src.has_work():
             rec = src.step()
-            assert isinstance(rec.snapshot, PoolState)
+            assert isinstance(rec.snapshot, LiveState)
             want = src.engine.snapshot()
-            wire = pickle.loads(pickle.dumps(enc.encode(p.Stepped(rec, MemoryReading())), protocol=5))
-            assert wire.slot is not None and wire.inline is None
-            got = dec.decode(wire).record.snapshot
-            if wire.scalars["step"] % 3:
-                d = dig.digest(wire).record.snapshot
-                assert isinstance(d, StepDigest) and d.requests == want.requests and d.counters == want.counters
-                assert d.state_counts == block_counts(want) and d.num_blocks == want.num_blocks
-            else:  # a digested record leaves the decoder where decoding it would have
-                assert dig.decode(wire).record.snapshot.requests == want.requests
-            enc.release(wire.slot)
+            enc.add(p.Stepped(rec, MemoryReading()))
+            batch = pickle.loads(pickle.dumps(enc.flush(), protocol=5))
+            assert batch.slot is not None and batch.inline is None
+            (got,) = dec.decode(batch)
+            assert isinstance(got.record.snapshot, PoolState)
+            (d,) = dig.decode(batch, whole=False)
+            d = d.record.snapshot
+            assert isinstance(d, StepDigest) and d.requests == want.requests and d.counters == want.counters
+            assert d.state_counts == block_counts(want) and d.num_blocks == want.num_blocks
+            enc.release(batch.slot)
+            got = got.assembled().record.snapshot
             swapped += int((got.cpu_state != 0).sum())
-            for f in dataclasses.fields(KVSnapshot):
-                a, b = getattr(got, f.name), getattr(want, f.name)
-                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+            _same_snapshot(got, want)
     finally:
         enc.detach()
         slots.close()
     assert swapped  # the CPU pool's views were derived from the rows too
+
+
+def test_a_batch_of_steps_decodes_to_every_steps_snapshot(tiny_engine):
+    """Steps sent together: each decodes to its own rows, counters, blocks per state and events, the last
+    whole from the pool's arrays as they were after it; a batch whose pool changed again before it went
+    carries no arrays, and the next one brings the state up to date."""
+    src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=24))
+    src.raw_snapshots = True
+    enc, dec = RecordEncoder(), RecordDecoder()  # no slots: arrays inline
+    for i in range(3):
+        src.inject(list(range(5 + i, 17 + i)), dataclasses.replace(GREEDY, max_tokens=8 + 2 * i))
+    enc.add(p.Stepped(src.current(), MemoryReading()))
+    dec.decode(enc.flush())  # the first record after a load: the cache maps whole
+    batches = 0
+    while src.has_work():
+        truth = []
+        for _ in range(4):
+            if not src.has_work():
+                break
+            rec = src.step()
+            truth.append((src.engine.snapshot(), rec.events))
+            enc.add(p.Stepped(rec, MemoryReading()))
+        got = dec.decode(pickle.loads(pickle.dumps(enc.flush(), protocol=5)))
+        batches += 1
+        assert len(got) == len(truth)
+        for res, (want, events) in zip(got, truth):
+            snap = res.record.snapshot
+            assert snap.step == want.step and snap.requests == want.requests and snap.counters == want.counters
+            assert block_counts(snap) == block_counts(want) and res.events == events
+        assert all(isinstance(r.record.snapshot, StepDigest) for r in got[:-1])
+        _same_snapshot(got[-1].assembled().record.snapshot, truth[-1][0])
+    assert batches >= 3
+    # a batch flushed after the pool changed again (a step's events not yet drawn into a record): no arrays
+    src.inject(list(range(60, 75)), GREEDY)
+    enc.add(p.Stepped(src.step(), MemoryReading()))
+    src.engine.abort(next(iter(src.engine.requests)))  # frees its blocks: events pending
+    stale = enc.flush()
+    assert not stale.has_arrays
+    (res,) = dec.decode(stale)
+    assert isinstance(res.record.snapshot, StepDigest)
+    _same_snapshot(_roundtrip(enc, dec, src.current()).record.snapshot, src.engine.snapshot())
 
 
 def test_a_row_travels_as_its_new_tokens_and_a_changed_block_table_only():
@@ -113,3 +162,41 @@ def test_a_new_source_starts_the_rows_again(tiny_engine):
     dec2 = RecordDecoder()
     rec = src.step()
     assert _roundtrip(enc, dec2, rec).record.snapshot.requests == rec.snapshot.requests
+
+
+def test_a_rows_text_travels_as_what_it_gained(tiny_hf, tiny_tokenizer):
+    """With a tokenizer, a running request's output text grows every step: the wire sends what it gained
+    (not the whole text again), and a text that was rewritten (a stop string cut off) whole; every step
+    decodes to the engine's own rows."""
+    from engine import LLMEngine
+    engine = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", block_size=4, num_gpu_blocks=64)
+    src = LiveSource(engine)
+    src.raw_snapshots = True
+    enc, dec = RecordEncoder(), RecordDecoder()
+    src.inject("tell me", SamplingParams(max_tokens=24, temperature=1.0, seed=5))
+    first = _roundtrip(enc, dec, src.current())  # the rows whole
+    assert first.record.snapshot.requests == src.engine.snapshot().requests
+    grown = []
+    while src.has_work():
+        rec = src.step()
+        want = src.engine.snapshot()
+        enc.add(p.Stepped(rec, MemoryReading()))
+        batch = pickle.loads(pickle.dumps(enc.flush(), protocol=5))
+        grown += [item[5] for item in batch.last.requests if isinstance(item, tuple) and isinstance(item[0], str)]
+        (got,) = dec.decode(batch, whole=False)
+        assert got.record.snapshot.requests == want.requests
+    texts = [g for g in grown if isinstance(g, str)]
+    assert texts and sum(map(len, texts)) <= len(src.engine.snapshot().requests[0].text)  # only what was new
+    # a rewritten text travels whole: the decoder takes it as it is
+    from engine.inspect.snapshot import LiveRow
+    sent, rows = {}, {}
+    engine2 = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", block_size=4, num_gpu_blocks=64)
+    engine2.add_request("abc", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    engine2.step()
+    req = next(iter(engine2.requests.values()))
+    row = LiveRow(req, engine2.kv)
+    decode_rows(encode_rows((row,), sent), rows)
+    req.output_text = "xyz" + req.output_text  # not a continuation of what was sent
+    item = encode_rows((row,), sent)[0]
+    assert item[5] == (req.output_text,)
+    assert decode_rows((item,), rows)[0].text == req.output_text

@@ -158,12 +158,12 @@ def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
 
 @dataclass(frozen=True, slots=True)
 class LiveRow:
-    """A live request's row, not built: the request and its block table as they are now. Only a
-    ``PoolState`` bound for the wire holds these, read before the next step (the wire sends what
-    changed straight from the request: building every row's whole token tuple each step, and then
-    comparing it, was most of a record at 256 long requests)."""
+    """A live request's row, not built: the request and the tables that hold its blocks, read as they are
+    now. Only a ``LiveState`` holds these, read before the next step (the wire sends what changed straight
+    from the request: building every row's whole token tuple each step, and then comparing it, was most
+    of a record at 256 long requests). A request keeps its one ``LiveRow`` while it runs."""
     request: object  # engine.core.request.Request
-    block_ids: Sequence[int]
+    tables: object  # engine.core.kv_cache_manager.KVCacheManager
 
     @property
     def request_id(self) -> str:
@@ -172,6 +172,10 @@ class LiveRow:
     @property
     def index(self) -> int:
         return self.request.index
+
+    @property
+    def block_ids(self) -> Sequence[int]:
+        return self.tables.block_ids_view(self.request.request_id)
 
     def row(self) -> RequestInfo:
         return request_info(self.request, self.block_ids)
@@ -197,19 +201,66 @@ class PoolState:
     num_cpu_blocks: int
     block_bytes: int = 0
     model_name: str = ""
+    counts: tuple[int, ...] | None = None  # blocks per state, when the engine counted them (the wire's)
+    # the assembled snapshot, once made: the window's views and its timeline read the same record
+    _snapshot: KVSnapshot | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_blocks(self) -> int:
         return len(self.ref_cnt)
 
+    @property
+    def state_counts(self) -> tuple[int, ...]:
+        return self.counts if self.counts is not None else state_counts(self.ref_cnt, self.has_hash)
+
     def rows(self) -> tuple[RequestInfo, ...]:
         return tuple(r.row() if isinstance(r, LiveRow) else r for r in self.requests)
 
     def assemble(self) -> KVSnapshot:
-        return assemble_snapshot(self.step, self.block_size, self.ref_cnt, self.has_hash, self.last_access,
-                                 self.free_queue, self.rows(), self.cached_tokens, self.block_hashes,
-                                 self.counters, self.num_cpu_blocks, block_bytes=self.block_bytes,
-                                 model_name=self.model_name)
+        """The ``KVSnapshot`` of this state, made once."""
+        if self._snapshot is None:
+            object.__setattr__(self, "_snapshot", assemble_snapshot(
+                self.step, self.block_size, self.ref_cnt, self.has_hash, self.last_access, self.free_queue,
+                self.rows(), self.cached_tokens, self.block_hashes, self.counters, self.num_cpu_blocks,
+                block_bytes=self.block_bytes, model_name=self.model_name))
+        return self._snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """A live engine's state after a step (or a command), not copied: it reads the engine's own objects,
+    so it is valid only until the engine changes again. An engine process reads it at once: the wire
+    sends a step's rows as what changed and its blocks per state (counted by the pool as they change),
+    and copies the pool's arrays only for the record it sends last (``arrays``), not for every step."""
+    step: int
+    block_size: int
+    requests: tuple[RequestInfo | LiveRow, ...]  # sorted by index
+    counters: dict[str, float]
+    state_counts: tuple[int, ...]
+    num_cpu_blocks: int
+    block_bytes: int
+    model_name: str
+    pool: object  # engine.core.block_pool.BlockPool
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def unchanged(self) -> bool:
+        """Whether the pool is still as it was (every change of a block is an event, drained into the
+        record this state belongs to)."""
+        return not self.pool.events
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The pool's own per-block arrays (``PoolState``'s), not copied: read them before the engine goes on."""
+        p = self.pool
+        return {"ref_cnt": p.ref_cnt_arr, "has_hash": p.has_hash_arr, "last_access": p.last_access_arr,
+                "free_queue": p.free_order.order()}
+
+    def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
+        """The prefix cache's token and hash maps, copied."""
+        return dict(self.pool.tokens_by_block.items()), dict(self.pool.hash_hex_by_block.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +285,9 @@ def state_counts(ref_cnt: np.ndarray, has_hash: np.ndarray) -> tuple[int, ...]:
     return _counts(_state_of(ref_cnt, has_hash))
 
 
-def block_counts(snap: KVSnapshot | StepDigest) -> tuple[int, ...]:
-    """Blocks per ``BlockState`` of a snapshot or a digest."""
-    return snap.state_counts if isinstance(snap, StepDigest) else _counts(snap.state)
+def block_counts(snap: KVSnapshot | PoolState | StepDigest) -> tuple[int, ...]:
+    """Blocks per ``BlockState`` of a snapshot, a raw pool state or a digest."""
+    return _counts(snap.state) if isinstance(snap, KVSnapshot) else snap.state_counts
 
 
 def _counts(state: np.ndarray) -> tuple[int, ...]:

@@ -43,8 +43,8 @@ class LiveSource:
         # Called with every record, on the engine's thread, after the trace (e.g. the KV-event
         # publisher). An observer with a ``close()`` is closed with the source.
         self.observers: list[Callable[[StepRecord], None]] = []
-        # An engine process sets this: its records carry the raw pool state, and the window's process
-        # derives the views (engine.inspect.snapshot.PoolState).
+        # An engine process sets this: its records carry the raw state (engine.inspect.snapshot.LiveState,
+        # or a copied PoolState when a trace is written), and the window's process derives the views.
         self.raw_snapshots = False
         self.trace = None
         if trace_path:
@@ -90,8 +90,11 @@ class LiveSource:
         e = self.engine
         audit = e.audit(emit_events=True) if self.audit_enabled else None
         events = (list(out.events) if out else []) + e.pool.drain_events()
-        # raw: with no trace to write, the live rows stay LiveRows (read by the wire before the next step)
-        snap = e.pool_state(live_rows=self.trace is None) if self.raw_snapshots else e.snapshot()
+        # raw: with no trace to write, the state is not copied (the wire reads it before the next step)
+        if not self.raw_snapshots:
+            snap = e.snapshot()
+        else:
+            snap = e.live_state() if self.trace is None else e.pool_state()
         if self.trace is not None:
             self.trace.record(snap, events, audit.bad_blocks if audit else None, seconds)
         rec = StepRecord(e.step_count, snap, events, out, seconds, audit)

@@ -5,7 +5,9 @@ pipe (an engine in a child process), so the window cannot tell the two apart. Al
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from engine.inspect.snapshot import PoolState
 
 from ..sysinfo import MemoryReading
 from .base import InjectSpec, SourceInfo, StepRecord
@@ -122,6 +124,14 @@ class Stepped:
     @property
     def step_seconds(self) -> float:
         return self.record.seconds
+
+    def assembled(self) -> Stepped:
+        """This result with a raw ``PoolState`` (an engine process's) assembled into the ``KVSnapshot`` the
+        views draw; any other result as it is."""
+        rec = self.record
+        if not isinstance(rec.snapshot, PoolState):
+            return self
+        return Stepped(replace(rec, snapshot=rec.snapshot.assemble()), self.memory)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,12 @@
 
 ``kind_boxes[kind]`` are checkable actions (``setChecked``/``isChecked``/``toggled``); none checked
 shows every kind. ``set_max_step(step)`` shows events up to that step (the timeline), None: all.
-``set_decode(fn)`` adds tokens' text next to their ids in the details.
+``set_decode(fn)`` adds tokens' text next to their ids in the details. Events are added to the table a
+frame at a time (``append`` collects them; ``flush``, or a timer ~30 times a second, shows them).
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -72,19 +73,41 @@ class EventLogView(QWidget):
         lay.addWidget(self.table, 1)
         self._follow = True
         self._label_kinds()
+        self._pending: list[tuple[int, Event]] = []
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(33)
+        self._timer.timeout.connect(self.flush)
 
 
     def set_decode(self, fn) -> None:
         self.model.set_decode(fn)
 
     def append(self, step: int, events: list[Event]) -> None:
+        """A step's events, shown at the next ``flush`` (one insertion and one scroll a frame, not a step)."""
+        if not events:
+            return
+        self._pending += [(step, e) for e in events]
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def flush(self) -> None:
+        self._timer.stop()
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
         bar = self.table.verticalScrollBar()
         self._follow = bar.value() >= bar.maximum() - 2
-        self.model.append(step, events)
+        self.model.extend(rows)
         if self._follow:
             self.table.scrollToBottom()
 
+    def clear(self) -> None:
+        self._pending = []
+        self.model.clear()
+
     def set_kinds(self, kinds: set[str]) -> None:
+        self.flush()
         for k, box in self.kind_boxes.items():
             box.blockSignals(True)
             box.setChecked(k in kinds)
@@ -94,12 +117,14 @@ class EventLogView(QWidget):
 
     def set_max_step(self, step: int | None) -> None:
         """Show the events up to ``step`` (the timeline's position); None shows all of them."""
+        self.flush()
         self.proxy.set_max_step(step)
         self.step_label.setText("" if step is None else f"up to step {step}")
         if step is not None:
             self.table.scrollToBottom()
 
     def visible_events(self) -> list[Event]:
+        self.flush()
         return [self.proxy.index(r, 0).data(EventLogModel.EVENT_ROLE) for r in range(self.proxy.rowCount())]
 
     def _on_kinds(self, *_):

@@ -11,6 +11,7 @@ what the device (or, on a CPU, the machine) still has free.
 """
 from __future__ import annotations
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -62,6 +63,9 @@ class PlotsPanel(QWidget):
             if len(series) > 1:
                 p.addLegend(offset=(-5, 5), labelTextSize="8pt")
             p.showGrid(x=True, y=True, alpha=0.2)
+            # a long session's series: drawn at most a few points a pixel, and only the part in view
+            p.setDownsampling(auto=True, mode="peak")
+            p.setClipToView(True)
             if title == MEMORY_PLOT:
                 p.setLogMode(y=True)
             for name in series:
@@ -100,21 +104,23 @@ class PlotsPanel(QWidget):
             if step is not None:
                 line.setValue(step)
 
-    def _series(self, history: RunHistory, name: str) -> list[float] | None:
+    def _series(self, history: RunHistory, name: str) -> np.ndarray | None:
+        """A series as an array (each frame redraws the whole run: array arithmetic, not a Python loop)."""
         s = history.series
         if name in ("pool_bytes", "pool_used"):
             if not self.block_bytes or "free" not in s:
                 return None
-            if name == "pool_used":
-                return [u * self.block_bytes / 2**20 for u in s["used"]]
-            return [(f + c + u) * self.block_bytes / 2**20 for f, c, u in zip(s["free"], s["cached"], s["used"])]
+            blocks = np.asarray(s["used"]) if name == "pool_used" else \
+                np.asarray(s["free"]) + np.asarray(s["cached"]) + np.asarray(s["used"])
+            return blocks * (self.block_bytes / 2**20)
         ys = s.get(name)
-        if ys is not None and name in MIB:
-            ys = [v / 2**20 for v in ys]
-        return ys
+        if ys is None:
+            return None
+        ys = np.asarray(ys, np.float64)
+        return ys / 2**20 if name in MIB else ys
 
     def update_from(self, history: RunHistory, memory=None) -> None:
-        x = history.steps
+        x = np.asarray(history.steps)
         for name, curve in self.curves.items():
             if name == "ttft":
                 ms = [t[1] * 1000 for t in history.ttft]
@@ -122,11 +128,11 @@ class PlotsPanel(QWidget):
                 curve.getViewBox().setYRange(0, max(ms, default=1.0) * 1.15)  # from 0: short vs long reads true
                 continue
             ys = self._series(history, name)
-            if ys is None or len(ys) != len(x) or (name in MIB and not any(ys)):
+            if ys is None or len(ys) != len(x) or (name in MIB and not ys.any()):
                 curve.setData([], [])  # not recorded, or not on this machine (no nvml, no CUDA)
                 continue
             if name in MIB or name.startswith("pool"):
-                ys = [max(v, 1e-3) for v in ys]  # a log axis has no 0
+                ys = np.maximum(ys, 1e-3)  # a log axis has no 0
             curve.setData(x, ys)
         self.memory_label.setText(self.memory_text(history, memory))
 
@@ -136,7 +142,7 @@ class PlotsPanel(QWidget):
         if self.block_bytes and history.steps:
             total = s["free"][-1] + s["cached"][-1] + s["used"][-1]
             usage = max(s["used"][-RECENT:]) / total if total else 0.0
-            c = history.latest.counters if history.latest is not None else {}
+            c = history.counters_at(history.steps[-1])
             parts.append(pool_story(usage, int(s["waiting"][-1]), int(c.get("num_preemptions", 0)),
                                     int(total * self.block_bytes), getattr(memory, "device_free", None)))
         if memory is not None:
