@@ -180,7 +180,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     win.speed.setCurrentText("max")
     win.act_run.trigger()
     start = win.latest.step
-    qtbot.waitUntil(lambda: win.latest.step >= start + 60, timeout=30_000)
+    qtbot.waitUntil(lambda: win.latest.step >= start + 150, timeout=30_000)
     win.act_run.trigger()
     qtbot.waitUntil(lambda: not win.running, timeout=5000)
     time.sleep(0.3)
@@ -193,9 +193,9 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     # the arrays came through shared memory, not pickled through the pipe (which a batch falls back to
     # only while the window still holds every slot)
     sent = [b for b in batches if b.has_arrays]
-    assert len(sent) >= 5 and sum(b.inline is not None for b in sent) < len(sent) / 2
+    assert len(sent) >= 4 and sum(b.inline is not None for b in sent) < len(sent) / 2
     # steps went together (a batch every BATCH_S), and every step reached the window
-    assert sum(len(b.steps) for b in batches) >= 60 > len(batches)
+    assert sum(len(b.steps) for b in batches) >= 150 > len(batches)
     assert win.history.steps[-(paused_at - start):] == list(range(start + 1, paused_at + 1))
 
 
