@@ -59,7 +59,6 @@ class Request:
     parent_id: str | None = None  # set on forked sequences
     pending_forks: int = 0  # n - 1 until the prompt's prefill is done
     snapshot_row: object = field(default=None, repr=False)  # its RequestInfo once finished (it never changes)
-    live_row: object = field(default=None, repr=False)  # its LiveRow while it runs (an engine process's rows)
     prompt_tuple: tuple[int, ...] | None = field(default=None, repr=False)  # the prompt for snapshot rows, once
     num_forks: int = 0  # on-demand forks made of this sequence (names the next one)
     cpu_block_ids: list[int] = field(default_factory=list)  # while swapped out
