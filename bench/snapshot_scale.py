@@ -73,22 +73,10 @@ def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
     tune_gc()  # what kvscope's engine process does after a load (engine.gc_policy)
     history = RunHistory(budget_bytes=10 * 2**30)  # no budget cut: measure what 10,000 steps cost
     rss0 = process_rss()
-    snap_ms, record_s, batches = [], 0.0, 0
-    slots = ShmSlots.create(num_blocks)  # the engine process's side of the wire, as kvscope runs it
-    enc = RecordEncoder()
-    enc.attach(slots)
+    snap_ms = []
     t_run = time.perf_counter()
     for _ in range(steps):
         out = engine.step()
-        t0 = time.perf_counter()
-        rec = StepRecord(engine.step_count, engine.live_state(), list(out.events), out, 0.0)
-        enc.add(p.Stepped(rec, MemoryReading()))
-        if enc.due:
-            batch = enc.flush()
-            pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
-            enc.release(batch.slot)
-            batches += 1
-        record_s += time.perf_counter() - t0
         for _ in range(len(engine.scheduler.waiting), running - len(engine.scheduler.running)):
             engine.add_request(*next(traffic))  # steady traffic: a finished request is replaced
         t0 = time.perf_counter()
@@ -96,10 +84,8 @@ def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
         snap_ms.append(1000 * (time.perf_counter() - t0))
         history.record(snap, 0.001, None, list(out.events))
     run_s = time.perf_counter() - t_run
-    enc.flush()
-    enc.detach()
-    slots.close()
     rss = process_rss() - rss0
+    record_ms, per_batch = _records(engine, traffic, running, max(100, steps // 10))
     rng = random.Random(7)
     scrub = []
     for s in rng.sample(history.steps, min(scrubs, len(history.steps))):
@@ -112,7 +98,36 @@ def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
             "snapshot_ms": statistics.median(snap_ms), "snapshot_p90_ms": sorted(snap_ms)[int(0.9 * len(snap_ms))],
             "timeline_mb_estimate": history.nbytes / 2**20, "timeline_rss_mb": rss / 2**20,
             "scrub_ms": statistics.median(scrub), "scrub_max_ms": max(scrub), "run_s": run_s,
-            "record_ms": 1000 * record_s / steps, "steps_per_batch": steps / max(batches, 1)}
+            "record_ms": record_ms, "steps_per_batch": per_batch}
+
+
+def _records(engine, traffic, running: int, steps: int) -> tuple[float, float]:
+    """The engine process's side of the wire, as kvscope runs it, at the engine's own pace: each step's
+    live state read and added to the batch, and, when a batch is due, the pool's arrays copied into a
+    shared-memory slot and the batch pickled. Returns (ms a step, steps a batch)."""
+    slots = ShmSlots.create(engine.pool.num_blocks)
+    enc = RecordEncoder()
+    enc.attach(slots)
+    record_s, batches = 0.0, 0
+    try:
+        for _ in range(steps):
+            out = engine.step()
+            for _ in range(len(engine.scheduler.waiting), running - len(engine.scheduler.running)):
+                engine.add_request(*next(traffic))
+            t0 = time.perf_counter()
+            enc.add(p.Stepped(StepRecord(engine.step_count, engine.live_state(), list(out.events), out, 0.0),
+                              MemoryReading()))
+            if enc.due:
+                batch = enc.flush()
+                pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+                enc.release(batch.slot)
+                batches += 1
+            record_s += time.perf_counter() - t0
+    finally:
+        enc.flush()
+        enc.detach()
+        slots.close()
+    return 1000 * record_s / steps, steps / max(batches, 1)
 
 
 def run(quick: bool) -> dict:

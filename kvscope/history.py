@@ -43,11 +43,12 @@ _STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
 
 @dataclass
 class _Keyframe:
+    """A pool's raw arrays at one step, each in the smallest integer type its values fit (a scrub widens
+    them again); whether a block is hashed is ``store_of >= 0``."""
     step: int
-    ref_cnt: np.ndarray
-    has_hash: np.ndarray
-    last_access: np.ndarray
-    free_queue: np.ndarray
+    ref_cnt: np.ndarray  # int16 (int32 past 32,767)
+    last_access: np.ndarray  # int32 (int64 past 2**31 steps)
+    free_queue: np.ndarray  # uint16 up to 65,536 blocks, else int32
     store_of: np.ndarray  # int32 per block: its (tokens, hash) in the history's StoreLog, -1 if none
     num_cpu_blocks: int
     block_size: int
@@ -59,8 +60,7 @@ class _Keyframe:
 
     @property
     def nbytes(self) -> int:
-        return (self.ref_cnt.nbytes + self.has_hash.nbytes + self.last_access.nbytes + self.free_queue.nbytes
-                + self.store_of.nbytes)
+        return self.ref_cnt.nbytes + self.last_access.nbytes + self.free_queue.nbytes + self.store_of.nbytes
 
 
 @dataclass
@@ -136,8 +136,8 @@ class _RequestTimeline:
 
 class RunHistory:
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET, keyframe_every: int | None = None, decode=None) -> None:
-        """``keyframe_every``: steps between keyframes; None: by the pool's size (64 steps up to 32,768
-        blocks, up to 256 at a million: a keyframe's arrays grow with the pool, a scrub's replay does not)."""
+        """``keyframe_every``: steps between keyframes; None: by the pool's size (64 steps up to 65,536
+        blocks, up to 256 from 262,144: a keyframe's arrays grow with the pool, a scrub's replay does not)."""
         self.budget_bytes = budget_bytes
         self._fixed_keyframe_every = keyframe_every
         self.keyframe_every = keyframe_every or 64
@@ -176,7 +176,7 @@ class RunHistory:
                 raise ValueError("a pool's first record must carry its whole snapshot, not a digest")
             self._store_of = self._index_of(snap)  # a first record, or a new pool: read it whole once
             if self._fixed_keyframe_every is None:
-                self.keyframe_every = max(64, min(256, snap.num_blocks // 512))
+                self.keyframe_every = max(64, min(256, snap.num_blocks // 1024))
         elif events:
             self._follow_cache(events)
         if events:
@@ -379,8 +379,12 @@ def _extra_fields(r: RequestInfo) -> dict:
 
 
 def _keyframe(snap: KVSnapshot | PoolState, store_of: np.ndarray, chunks_in: int) -> _Keyframe:
-    access = snap.last_access
-    if len(access) and access.max() < 2**31:  # engine steps: int32 holds them, at half the bytes
-        access = access.astype(np.int32)
-    return _Keyframe(snap.step, snap.ref_cnt, snap.has_hash, access, snap.free_queue, store_of.copy(),
-                     snap.num_cpu_blocks, snap.block_size, snap.block_bytes, snap.model_name, chunks_in)
+    return _Keyframe(snap.step, _narrow(snap.ref_cnt, np.int16), _narrow(snap.last_access, np.int32),
+                     snap.free_queue.astype(np.uint16 if snap.num_blocks <= 2**16 else np.int32),
+                     store_of.copy(), snap.num_cpu_blocks, snap.block_size, snap.block_bytes, snap.model_name,
+                     chunks_in)
+
+
+def _narrow(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` as ``dtype`` when every value fits (a keyframe at half the bytes or less), else as it is."""
+    return a.astype(dtype) if not len(a) or a.max() <= np.iinfo(dtype).max else a

@@ -1,9 +1,9 @@
-"""Snapshot arrays through shared memory, in three slots: the window's reader holds one record until it
+"""Snapshot arrays through shared memory, in three slots: the window's reader holds one batch until it
 knows what follows it, one release may still be on its way back, and the engine writes the third.
 
 The window's process creates (and unlinks) the slots, so they outlive a crashed engine process;
-the engine process attaches by name. Each slot holds the raw per-block arrays of one step
-(``PoolState``'s); the window's process derives the rest (``PoolState.assemble``).
+the engine process attaches by name. Each slot holds the raw per-block arrays of one step (a batch's
+last, ``PoolState``'s); the window's process derives the rest (``PoolState.assemble``).
 """
 from __future__ import annotations
 
@@ -71,11 +71,6 @@ class ShmSlots:
             np.ndarray((cap,), dtype, buf, off)[:k] = a[:k]
             lengths[name] = k
         return lengths
-
-    def view(self, slot: int, name: str, length: int) -> np.ndarray:
-        """One array in place, valid until the slot is released (for a look, not to keep)."""
-        off, dtype, _ = self.layout[name]
-        return np.ndarray((length,), dtype, self.shms[slot].buf, off)
 
     def read(self, slot: int, lengths: dict[str, int]) -> dict[str, np.ndarray]:
         """Copies out of the slot (the engine may overwrite it once released)."""
