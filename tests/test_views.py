@@ -630,6 +630,18 @@ def test_welcome_lists_the_scenarios_and_emits(qtbot):
         assert key in keys
 
 
+def test_welcome_gives_each_scenario_a_whole_first_sentence():
+    """A lab's line is its question, not the label before it ("Question:" alone, as it was)."""
+    from kvscope.views.welcome import first_sentence, scenario_lines
+    lines = {name: line for name, _, line in scenario_lines()}
+    assert lines["lab-caching-changes-output"].startswith("Question: why does the second chat answer")
+    assert lines["lab-caching-changes-output"].endswith("?")
+    for name, line in lines.items():
+        assert len(line) > 20 and line.rstrip(":") == line, name
+    assert first_sentence("A bug is on: aborting forgets to free. More.") == "A bug is on: aborting forgets to free."
+    assert first_sentence("Label: " + "x" * 200) == "Label:"
+
+
 # -- style ----------------------------------------------------------------------------------------------------
 
 def test_disabled_controls_look_disabled(qtbot):

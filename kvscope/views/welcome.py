@@ -20,12 +20,14 @@ SHORTCUTS = [("F10", "Step: run the scheduler one step"), ("F5", "Run / Pause"),
 
 
 def first_sentence(text: str) -> str:
-    text = " ".join(text.split())
-    for end in (". ", ": "):
-        i = text.find(end)
-        if 0 < i < 160:
+    """The first sentence (up to 160 characters); a sentence's end, not a colon after a label ("Question:
+    why ...?"), except when no sentence ends soon enough."""
+    text = " ".join(text.split()) + " "
+    for ends in ((". ", "? ", "! "), (": ",)):
+        i = min((i for i in (text.find(e) for e in ends) if 0 < i < 160), default=-1)
+        if i > 0:
             return text[:i + 1]
-    return text[:160]
+    return text[:160].rstrip()
 
 
 ORDER = ["four-score", "parallel-sampling", "shared-system-prompt", "multi-turn-chat", "beam-search",
