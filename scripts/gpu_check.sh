@@ -12,6 +12,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 MODEL_ARGS=()
 [ "${1:-}" = "--model" ] && MODEL_ARGS=(--model "$2")
+# A Python that lacks one of the project's pure dependencies (an image with torch and triton but not
+# msgspec, say) takes it from wheels in .whl/ when there are any (`pip download` them elsewhere): local
+# files only, into a folder of its own.
+if [ -d .whl ] && ! "$PY" -c "import msgspec" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/kvscope-site .whl/*.whl \
+    && export PYTHONPATH="/tmp/kvscope-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 QT_QPA_PLATFORM=offscreen
 unset TRITON_INTERPRET
 OUT_DIR=${OUT:-bench/results}
