@@ -46,7 +46,7 @@ def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
         assert all(len(rows[d]["kl_16"]) == 24 and "agree_64_24" in rows[d] for d in ("fp8", "int8", "int4"))
     if name == "inspector_cost":  # the GPU-size rows: every figure the README's table shows
         assert [r["blocks"] for r in data["scale"]] == [2_912, 65_536]
-        assert all({"snapshot_ms", "timeline_rss_mb", "timeline_mb_estimate", "scrub_ms", "scrub_max_ms"}
+        assert all({"snapshot_ms", "timeline_rss_mb", "timeline_mb_estimate", "scrub_ms", "scrub_max_ms", "record_ms"}
                    <= set(r) for r in data["scale"])
     if name == "replay_memory":  # every record replayed, in memory that does not grow with the trace
         (row,) = data["rows"]
