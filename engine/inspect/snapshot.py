@@ -177,9 +177,6 @@ class LiveRow:
     def block_ids(self) -> Sequence[int]:
         return self.tables.block_ids_view(self.request.request_id)
 
-    def row(self) -> RequestInfo:
-        return request_info(self.request, self.block_ids)
-
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
@@ -194,7 +191,7 @@ class PoolState:
     has_hash: np.ndarray
     last_access: np.ndarray
     free_queue: np.ndarray
-    requests: tuple[RequestInfo | LiveRow, ...]  # sorted by index, as the snapshot has them
+    requests: tuple[RequestInfo, ...]  # sorted by index, as the snapshot has them
     cached_tokens: dict[int, tuple[int, ...]]
     block_hashes: dict[int, str]
     counters: dict[str, float]
@@ -213,15 +210,12 @@ class PoolState:
     def state_counts(self) -> tuple[int, ...]:
         return self.counts if self.counts is not None else state_counts(self.ref_cnt, self.has_hash)
 
-    def rows(self) -> tuple[RequestInfo, ...]:
-        return tuple(r.row() if isinstance(r, LiveRow) else r for r in self.requests)
-
     def assemble(self) -> KVSnapshot:
         """The ``KVSnapshot`` of this state, made once."""
         if self._snapshot is None:
             object.__setattr__(self, "_snapshot", assemble_snapshot(
                 self.step, self.block_size, self.ref_cnt, self.has_hash, self.last_access, self.free_queue,
-                self.rows(), self.cached_tokens, self.block_hashes, self.counters, self.num_cpu_blocks,
+                self.requests, self.cached_tokens, self.block_hashes, self.counters, self.num_cpu_blocks,
                 block_bytes=self.block_bytes, model_name=self.model_name))
         return self._snapshot
 
@@ -294,7 +288,7 @@ def _counts(state: np.ndarray) -> tuple[int, ...]:
     return tuple(int(c) for c in np.bincount(state, minlength=len(BlockState)))
 
 
-def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo | LiveRow], counters: dict,
+def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
                num_cpu_blocks: int, block_bytes: int = 0, model_name: str = "") -> PoolState:
     """The raw state of a live ``BlockPool``, copied (the replay rebuilds the same from its event stream)."""
     for a in (ref_cnt := pool.ref_cnt_arr.copy(), has_hash := pool.has_hash_arr.copy(),

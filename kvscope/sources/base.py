@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 from engine import SamplingParams
 from engine.inspect.audit import AuditReport
 from engine.inspect.events import Event
-from engine.inspect.snapshot import KVSnapshot, PoolState
+from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest
 from engine.outputs import StepOutput
 
 # What a source can give (SourceInfo.capabilities).
@@ -65,7 +65,9 @@ class SourceInfo:
 class StepRecord:
     """What one step (or one command between steps) did: a snapshot after it and its events."""
     step: int
-    snapshot: KVSnapshot | PoolState  # PoolState only inside an engine process (the wire derives the rest)
+    # an engine process's own records carry a LiveState (read before its next step); the window gets those
+    # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn)
+    snapshot: KVSnapshot | PoolState | LiveState | StepDigest
     events: list[Event]
     step_output: StepOutput | None
     seconds: float
