@@ -11,7 +11,8 @@ GiB = 2**30
 
 @dataclass(frozen=True, slots=True)
 class KVPoolPlan:
-    """``total x utilization - weights - activation peak - memory others hold`` goes to KV blocks."""
+    """``total x utilization - weights - other tensors - activation peak - CUDA graphs - memory others hold``
+    goes to KV blocks (vLLM's rule: everything measured at the profile is subtracted, not only the weights)."""
 
     total_bytes: int
     weights_bytes: int
@@ -21,11 +22,22 @@ class KVPoolPlan:
     block_bytes: int
     block_size: int
     max_model_len: int
+    # Tensors this process holds besides the engine's weights (a caller's transformers model that the
+    # engine borrowed from: its unfused projections stay allocated).
+    held_bytes: int = 0
+    # What the decode CUDA graphs' private memory pool will keep: the largest captured batch's activations
+    # and logits, measured by an eager forward of that batch at the profile (estimate; 0 without graphs).
+    graph_bytes: int = 0
+
+    @property
+    def planned_bytes(self) -> int:
+        """What the plan lets the card's memory reach: ``total x utilization``."""
+        return int(self.total_bytes * self.utilization)
 
     @property
     def kv_budget_bytes(self) -> int:
-        return max(0, int(self.total_bytes * self.utilization) - self.weights_bytes
-                   - self.activation_peak_bytes - self.other_bytes)
+        return max(0, self.planned_bytes - self.weights_bytes - self.held_bytes - self.activation_peak_bytes
+                   - self.graph_bytes - self.other_bytes)
 
     @property
     def num_blocks(self) -> int:
@@ -37,9 +49,12 @@ class KVPoolPlan:
         return self.num_blocks * self.block_size / self.max_model_len
 
     def describe(self) -> str:
+        held = f"other tensors {self.held_bytes / GiB:.2f} GiB, " if self.held_bytes else ""
+        graphs = f"CUDA graphs {self.graph_bytes / GiB:.2f} GiB, " if self.graph_bytes else ""
         return (f"GPU memory {self.total_bytes / GiB:.2f} GiB x {self.utilization:.2f}: weights "
-                f"{self.weights_bytes / GiB:.2f} GiB, activation peak {self.activation_peak_bytes / GiB:.2f} GiB, "
-                f"held elsewhere {self.other_bytes / GiB:.2f} GiB -> KV pool {self.kv_budget_bytes / GiB:.2f} GiB = "
+                f"{self.weights_bytes / GiB:.2f} GiB, {held}activation peak "
+                f"{self.activation_peak_bytes / GiB:.2f} GiB, {graphs}held elsewhere {self.other_bytes / GiB:.2f} GiB "
+                f"-> KV pool {self.kv_budget_bytes / GiB:.2f} GiB = "
                 f"{self.num_blocks} blocks of {self.block_size} tokens; maximum concurrency at "
                 f"{self.max_model_len} tokens: {self.max_concurrency:.2f}x")
 

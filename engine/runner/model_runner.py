@@ -12,7 +12,8 @@ from ..core.kv_cache_manager import cdiv
 from ..core.scheduler import SchedulerOutput
 from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
-from .cuda_graphs import DecodeGraphs
+from .block_copy import swap_blocks
+from .cuda_graphs import DecodeGraphs, capture_sizes
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes, zeros
 from .models.llama import LlamaForCausalLM
@@ -164,10 +165,31 @@ class ModelRunner:
         self.model.compute_logits(h[-1:])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
-        del kc, caches, h
+        del h
+        graph_bytes = self._profile_graph_memory(caches) if self._will_capture_graphs() else 0
+        del kc, caches
         torch.cuda.empty_cache()
-        return KVPoolPlan(total, weights_bytes(self.model), peak, max(0, total - free - base),
-                          self.config.gpu_memory_utilization, self.block_bytes, self.block_size, self.max_model_len)
+        weights = weights_bytes(self.model)
+        return KVPoolPlan(total, weights, peak, max(0, total - free - base),
+                          self.config.gpu_memory_utilization, self.block_bytes, self.block_size, self.max_model_len,
+                          held_bytes=max(0, base - weights), graph_bytes=graph_bytes)
+
+    def _will_capture_graphs(self) -> bool:
+        return self.device.type == "cuda" and not self.config.enforce_eager and self.backend == "triton"
+
+    def _profile_graph_memory(self, caches) -> int:
+        """The decode graphs' pool keeps the largest captured batch's activations and logits for good:
+        an eager forward of that batch (one token per sequence) measures them."""
+        b = capture_sizes(self.config.max_num_seqs)[-1]
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        ids = torch.zeros(b, dtype=torch.long, device=self.device)
+        pos = torch.zeros(b, dtype=torch.long, device=self.device)
+        meta = self._metadata_for([(0, 1, [0])] * b, pos)
+        logits = self.model.compute_logits(self.model(ids, pos, caches, meta, self.attention, self.store))
+        torch.cuda.synchronize(self.device)
+        del logits
+        return max(0, torch.cuda.max_memory_allocated(self.device) - base)
 
     def _capture_graphs(self) -> None:
         if self.backend != "triton":
@@ -255,14 +277,7 @@ class ModelRunner:
         self._swap(pairs, to_cpu=False)
 
     def _swap(self, pairs: list[tuple[int, int]], to_cpu: bool) -> None:
-        src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
-        dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
-        for dev_pair, cpu_pair in zip(self.kv_caches, self.cpu_caches):
-            for dev, cpu in zip(dev_pair, cpu_pair):
-                if to_cpu:
-                    copy_blocks(cpu, dst, dev, src)
-                else:
-                    copy_blocks(dev, dst, cpu, src)
+        swap_blocks(self.kv_caches, self.cpu_caches, pairs, to_cpu)
 
     @torch.inference_mode()
     def copy_on_write(self, pairs: list[tuple[int, int]]) -> None:
@@ -286,23 +301,30 @@ class ModelRunner:
             seqs.append((c, n, s.block_ids))
             ids.extend(s.request.token_slice(c, c + n))
             pos.extend(range(c, c + n))
-        positions = torch.tensor(pos, dtype=torch.long).to(self.device)
         shifted = self._shared_write_fault(sched) if self.config.fault == "shared-write" else frozenset()
         if self.write_observer is not None:
             self.write_observer(self._written_blocks(sched, seqs, shifted))
+        graphs = self.decode_graphs
+        if graphs is not None and not shifted and len(seqs) == len(ids) <= graphs.max_batch and all(
+                s.samples for s in sched.scheduled):
+            # A decode-only step: the whole step's device work is one graph replay (logits included).
+            bs = self.block_size
+            slots = [b[p // bs] * bs + p % bs for (p, _, b) in seqs]
+            logits = graphs.run(ids, pos, slots, [b for _, _, b in seqs])
+            reqs = [s.request for s in sched.scheduled]
+            return self._sampled(logits, reqs)
+        positions = torch.tensor(pos, dtype=torch.long).to(self.device)
         meta = self._metadata_for(seqs, positions, shifted)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
-        graphs = self.decode_graphs
-        if graphs is not None and len(seqs) == len(ids) <= graphs.max_batch:
-            hidden = graphs.run(input_ids, positions, meta)
-        else:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
         rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         if not rows:
             return {}, {}
         last = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in rows], device=self.device)
         logits = self.model.compute_logits(hidden[last])
-        reqs = [sched.scheduled[i].request for i in rows]
+        return self._sampled(logits, [sched.scheduled[i].request for i in rows])
+
+    def _sampled(self, logits: torch.Tensor, reqs: list) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
         tokens = self.sample(logits, reqs)
         forking = {r.request_id: logits[j].cpu() for j, r in enumerate(reqs)
                    if r.pending_forks or r.sampling_params.use_beam_search}

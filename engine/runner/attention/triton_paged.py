@@ -29,15 +29,14 @@ def interpreted() -> bool:
 
 # -- store (and quantize) -------------------------------------------------------------------
 @triton.jit
-def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    h = tl.arange(0, KVH_PAD)
-    hm = h < NUM_KV_HEADS
-    src = x_ptr + t * stride_t + h[:, None] * HEAD_DIM
+def _store_values(x, h, hm, cache_ptr, scale_ptr, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                  KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Write (and quantize) ``x``, one token's ``[KVH_PAD, HEAD_DIM]`` rows of the KV heads ``h`` (``hm``
+    masks the padding), at ``slot``. The one copy of the quantization rule: ``store_kv`` and the fused
+    rotary + store kernel (``fused_ops``) both call it, so both write the bytes ``QuantizedKV.store`` does."""
     if MODE == 3:  # int4: a scale per head, two values a byte (even d low nibble, odd d high)
+        xe, xo = tl.split(tl.reshape(x.to(tl.float32), (KVH_PAD, HEAD_DIM // 2, 2)))
         half = tl.arange(0, HEAD_DIM // 2)
-        xe = tl.load(src + 2 * half[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
-        xo = tl.load(src + 2 * half[None, :] + 1, mask=hm[:, None], other=0.0).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
         scale = tl.maximum(amax / 7.0, 6.2e-5).to(tl.float16)
         sf = scale.to(tl.float32)[:, None]
@@ -49,7 +48,6 @@ def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constex
         tl.store(scale_ptr + slot * NUM_KV_HEADS + h, scale, mask=hm)
     else:
         d = tl.arange(0, HEAD_DIM)
-        x = tl.load(src + d[None, :], mask=hm[:, None], other=0.0)
         dst = cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
         if MODE == 0:
             tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=hm[:, None])
@@ -69,6 +67,16 @@ def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constex
             q = tl.minimum(tl.maximum(tl.floor(xf / scale.to(tl.float32)[:, None] + 0.5), -127.0), 127.0)
             tl.store(dst, q.to(tl.int8), mask=hm[:, None])
             tl.store(scale_ptr + slot * NUM_KV_HEADS + h, scale, mask=hm)
+
+
+@triton.jit
+def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    h = tl.arange(0, KVH_PAD)
+    hm = h < NUM_KV_HEADS
+    d = tl.arange(0, HEAD_DIM)
+    x = tl.load(x_ptr + t * stride_t + h[:, None] * HEAD_DIM + d[None, :], mask=hm[:, None], other=0.0)
+    _store_values(x, h, hm, cache_ptr, scale_ptr, slot, MODE, NUM_KV_HEADS, KVH_PAD, HEAD_DIM)
 
 
 @triton.jit
