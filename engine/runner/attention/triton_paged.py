@@ -13,6 +13,7 @@ is how the tests check them against ``torch_ref``.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -132,48 +133,134 @@ def _load_tile(cache_ptr, scale_ptr, slot, kvh, d, nmask, MODE: tl.constexpr, NU
     return x
 
 
-# -- decode: one query token per sequence ------------------------------------------------
+# -- decode: one query token per sequence, split-K over the context (flash-decoding) -------------
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, tables_ptr, seq_lens_ptr,
-                   seq_idx_ptr, tok_idx_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
-                   BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   QUERIES_PER_KV: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   K_MODE: tl.constexpr, V_MODE: tl.constexpr):
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, work_ptr, tables_ptr,
+                   seq_lens_ptr, seq_idx_ptr, tok_idx_ptr, scale, num_splits, stride_qt, stride_qh, stride_ot,
+                   stride_oh, stride_tb, BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
+                   NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, QUERIES_PER_KV: tl.constexpr,
+                   Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
+                   USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
+    """One program: the query heads of one KV head of one decode sequence, over one split of its
+    context. The split's token range comes from ``seq_len`` on the device, so the grid is fixed for
+    a batch size (CUDA-graph safe) while contexts grow between replays."""
     i = tl.program_id(0)  # the i-th decode sequence
     kvh = tl.program_id(1)
+    sp = tl.program_id(2)
     seq = tl.load(seq_idx_ptr + i)
     tok = tl.load(tok_idx_ptr + i)
     seq_len = tl.load(seq_lens_ptr + seq)
+    # Whole tiles per split, so only the last tile of the context is partly masked.
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = sp * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
     heads = kvh * QUERIES_PER_KV + tl.arange(0, Q_PAD)
     hmask = tl.arange(0, Q_PAD) < QUERIES_PER_KV
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
-    q = q.to(tl.float32) * scale
+    if USE_DOT:
+        if DOT_FP32:
+            q = q.to(tl.float32)
+    else:
+        q = q.to(tl.float32) * scale
     m_i = tl.full([Q_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([Q_PAD], tl.float32)
     acc = tl.zeros([Q_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        nmask = n < seq_len  # masks the partly filled last block
+        nmask = n < hi  # masks the partly filled last block
         phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
         slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
         k = _load_tile(k_cache_ptr, k_scale_ptr, slot, kvh, d, nmask, K_MODE, NUM_KV_HEADS, HEAD_DIM)
         v = _load_tile(v_cache_ptr, v_scale_ptr, slot, kvh, d, nmask, V_MODE, NUM_KV_HEADS, HEAD_DIM)
-        # [Q_PAD, BLOCK_N]: a broadcast product, since one query row is too thin for tl.dot.
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        if USE_DOT:  # GQA: the group's heads padded to 16 rows, one tensor-core product per tile
+            if DOT_FP32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale
+        else:  # [Q_PAD, BLOCK_N]: a broadcast product, since one query row is too thin for tl.dot
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if USE_DOT:
+            if DOT_FP32:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        else:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
-    o = acc / l_i[:, None]
-    tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+    if SPLIT:
+        # Partial (m, l, acc) rows of [B, H, splits, HEAD_DIM + 2]; an empty split (its range past
+        # seq_len) never ran the loop and writes m = -inf, l = 0, acc = 0, which the combine drops.
+        row = ((i * NUM_HEADS + heads) * num_splits + sp).to(tl.int64) * (HEAD_DIM + 2)
+        tl.store(work_ptr + row[:, None] + d[None, :], acc, mask=hmask[:, None])
+        tl.store(work_ptr + row + HEAD_DIM, m_i, mask=hmask)
+        tl.store(work_ptr + row + HEAD_DIM + 1, l_i, mask=hmask)
+    else:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+
+
+@triton.jit
+def _combine_kernel(work_ptr, out_ptr, tok_idx_ptr, num_splits, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, SPLIT_PAD: tl.constexpr):
+    """Merge one head's split partials by their log-sum-exp weights into ``out``."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLIT_PAD)
+    smask = sp < num_splits
+    d = tl.arange(0, HEAD_DIM)
+    row = ((i * NUM_HEADS + h) * num_splits + sp).to(tl.int64) * (HEAD_DIM + 2)
+    m = tl.load(work_ptr + row + HEAD_DIM, mask=smask, other=float("-inf"))
+    l_s = tl.load(work_ptr + row + HEAD_DIM + 1, mask=smask, other=0.0)
+    acc = tl.load(work_ptr + row[:, None] + d[None, :], mask=smask[:, None], other=0.0)
+    m_max = tl.max(m, axis=0)  # finite: the first split always holds a token
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
+    tok = tl.load(tok_idx_ptr + i)
+    tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
 
 
 # -- prefill: new tokens over a cached prefix, causal among themselves --------------------
+@triton.jit
+def _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                  tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, K_MODE: tl.constexpr,
+                  V_MODE: tl.constexpr, MASKED: tl.constexpr):
+    """One ``BLOCK_N`` tile of keys: the online-softmax update. ``MASKED`` tiles straddle the causal
+    diagonal or the end of the context; the others are seen whole by every query of the tile."""
+    n = start + tl.arange(0, BLOCK_N)
+    nmask = n < end
+    phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
+    slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
+    k = _load_tile(k_cache_ptr, k_scale_ptr, slot, kvh, d, nmask, K_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
+    v = _load_tile(v_cache_ptr, v_scale_ptr, slot, kvh, d, nmask, V_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
+    if DOT_FP32:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale
+    if MASKED:
+        keep = (n[None, :] <= qpos[:, None]) & nmask[None, :]
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_FP32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, tables_ptr, seq_idx_ptr,
                     q_start_ptr, q_len_ptr, ctx_len_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
@@ -200,30 +287,16 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         end = tl.minimum(seq_len, prefix + (mt + 1) * BLOCK_M)  # causal: no key past the tile's last query
-        for start in range(0, end, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            nmask = n < end
-            phys = tl.load(tables_ptr + seq * stride_tb + n // BLOCK_SIZE, mask=nmask, other=0)
-            slot = phys.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
-            k = _load_tile(k_cache_ptr, k_scale_ptr, slot, kvh, d, nmask, K_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
-            v = _load_tile(v_cache_ptr, v_scale_ptr, slot, kvh, d, nmask, V_MODE, NUM_KV_HEADS, HEAD_DIM).to(q.dtype)
-            if DOT_FP32:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale
-            keep = (n[None, :] <= qpos[:, None]) & nmask[None, :]
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if DOT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+        # Keys before the tile's first query are seen by all its queries: whole tiles, no mask.
+        full = (prefix + mt * BLOCK_M) // BLOCK_N * BLOCK_N
+        for start in range(0, full, BLOCK_N):
+            m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                                          v_scale_ptr, tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE,
+                                          NUM_KV_HEADS, HEAD_DIM, BLOCK_N, DOT_FP32, K_MODE, V_MODE, False)
+        for start in range(full, end, BLOCK_N):
+            m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
+                                          v_scale_ptr, tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE,
+                                          NUM_KV_HEADS, HEAD_DIM, BLOCK_N, DOT_FP32, K_MODE, V_MODE, True)
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
@@ -250,30 +323,108 @@ def _prefill_tensors(meta: AttentionMetadata, device: torch.device) -> tuple[tor
     return cached
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """``q``: ``[T, H, D]``; the same contract as ``torch_ref.paged_attention``."""
+# -- launch configuration ----------------------------------------------------------------
+# Knobs the GPU benchmark (bench/gpu_kernels.py) may sweep; the defaults are the choices for sm_90.
+TUNING = {
+    "decode_block_n": 64,  # tokens a decode tile gathers across pages
+    "decode_warps": 4,
+    "decode_stages": 2,
+    "split_waves": 4,  # split-K aims at this many programs per SM ...
+    "min_split_tokens": 256,  # ... but never splits a context finer than this
+    "max_splits": 64,
+}
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of the card; off CUDA (the interpreter) an H200's 132, so the tests exercise
+    the split choices a GPU makes."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many splits of the context (a power of two) decode uses: enough programs for a few waves
+    over the SMs when batch x KV heads alone cannot fill them and contexts are long; 1 otherwise.
+    Depends only on values that are static under a CUDA graph (batch size, block-table width)."""
+    programs = batch * num_kv_heads
+    target = TUNING["split_waves"] * _sm_count(device)
+    if programs >= target:
+        return 1
+    by_ctx = max(1, max_seq_len // TUNING["min_split_tokens"])
+    want = triton.next_power_of_2(triton.cdiv(target, programs))
+    cap = 1 << (min(by_ctx, TUNING["max_splits"]).bit_length() - 1)  # the largest power of two under both
+    return min(want, cap)
+
+
+def _prefill_config(max_q: int, dtype: torch.dtype, bs: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the prefill kernel."""
+    if interpreted():  # small tiles keep the interpreted tests fast; the masking logic is the same
+        return (16 if max_q <= 16 else 32), max(16, min(64, triton.next_power_of_2(bs))), 4, 1
+    block_m = min(128, max(16, triton.next_power_of_2(max_q)))
+    if dtype == torch.float32:  # exact fp32 dots: registers and shared memory run out at bigger tiles
+        return min(block_m, 64), 32, 4, 2
+    return block_m, 64, (8 if block_m == 128 else 4), 3
+
+
+def _decode(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor, meta: AttentionMetadata,
+            scale: float, max_seq_len: int | None, num_splits: int | None) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = kc.shape[2]
+    qpk = num_heads // num_kv_heads
+    batch = meta.decode_seqs.numel()
+    tables = meta.block_tables
+    if max_seq_len is None:
+        max_seq_len = tables.shape[1] * meta.block_size  # the table's width: static under a graph
+    splits = num_splits or decode_splits(batch, num_kv_heads, max_seq_len, q.device)
+    use_dot = qpk > 1  # a GQA group fills tensor-core rows; one MHA query row does not
+    q_pad = max(16, triton.next_power_of_2(qpk)) if use_dot else 1
+    # Partials (acc, m, l) of each split: fp32, allocated per call (free inside a CUDA graph's pool).
+    work = torch.empty(batch * num_heads * splits * (head_dim + 2) if splits > 1 else 1, dtype=torch.float32,
+                       device=q.device)
+    warps = TUNING["decode_warps"] * (2 if q.element_size() == 4 and not interpreted() else 1)
+    _decode_kernel[(batch, num_kv_heads, splits)](
+        q, kc, vc, ks, vs, out, work, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens, scale, splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), BLOCK_SIZE=meta.block_size,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk, Q_PAD=q_pad,
+        BLOCK_N=TUNING["decode_block_n"], K_MODE=km, V_MODE=vm, USE_DOT=use_dot, DOT_FP32=_dot_fp32(q.dtype),
+        SPLIT=splits > 1, num_warps=warps, num_stages=TUNING["decode_stages"])
+    if splits > 1:
+        _combine_kernel[(batch, num_heads)](work, out, meta.decode_tokens, splits, out.stride(0), out.stride(1),
+                                           NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+                                           SPLIT_PAD=triton.next_power_of_2(splits), num_warps=4)
+
+
+def _prefill(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor, meta: AttentionMetadata,
+             scale: float) -> None:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kc.shape[2]
+    tables = meta.block_tables
+    seq_idx, q_start, q_len, ctx_len, max_q = _prefill_tensors(meta, q.device)
+    block_m, block_n, warps, stages = _prefill_config(max_q, q.dtype, meta.block_size)
+    grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)
+    _prefill_kernel[grid](q, kc, vc, ks, vs, out, tables, seq_idx, q_start, q_len, ctx_len,
+                          scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+                          BLOCK_SIZE=meta.block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+                          QUERIES_PER_KV=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
+                          DOT_FP32=_dot_fp32(q.dtype), K_MODE=km, V_MODE=vm, num_warps=warps, num_stages=stages)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float, *, max_seq_len: int | None = None,
+                    num_splits: int | None = None) -> torch.Tensor:
+    """``q``: ``[T, H, D]``; the same contract as ``torch_ref.paged_attention``.
+
+    ``max_seq_len`` (a bound on the decode contexts; default: the block table's width in tokens) and
+    ``num_splits`` (forces the split-K count) only tune decode: each must stay fixed across the
+    replays of a captured CUDA graph, which the defaults do.
+    """
     kc, ks, km = _parts(k_cache)
     vc, vs, vm = _parts(v_cache)
-    qpk = num_heads // num_kv_heads
-    bs = meta.block_size
     out = torch.empty_like(q)
-    tables = meta.block_tables
-    block_n = max(16, min(64, triton.next_power_of_2(bs)))
     if meta.decode_seqs.numel():
-        grid = (meta.decode_seqs.numel(), num_kv_heads)
-        _decode_kernel[grid](q, kc, vc, ks, vs, out, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens,
-                             scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
-                             BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
-                             Q_PAD=max(triton.next_power_of_2(qpk), 1), BLOCK_N=block_n, K_MODE=km, V_MODE=vm)
+        _decode(q, kc, vc, ks, vs, km, vm, out, meta, scale, max_seq_len, num_splits)
     if meta.prefill_seqs:
-        seq_idx, q_start, q_len, ctx_len, max_q = _prefill_tensors(meta, q.device)
-        block_m = 16 if max_q <= 16 else 32
-        grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)
-        _prefill_kernel[grid](q, kc, vc, ks, vs, out, tables, seq_idx, q_start, q_len, ctx_len,
-                              scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
-                              BLOCK_SIZE=bs, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk,
-                              BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=_dot_fp32(q.dtype), K_MODE=km, V_MODE=vm)
+        _prefill(q, kc, vc, ks, vs, km, vm, out, meta, scale)
     return out
