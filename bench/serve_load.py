@@ -53,9 +53,9 @@ class Outcome:
     error: str = ""
 
 
-def make_plans(n: int, seed: int, max_out: int) -> list[Plan]:
+def make_plans(n: int, seed: int, max_out: int, vocab: int | None = None) -> list[Plan]:
     rng = random.Random(seed)
-    vocab = tiny_model()[0].config.vocab_size
+    vocab = vocab or tiny_model()[0].config.vocab_size
     prefixes = [random_prompts([k], vocab, seed + k)[0] for k in (0, 32, 64)]
     plans = []
     for i in range(n):
@@ -136,8 +136,27 @@ async def drive(url: str, plans: list[Plan], clients: int) -> tuple[list[Outcome
 def run(quick: bool) -> dict:
     n, clients, max_out = (40, 8, 24) if quick else (200, 16, 64)
     config = {**ENGINE, "num_gpu_blocks": 32} if quick else ENGINE  # smaller requests, smaller pool: preemption
-    plans = make_plans(n, seed=0, max_out=max_out)
-    engine = engine_for(tiny_model(), **config)
+    row = serve_under_load(lambda: engine_for(tiny_model(), **config), make_plans(n, seed=0, max_out=max_out),
+                           clients)
+    print(table([row], [("requests", "requests", "d"), ("clients", "clients", "d"), ("stayed", "stayed", "d"),
+                        ("left", "left", "d"), ("aborts", "aborts", "d"), ("lost", "lost", "d"),
+                        ("doubled", "doubled", "d"),
+                        ("wrong_outputs", "wrong", "d"), ("leaked_blocks", "leaked", "d"),
+                        ("req_s", "req/s", ".1f"), ("out_tok_s", "out tok/s", ".0f"),
+                        ("ttft_p50_s", "TTFT p50 s", ".3f"), ("ttft_p99_s", "TTFT p99 s", ".3f"),
+                        ("e2e_p50_s", "e2e p50 s", ".3f"), ("e2e_p99_s", "e2e p99 s", ".3f")]))
+    if row["errors_text"]:
+        print("errors:", *row["errors_text"], sep="\n  ")
+    result = {"config": config, "rows": [row]}
+    write_results("serve_load", result, quick)
+    return result
+
+
+def serve_under_load(make_engine, plans: list[Plan], clients: int) -> dict:
+    """The server over ``make_engine()``'s engine under ``plans`` from ``clients`` clients; the oracle is a
+    second ``make_engine()`` engine's ``LLM.generate``. Returns the row of figures."""
+    n = len(plans)
+    engine = make_engine()
     server = OpenAIServer(ServeOptions(port=0))
     session = Session(engine, hooks=[server.bridge])
     loop = SessionLoop(session)
@@ -167,7 +186,7 @@ def run(quick: bool) -> dict:
     left = sum(o.status == "left" for o in outcomes)
     errors = [o.error for o in outcomes if o.status == "error"]
     # The oracle: the same prompts, greedy, through LLM.generate on a fresh engine.
-    ref = LLM.from_engine(engine_for(tiny_model(), **config)).generate(
+    ref = LLM.from_engine(make_engine()).generate(
         [p.prompt for p, _ in stayed], [SamplingParams(max_tokens=p.max_tokens, temperature=0.0) for p, _ in stayed])
     wrong = sum(o.token_ids != r.outputs[0].token_ids for (_, o), r in zip(stayed, ref))  # lost or doubled tokens
     incomplete = sum(o.finish_reasons < 1 or o.dones < 1 for _, o in stayed)
@@ -189,21 +208,11 @@ def run(quick: bool) -> dict:
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
         "steps": counters["step"],
-        "metrics_generation_tokens_ok": f'vllm:generation_tokens_total{{engine="0",model_name="tiny-llama"}} '
+        "metrics_generation_tokens_ok": f'vllm:generation_tokens_total{{engine="0",model_name="{engine.model_name}"}} '
                                         f'{float(counters["generation_tokens"])}' in metrics_text,
+        "errors_text": errors[:5],
     }
-    print(table([row], [("requests", "requests", "d"), ("clients", "clients", "d"), ("stayed", "stayed", "d"),
-                        ("left", "left", "d"), ("aborts", "aborts", "d"), ("lost", "lost", "d"),
-                        ("doubled", "doubled", "d"),
-                        ("wrong_outputs", "wrong", "d"), ("leaked_blocks", "leaked", "d"),
-                        ("req_s", "req/s", ".1f"), ("out_tok_s", "out tok/s", ".0f"),
-                        ("ttft_p50_s", "TTFT p50 s", ".3f"), ("ttft_p99_s", "TTFT p99 s", ".3f"),
-                        ("e2e_p50_s", "e2e p50 s", ".3f"), ("e2e_p99_s", "e2e p99 s", ".3f")]))
-    if errors:
-        print("errors:", *errors[:5], sep="\n  ")
-    result = {"config": config, "rows": [row]}
-    write_results("serve_load", result, quick)
-    return result
+    return row
 
 
 if __name__ == "__main__":

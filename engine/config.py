@@ -84,6 +84,9 @@ class EngineConfig:
         "auto", "paged attention: triton kernels (the default on CUDA) or the PyTorch reference",
         choices=ATTENTION_BACKENDS, group="model")
     enforce_eager: bool = option(False, "on CUDA: do not capture CUDA graphs for decode", group="model")
+    fuse_ops: bool = option(True, "with the Triton backend: fused kernels for RMSNorm with the residual add, rotary "
+                            "with the KV store, and SiLU-and-mul (--no-fuse-ops: PyTorch's ops one by one, a "
+                            "baseline)", group="model")
     # "contiguous": each request reserves max_model_len of KV at admission, as systems before
     # PagedAttention did (a baseline for the benchmarks; prefix caching is off with it).
     kv_layout: str = option("paged", "contiguous reserves max_model_len per request (a pre-PagedAttention "

@@ -84,6 +84,20 @@ class LLMEngine:
         self.load_seconds = 0.0
         return self
 
+    @classmethod
+    def from_model(cls, model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model",
+                   **kwargs) -> LLMEngine:
+        """An engine over an engine-native ``LlamaForCausalLM`` already built (a benchmark's random weights):
+        several engines may share one model's weights, each with its own pool."""
+        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
+        config.validate()
+        self = cls.__new__(cls)
+        device = next(model.parameters()).device
+        self._setup(config, device, ModelSource(name, None, name), None, tokenizer, model=model)
+        self.weights = None
+        self.load_seconds = 0.0
+        return self
+
     def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
                model=None, report: Progress | None = None) -> None:
         """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``."""

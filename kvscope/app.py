@@ -49,8 +49,9 @@ class StartupDriver(QObject):
 
     def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
                  replay_steps: int | None = None, select: list[str] | None = None,
-                 select_block: int | None = None, compare: bool = False) -> None:
+                 select_block: int | None = None, compare: bool = False, view: str | None = None) -> None:
         super().__init__(win)
+        self.view = view
         self.select = select or []
         self.select_block, self.compare = select_block, compare
         self.win, self.path, self.steps = win, path, steps
@@ -74,6 +75,8 @@ class StartupDriver(QObject):
         params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
         if self.prompts:
             self.win.inject([InjectSpec(p, params) for p in self.prompts])
+        if self.view:
+            self.win.show_view(self.view)
         if not self.path:
             return
         self._waiting = True
@@ -213,7 +216,7 @@ def run_app(config: EngineConfig, args: argparse.Namespace, early: SpawnedEngine
     driver = StartupDriver(win, args.screenshot, args.steps or 8, prompts, args.max_tokens,
                            count_replay_steps(args.replay) if args.replay else None,
                            [x.strip() for x in (args.select or "").split(",") if x.strip()],
-                           args.select_block, args.compare)
+                           args.select_block, args.compare, args.view)
     # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
     interrupted: list[int] = []
 

@@ -28,6 +28,9 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+# The panels below the grid (MainWindow.docks) that --view can bring to the front.
+VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots")
+
 def positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -147,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "shows them side by side); default: the request with the most blocks")
     a.add_argument("--select-block", type=int, default=None, metavar="ID",
                    help="--screenshot: click this block first: its life story shows in the Why? tab")
+    a.add_argument("--view", default=None, choices=VIEWS,
+                   help="bring this panel to the front at start (with --screenshot: in the picture)")
     a.add_argument("--compare", action="store_true",
                    help="--screenshot: run the caching on/off comparison (the Why? tab) before saving")
     add_serve_args(p)

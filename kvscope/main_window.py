@@ -313,6 +313,10 @@ class MainWindow(QMainWindow):
         for rid in self.requests.selected_ids():
             self.worker.send(cmd.Abort(rid))
 
+    def show_view(self, name: str) -> None:
+        """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them)."""
+        self.docks[name].raise_()
+
     def show_welcome(self, on: bool) -> None:
         self.welcome.setVisible(on)
         if on:
@@ -346,7 +350,7 @@ class MainWindow(QMainWindow):
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
         if info.view in self.docks:
-            self.docks[info.view].raise_()
+            self.show_view(info.view)
         self.state.reset()
         self.banner.clear()
         self.requests.select([])

@@ -52,6 +52,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.attention, self.store, self.backend = self._select_backend()
         self.fp8_scales = self._calibrate_fp8() if "fp8" in self.kv_formats else None
+        self.pool_plan: KVPoolPlan | None = None  # how the pool was sized on CUDA (gpu_memory_utilization)
         self.num_blocks = self._num_blocks()
         # zeros() on the CPU maps pages lazily: a 2 GiB pool costs nothing until used.
         self.kv_caches = [self._new_cache(self.num_blocks, i, device) for i in range(self.model.num_layers)]
@@ -130,7 +131,7 @@ class ModelRunner:
         elif c.kv_cache_memory_bytes is not None:
             n, why = c.kv_cache_memory_bytes // self.block_bytes, f"kv_cache_memory_bytes={c.kv_cache_memory_bytes}"
         elif self.device.type == "cuda":
-            plan = self._profile_cuda()
+            plan = self.pool_plan = self._profile_cuda()
             logger.info("%s", plan.describe())
             plan.check()
             n, why = plan.num_blocks, f"gpu_memory_utilization={c.gpu_memory_utilization}"
