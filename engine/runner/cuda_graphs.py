@@ -77,8 +77,9 @@ class DecodeInputs:
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, attention, store, device: torch.device, max_num_seqs: int,
-                 max_blocks_per_seq: int, block_size: int, emulate: bool = False) -> None:
+                 max_blocks_per_seq: int, block_size: int, emulate: bool = False, ops=None) -> None:
         self.model, self.kv_caches, self.attention, self.store = model, kv_caches, attention, store
+        self.ops = ops  # the fused kernels (fused.FusedOps), or None: PyTorch's ops
         self.sizes = capture_sizes(max_num_seqs)
         self.block_size = block_size
         self.emulate = emulate
@@ -101,7 +102,7 @@ class DecodeGraphs:
     def _forward(self, b: int) -> torch.Tensor:
         x = self.inputs
         hidden = self.model(x.input_ids[:b], x.positions_d[:b], self.kv_caches, self._meta(b), self.attention,
-                            self.store)
+                            self.store, self.ops)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()

@@ -14,6 +14,7 @@ from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
 from .block_copy import swap_blocks
 from .cuda_graphs import DecodeGraphs, capture_sizes
+from .fused import FusedOps, fused_ops_for
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes, zeros
 from .models.llama import LlamaForCausalLM
@@ -51,6 +52,7 @@ class ModelRunner:
         self.kv_formats = part_formats(config.kv_cache_dtype)
         self.block_size = config.block_size
         self.attention, self.store, self.backend = self._select_backend()
+        self.ops = self._select_ops()
         self.fp8_scales = self._calibrate_fp8() if "fp8" in self.kv_formats else None
         self.pool_plan: KVPoolPlan | None = None  # how the pool was sized on CUDA (gpu_memory_utilization)
         self.num_blocks = self._num_blocks()
@@ -162,7 +164,7 @@ class ModelRunner:
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         pos = torch.arange(n, device=self.device)
         meta = self._metadata_for([(0, n, list(range(dummy_shape[0])))], pos)
-        h = self.model(ids, pos, caches, meta, self.attention, self.store)
+        h = self.model(ids, pos, caches, meta, self.attention, self.store, self.ops)
         self.model.compute_logits(h[-1:])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
@@ -187,7 +189,7 @@ class ModelRunner:
         ids = torch.zeros(b, dtype=torch.long, device=self.device)
         pos = torch.zeros(b, dtype=torch.long, device=self.device)
         meta = self._metadata_for([(0, 1, [0])] * b, pos)
-        logits = self.model.compute_logits(self.model(ids, pos, caches, meta, self.attention, self.store))
+        logits = self.model.compute_logits(self.model(ids, pos, caches, meta, self.attention, self.store, self.ops))
         torch.cuda.synchronize(self.device)
         del logits
         return max(0, torch.cuda.max_memory_allocated(self.device) - base)
@@ -197,7 +199,8 @@ class ModelRunner:
             logger.info("no CUDA graphs: the %s attention backend syncs with the host", self.backend)
             return
         graphs = DecodeGraphs(self.model, self.kv_caches, self.attention, self.store, self.device,
-                              self.config.max_num_seqs, cdiv(self.max_model_len, self.block_size), self.block_size)
+                              self.config.max_num_seqs, cdiv(self.max_model_len, self.block_size), self.block_size,
+                              ops=self.ops)
         try:
             graphs.capture()
         except Exception as e:  # noqa: BLE001 - graphs are an optimisation: fall back to eager
@@ -205,6 +208,15 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
             return
         self.decode_graphs = graphs
+
+    def _select_ops(self) -> FusedOps | None:
+        """The fused kernels with the Triton backend (``fuse_ops``), where the model allows them."""
+        if self.backend != "triton" or not self.config.fuse_ops:
+            return None
+        ops, why = fused_ops_for(self.model, self.max_model_len)
+        if ops is None:
+            logger.info("no fused kernels: %s", why)
+        return ops
 
     def _select_backend(self):
         backend = self.config.attention_backend
@@ -317,7 +329,7 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long).to(self.device)
         meta = self._metadata_for(seqs, positions, shifted)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store, self.ops)
         rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         if not rows:
             return {}, {}

@@ -8,12 +8,16 @@ variant, without importing its modeling code.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from ..fused import FusedOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -131,6 +135,23 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
+    def forward_fused(self, h: torch.Tensor, residual: torch.Tensor | None, ops: FusedOps, positions: torch.Tensor,
+                      k_cache, v_cache, meta: AttentionMetadata, attention: AttentionFn) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+        """The same layer in 7 launches besides the matmuls' 4 (vLLM's shape): the residual travels apart and
+        each add happens inside the next RMSNorm; rotary and the KV store are one kernel, SiLU-and-mul one.
+        Returns (this layer's last output, the residual before it); their sum is ``forward``'s result."""
+        t = h.shape[0]
+        x, residual = ops.add_rms_norm(h, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = ops.rope_and_store(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim),
+                               v.view(t, self.num_kv_heads, self.head_dim), positions, k_cache, v_cache,
+                               meta.slot_mapping)
+        o = attention(q, k_cache, v_cache, meta, self.scale)
+        x, residual = ops.add_rms_norm(self.o_proj(o.reshape(t, self.q_size)), residual,
+                                       self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
+
 
 class LlamaForCausalLM(nn.Module):
     """Built from a config and a ``WeightSource``: a checkpoint read straight from safetensors
@@ -162,8 +183,15 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                attention: AttentionFn, store: StoreFn) -> torch.Tensor:
+                attention: AttentionFn, store: StoreFn, ops: FusedOps | None = None) -> torch.Tensor:
+        """``ops``: the fused kernels (``fused_ops.FusedOps``, the Triton backend's); without them, PyTorch's
+        ops one by one with ``store`` (the CPU path, and the reference)."""
         h = self.embed_tokens(input_ids)
+        if ops is not None:
+            residual = None
+            for layer, (kc, vc) in zip(self.layers, kv_caches):
+                h, residual = layer.forward_fused(h, residual, ops, positions, kc, vc, meta, attention)
+            return ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)[0]
         cos, sin = self.rotary_emb(h, positions[None])
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]: broadcast over heads
         for layer, (kc, vc) in zip(self.layers, kv_caches):

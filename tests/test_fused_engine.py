@@ -1,0 +1,66 @@
+"""The engine with the fused kernels (Triton backend, ``fuse_ops``) against PyTorch's ops and transformers.
+
+Under Triton's interpreter on the CPU, as on a card: token-identical greedy output in fp32, through
+prefix hits, chunked prefill, decode graphs' buffers (emulated), and every quantized KV format.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, LLMEngine, SamplingParams
+from engine.runner.cuda_graphs import DecodeGraphs
+from tests.conftest import hf_greedy
+
+PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+SHARED = list(range(30, 60))
+PROMPTS = [SHARED + [1, 2, 3], SHARED + [4], list(range(100, 137)), [7]]
+
+
+def run(model, **kw) -> tuple[list[list[int]], LLMEngine]:
+    kw.setdefault("num_gpu_blocks", 64)
+    kw.setdefault("block_size", 8)
+    engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", max_num_batched_tokens=24, **kw)
+    return [r.outputs[0].token_ids for r in LLM.from_engine(engine).generate(PROMPTS, PARAMS)], engine
+
+
+def test_fused_kernels_equal_pytorch_ops_and_transformers(tiny_hf):
+    fused, engine = run(tiny_hf, attention_backend="triton")
+    assert engine.runner.ops is not None  # the fused path really ran
+    unfused, other = run(tiny_hf, attention_backend="triton", fuse_ops=False)
+    assert other.runner.ops is None
+    assert fused == unfused == [hf_greedy(tiny_hf, p, 8) for p in PROMPTS]
+    assert engine.metrics()["prefix_cache_hits"] > 0
+
+
+def test_fused_kernels_through_the_decode_graphs_buffers(tiny_hf):
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
+                                     max_num_seqs=5, attention_backend="triton")
+    r = engine.runner
+    r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
+                                   -(-engine.max_model_len // 4), 4, emulate=True, ops=r.ops)
+    out = LLM.from_engine(engine).generate(PROMPTS[:3], PARAMS)
+    assert r.decode_graphs.num_replays >= 7
+    assert [o.outputs[0].token_ids for o in out] == [hf_greedy(tiny_hf, p, 8) for p in PROMPTS[:3]]
+
+
+@pytest.mark.parametrize("kv", ["fp8", "int8", "int4"])
+def test_fused_store_writes_the_same_quantized_cache_as_the_unfused_store(tiny_hf, kv):
+    """Quantized pools: the fused rotary+store quantizes by the store kernel's one rule, so both paths give
+    the same tokens and the same cache bytes."""
+    fused, a = run(tiny_hf, attention_backend="triton", kv_cache_dtype=kv)
+    unfused, b = run(tiny_hf, attention_backend="triton", kv_cache_dtype=kv, fuse_ops=False)
+    assert fused == unfused
+    for (ka, va), (kb, vb) in zip(a.runner.kv_caches, b.runner.kv_caches):
+        for x, y in ((ka, kb), (va, vb)):
+            assert torch.equal(x.data.view(torch.uint8), y.data.view(torch.uint8))
+            assert torch.equal(x.scale, y.scale)
+
+
+def test_dynamic_rotary_falls_back_to_pytorch_ops(tiny_hf):
+    import copy
+    model = copy.deepcopy(tiny_hf)
+    model.config.rope_scaling = {"rope_type": "dynamic", "factor": 2.0}
+    engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
+                                     attention_backend="triton")
+    assert engine.runner.ops is None
