@@ -5,6 +5,8 @@ prefix hits, chunked prefill, decode graphs' buffers (emulated), and every quant
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -12,15 +14,20 @@ from engine import LLM, LLMEngine, SamplingParams
 from engine.runner.cuda_graphs import DecodeGraphs
 from tests.conftest import hf_greedy
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # on a card: compiled, graphs captured
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 SHARED = list(range(30, 60))
 PROMPTS = [SHARED + [1, 2, 3], SHARED + [4], list(range(100, 137)), [7]]
 
 
+def on_device(tiny_hf):
+    return copy.deepcopy(tiny_hf).to(DEVICE)
+
+
 def run(model, **kw) -> tuple[list[list[int]], LLMEngine]:
     kw.setdefault("num_gpu_blocks", 64)
     kw.setdefault("block_size", 8)
-    engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", max_num_batched_tokens=24, **kw)
+    engine = LLMEngine.from_hf_model(on_device(model), None, name="tiny-llama", max_num_batched_tokens=24, **kw)
     return [r.outputs[0].token_ids for r in LLM.from_engine(engine).generate(PROMPTS, PARAMS)], engine
 
 
@@ -34,7 +41,7 @@ def test_fused_kernels_equal_pytorch_ops_and_transformers(tiny_hf):
 
 
 def test_fused_kernels_through_the_decode_graphs_buffers(tiny_hf):
-    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
+    engine = LLMEngine.from_hf_model(on_device(tiny_hf), None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
                                      max_num_seqs=5, attention_backend="triton")
     r = engine.runner
     r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
@@ -58,8 +65,7 @@ def test_fused_store_writes_the_same_quantized_cache_as_the_unfused_store(tiny_h
 
 
 def test_dynamic_rotary_falls_back_to_pytorch_ops(tiny_hf):
-    import copy
-    model = copy.deepcopy(tiny_hf)
+    model = on_device(tiny_hf)
     model.config.rope_scaling = {"rope_type": "dynamic", "factor": 2.0}
     engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
                                      attention_backend="triton")

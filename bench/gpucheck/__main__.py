@@ -14,8 +14,11 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,8 +58,9 @@ def run_section(name: str, dry_run: bool, out: Path, budget_s: float) -> Section
     return section
 
 
-def spawn(name: str, dry_run: bool, out: Path, budget_s: float) -> Section:
-    """A section in its own process; a crash or a timeout becomes its verdict, with its log's last lines."""
+def spawn(name: str, dry_run: bool, out: Path, budget_s: float, limit_s: float) -> Section:
+    """A section in its own process; a crash or a timeout (its budget + 30 s, at most ``limit_s``) becomes its
+    verdict, with its log's last lines."""
     result = out / f"section_{name}.json"
     log = out / f"section_{name}.log"
     result.unlink(missing_ok=True)
@@ -66,16 +70,16 @@ def spawn(name: str, dry_run: bool, out: Path, budget_s: float) -> Section:
     t0 = time.monotonic()
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=budget_s + 30).returncode
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=limit_s).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     seconds = time.monotonic() - t0
     if result.exists():
-        data = json.loads(result.read_text())
-        data.pop("verdict", None)
-        return Section(**{**data, "seconds": seconds})
+        section = Section.from_json(json.loads(result.read_text()))
+        section.seconds = seconds
+        return section
     tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])[-400:]
-    why = f"did not finish in {budget_s + 30:.0f} s" if rc == "timeout" else f"its process exited with {rc}"
+    why = f"did not finish in {limit_s:.0f} s" if rc == "timeout" else f"its process exited with {rc}"
     title = next(t for n, t, *_ in SECTIONS if n == name)
     return Section(name, title, seconds=seconds, error=f"{why}; last lines: {tail}")
 
@@ -85,6 +89,10 @@ def main() -> int:
     ap.add_argument("--only", default=None, help=f"comma-separated sections ({', '.join(NAMES)})")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: the rehearsal")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "results"))
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="the whole run's time (a device call's limit): a section gets at most what is left")
+    ap.add_argument("--work", default=None, help="where sections write their JSON and logs (default: a temporary "
+                                                 "folder, packed into OUT/gpu_logs.tar.gz at the end)")
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)  # the child's side
     args = ap.parse_args()
     out = Path(args.out)
@@ -104,16 +112,28 @@ def main() -> int:
           f"transformers {info['transformers']}, Python {info['python']}", flush=True)
     t0 = time.monotonic()
     sections = []
+    # The device returns at most 8 files from OUT: sections write into a work folder, packed at the end.
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpucheck-"))
+    work.mkdir(parents=True, exist_ok=True)
     for name in names:
         budget = next((g if not args.dry_run else d) for n, _, g, d in SECTIONS if n == name)
-        s = spawn(name, args.dry_run, out, budget)
+        left = (args.deadline_s - (time.monotonic() - t0) - 15) if args.deadline_s else float("inf")
+        if left < 20:
+            title = next(t for n, t, *_ in SECTIONS if n == name)
+            s = Section(name, title, error=f"not run: {left + 15:.0f} s of the run's {args.deadline_s:.0f} s left")
+        else:
+            s = spawn(name, args.dry_run, work, budget, min(budget + 30, left))
         print(f"gpucheck: {name}: {s.verdict} ({s.seconds:.0f} s)", flush=True)
         sections.append(s)
+        for png in work.glob("gpu-*.png"):
+            shutil.copy(png, out / png.name)
     report = {"card": info, "dry_run": args.dry_run, "date": time.strftime("%Y-%m-%d %H:%M"),
               "seconds": time.monotonic() - t0, "sections": [s.to_json() for s in sections]}
     (out / "gpu_report.json").write_text(json.dumps(report, indent=1, default=str))
     text = markdown(report)
     (out / "gpu_report.md").write_text(text)
+    with tarfile.open(out / "gpu_logs.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname="gpucheck", filter=lambda t: None if t.name.endswith(".png") else t)
     print(text)
     return 0 if all(not s.verdict.startswith("FAIL") for s in sections) else 1
 

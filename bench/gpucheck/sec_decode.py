@@ -29,8 +29,10 @@ BLOCK = 16
 def new_engine(model, max_seqs: int, max_len: int, blocks: int | None = None, **kw):
     from engine import LLMEngine
     blocks = blocks or max_seqs * -(-max_len // BLOCK) + 8
+    # The Triton backend also in the rehearsal (its interpreter): the kernels the card compiles, run once here.
     return LLMEngine.from_model(model, None, name="random llama-2-7b", max_num_seqs=max_seqs,
-                                max_model_len=max_len, block_size=BLOCK, num_gpu_blocks=blocks, **kw)
+                                max_model_len=max_len, block_size=BLOCK, num_gpu_blocks=blocks,
+                                attention_backend="triton", **kw)
 
 
 def read_bytes(model) -> int:

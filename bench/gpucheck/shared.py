@@ -223,6 +223,13 @@ class Section:
             return "aim missed"
         return "pass"
 
+    @classmethod
+    def from_json(cls, d: dict) -> Section:
+        d = {k: v for k, v in d.items() if k != "verdict"}
+        d["checks"] = [Check(**c) for c in d.get("checks", [])]
+        d["tables"] = [Table(t["title"], [tuple(c) for c in t["columns"]], t["rows"]) for t in d.get("tables", [])]
+        return cls(**d)
+
     def to_json(self) -> dict:
         return {**asdict(self), "verdict": self.verdict}
 
