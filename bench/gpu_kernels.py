@@ -43,19 +43,35 @@ TINY = dict(hidden=96, heads=4, kv_heads=2, head_dim=32, inter=80, tokens=[1, 3]
 
 
 class Timer:
-    """Median milliseconds of a call: ``do_bench`` on CUDA, one wall-clock run (after a warm-up) elsewhere."""
+    """Median milliseconds of a call on CUDA: ``do_bench`` over a CUDA graph of ``GRAPH_CALLS`` calls
+    (what a captured decode step pays: no Python, no launch latency) or, with ``graph=False``, over
+    eager calls (Python and launches included). Elsewhere one wall-clock run after a warm-up."""
+
+    GRAPH_CALLS = 10
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
-    def __call__(self, fn: Callable[[], object]) -> float:
-        if self.device.type == "cuda":
-            import triton.testing
+    def __call__(self, fn: Callable[[], object], graph: bool = True) -> float:
+        if self.device.type != "cuda":
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        import triton.testing
+        if not graph:
             return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # compiles, and warms the allocator outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(self.GRAPH_CALLS):
+                fn()
+        ms = float(triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median"))
+        return ms / self.GRAPH_CALLS
 
 
 def row(op: str, shape: str, fused_ms: float, unfused_ms: float | None, nbytes: float | None = None,
@@ -73,14 +89,20 @@ def row(op: str, shape: str, fused_ms: float, unfused_ms: float | None, nbytes: 
 
 
 # -- the fused ops -------------------------------------------------------------------------------
+def with_eager(timer: Timer, op: str, shape: str, fused: Callable, unfused: Callable, nbytes: float,
+               peak: float) -> dict:
+    """A row timed in CUDA graphs (the columns), with the eager times beside (Python and launches)."""
+    return row(op, shape, timer(fused), timer(unfused), nbytes, peak_gbs=peak,
+               fused_eager_us=timer(fused, graph=False) * 1e3, unfused_eager_us=timer(unfused, graph=False) * 1e3)
+
+
 def bench_norm(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
     h = s["hidden"]
     x, res = torch.randn(t, h, device=dev, dtype=dtype), torch.randn(t, h, device=dev, dtype=dtype)
     norm = RMSNorm(torch.rand(h, device=dev, dtype=dtype), 1e-5)
-    fused = timer(lambda: fused_ops.fused_add_rms_norm(x, res, norm.weight, 1e-5))
-    unfused = timer(lambda: norm(res + x))
-    return row("fused_add_rms_norm", f"T={t} H={h}", fused, unfused, (4 * t * h + h) * x.element_size(),
-               peak_gbs=peak)
+    return with_eager(timer, "fused_add_rms_norm", f"T={t} H={h}",
+                      lambda: fused_ops.fused_add_rms_norm(x, res, norm.weight, 1e-5), lambda: norm(res + x),
+                      (4 * t * h + h) * x.element_size(), peak)
 
 
 def bench_rope(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
@@ -104,9 +126,9 @@ def bench_rope(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
         triton_paged.store_kv(kr, v, kc, vc, slots)
         return qr
 
-    fused = timer(lambda: fused_ops.rope_and_store(q, k, v, cache, positions, kc, vc, slots))
-    nbytes = t * (2 * hq + 4 * hk + d) * d * qkv.element_size()  # q in and out, k and v in and out, cos/sin
-    return row("rope_and_store", f"T={t} {hq}x{d} q, {hk} kv", fused, timer(unfused), nbytes, peak_gbs=peak)
+    nbytes = t * ((2 * hq + 4 * hk) * d + d) * qkv.element_size()  # q in and out, k and v in and out, cos/sin
+    return with_eager(timer, "rope_and_store", f"T={t} {hq}x{d} q, {hk} kv",
+                      lambda: fused_ops.rope_and_store(q, k, v, cache, positions, kc, vc, slots), unfused, nbytes, peak)
 
 
 def bench_silu(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
@@ -117,9 +139,8 @@ def bench_silu(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    fused = timer(lambda: fused_ops.silu_and_mul(gate_up))
-    return row("silu_and_mul", f"T={t} I={i}", fused, timer(unfused), 3 * t * i * gate_up.element_size(),
-               peak_gbs=peak)
+    return with_eager(timer, "silu_and_mul", f"T={t} I={i}", lambda: fused_ops.silu_and_mul(gate_up), unfused,
+                      3 * t * i * gate_up.element_size(), peak)
 
 
 # -- attention -----------------------------------------------------------------------------------
@@ -146,31 +167,36 @@ def bench_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dic
         splits = triton_paged.decode_splits(batch, hk, meta.block_tables.shape[1] * bs, dev)
         fused = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, scale))  # noqa: B023
         one = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, scale, num_splits=1))  # noqa: B023
-        ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, scale))  # noqa: B023
+        ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, scale), graph=False)  # noqa: B023 (syncs)
         out.append(row("decode_attention", f"B={batch} ctx={ctx}", fused, ref, nbytes, peak_gbs=peak, splits=splits,
                        no_split_us=one * 1e3, no_split_peak_frac=nbytes / one / 1e6 / peak if peak else None))
     return out
 
 
-def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dict]:
+def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv, seconds: float) -> list[dict]:
     """Decode tile, warps and stages: the best per shape is what ``TUNING`` should say."""
     hq, hk, d, bs = s["heads"], s["kv_heads"], s["head_dim"], s["block_size"]
     kc, vc = kv
     saved = dict(triton_paged.TUNING)
-    rows = []
+    rows: list[dict] = []
+    deadline = time.monotonic() + seconds
     try:
         for batch, ctx in s["decode"]:
             meta = decode_meta(batch, ctx, bs, kc.shape[0], dev)
             q = torch.randn(batch, hq, d, device=dev, dtype=dtype)
             nbytes = 2 * batch * ctx * hk * d * kc.element_size()
-            for block_n, warps, stages, waves in itertools.product((64, 128), (4, 8), (1, 2, 3), (2, 4, 8)):
-                if block_n == 128 and warps == 4 or (waves != 4 and (block_n, warps, stages) != (64, 4, 2)):
-                    continue  # 128-token tiles need 8 warps; the wave count is swept at the default tile
+            for block_n, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (2, 4, 8)):
+                if (waves != 4 or stages != 2) and (block_n, warps) != (64, 4):
+                    continue  # waves and stages are swept at the default tile
+                if time.monotonic() > deadline:
+                    return rows
                 triton_paged.TUNING.update(decode_block_n=block_n, decode_warps=warps, decode_stages=stages,
                                            split_waves=waves)
                 ms = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5))  # noqa: B023
                 rows.append(dict(shape=f"B={batch} ctx={ctx}", block_n=block_n, warps=warps, stages=stages,
-                                 waves=waves, us=ms * 1e3, peak_frac=nbytes / ms / 1e6 / peak if peak else None))
+                                 waves=waves, us=ms * 1e3,
+                                 peak_frac=nbytes / ms / 1e6 / peak if peak else None))
+                print(f"sweep {rows[-1]}", flush=True)
     finally:
         triton_paged.TUNING.clear()
         triton_paged.TUNING.update(saved)
@@ -178,22 +204,59 @@ def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dic
 
 
 def bench_prefill(timer: Timer, s: dict, dtype, dev, kv) -> dict:
-    hq, d, bs, n = s["heads"], s["head_dim"], s["block_size"], s["prefill"]
+    q, meta, flops = prefill_case(s, dtype, dev, kv)
     kc, vc = kv
-    per = -(-n // bs)
-    table = torch.randperm(kc.shape[0], device=dev)[:per][None]
-    slots = (table[0, torch.arange(n, device=dev) // bs] * bs + torch.arange(n, device=dev) % bs)
-    meta = AttentionMetadata(slots, table, torch.tensor([n], device=dev), [0, n], [n], bs,
-                             torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, dtype=torch.long, device=dev),
-                             [0])
-    q = torch.randn(n, hq, d, device=dev, dtype=dtype)
-    flops = 4 * hq * d * n * (n + 1) / 2  # QK^T and PV, causal
+    d, n = s["head_dim"], s["prefill"]
     fused = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5))
-    ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, d ** -0.5))
+    ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, d ** -0.5), graph=False)  # it syncs
     return row("prefill_attention", f"one prompt of {n}", fused, ref, flops=flops)
 
 
+def prefill_case(s: dict, dtype, dev, kv) -> tuple[torch.Tensor, AttentionMetadata, float]:
+    hq, d, bs, n = s["heads"], s["head_dim"], s["block_size"], s["prefill"]
+    per = -(-n // bs)
+    table = torch.randperm(kv[0].shape[0], device=dev)[:per][None]
+    slots = table[0, torch.arange(n, device=dev) // bs] * bs + torch.arange(n, device=dev) % bs
+    none = torch.zeros(0, dtype=torch.long, device=dev)
+    meta = AttentionMetadata(slots, table, torch.tensor([n], device=dev), [0, n], [n], bs, none, none, [0])
+    return torch.randn(n, hq, d, device=dev, dtype=dtype), meta, 4 * hq * d * n * (n + 1) / 2
+
+
+def sweep_prefill(timer: Timer, s: dict, dtype, dev, kv) -> list[dict]:
+    """Prefill tiles, warps and stages over the one long prompt."""
+    q, meta, flops = prefill_case(s, dtype, dev, kv)
+    saved = dict(triton_paged.TUNING)
+    rows = []
+    try:
+        for bm, bn, warps, stages in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3),
+                                      (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3)]:
+            triton_paged.TUNING.update(prefill_block_m=bm, prefill_block_n=bn, prefill_warps=warps,
+                                       prefill_stages=stages)
+            try:
+                ms = timer(lambda: triton_paged.paged_attention(q, *kv, meta, s["head_dim"] ** -0.5))
+                rows.append(dict(block_m=bm, block_n=bn, warps=warps, stages=stages, us=ms * 1e3,
+                                 tflops=flops / ms / 1e9))
+            except Exception as e:  # noqa: BLE001 - a config out of shared memory, say
+                rows.append(dict(block_m=bm, block_n=bn, warps=warps, stages=stages, error=str(e)[:300]))
+            print(f"prefill sweep {rows[-1]}", flush=True)
+    finally:
+        triton_paged.TUNING.clear()
+        triton_paged.TUNING.update(saved)
+    return rows
+
+
 # -- report --------------------------------------------------------------------------------------
+def section(rows: list[dict], name: str, run: Callable[[], list[dict]]) -> None:
+    """Run one benchmark; a failure (a kernel that does not compile here, say) is reported, not fatal."""
+    try:
+        new = run()
+    except Exception as e:  # noqa: BLE001 - the other sections' numbers are still worth having
+        new = [{"op": name, "shape": "", "error": f"{type(e).__name__}: {e}"[:2000]}]
+    for r in new:
+        print(f"row {r}", flush=True)
+    rows += new
+
+
 def _cell(r: dict) -> Callable[[str, str], str]:
     return lambda key, fmt: "" if r.get(key) is None else format(r[key], fmt)
 
@@ -204,6 +267,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         f = _cell(r)
         note = ""
+        if "fused_eager_us" in r:
+            note = f"eager: {r['fused_eager_us']:.1f} vs {r['unfused_eager_us']:.1f} us"
         if "splits" in r:
             note = f"{r['splits']} splits; 1 split: {r['no_split_us']:.1f} us"
             if r.get("no_split_peak_frac") is not None:
@@ -220,6 +285,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (with --device cpu: the interpreter)")
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the card's peak HBM bandwidth (H200: 4800)")
     ap.add_argument("--sweep", action="store_true", help="also sweep the decode kernel's launch choices")
+    ap.add_argument("--sweep-seconds", type=float, default=120.0, help="stop the sweep after this long")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu_kernels.json"))
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -229,30 +295,32 @@ def main() -> None:
     dtype = torch.float16
     timer = Timer(dev)
     torch.manual_seed(0)
-    rows = []
+    rows: list[dict] = []
     for t in s["tokens"]:
         for bench in (bench_norm, bench_rope, bench_silu):
-            rows.append(bench(timer, s, t, dtype, dev, args.peak_gbs))
+            section(rows, bench.__name__, lambda: [bench(timer, s, t, dtype, dev, args.peak_gbs)])  # noqa: B023
     # One layer's cache, big enough for the largest decode batch: 8 x 32k tokens = 2 x 2 GiB in fp16.
     tokens = max(b * c for b, c in s["decode"])
     nb = tokens // s["block_size"] + 8
     kv = tuple(torch.randn(nb, s["block_size"], s["kv_heads"], s["head_dim"], device=dev, dtype=dtype)
                for _ in range(2))
-    rows += bench_decode(timer, s, dtype, dev, args.peak_gbs, kv)
-    rows.append(bench_prefill(timer, s, dtype, dev, kv))
+    section(rows, "decode", lambda: bench_decode(timer, s, dtype, dev, args.peak_gbs, kv))
+    section(rows, "prefill", lambda: [bench_prefill(timer, s, dtype, dev, kv)])
     report = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)",
               "torch": torch.__version__, "triton": __import__("triton").__version__, "peak_gbs": args.peak_gbs,
               "dtype": str(dtype), "tuning": dict(triton_paged.TUNING), "rows": rows}
     if args.sweep:
-        report["decode_sweep"] = sweep_decode(timer, s, dtype, dev, args.peak_gbs, kv)
+        report["decode_sweep"] = sweep_decode(timer, s, dtype, dev, args.peak_gbs, kv, args.sweep_seconds)
+        report["prefill_sweep"] = sweep_prefill(timer, s, dtype, dev, kv)
     print(f"{report['device']}, torch {report['torch']}, triton {report['triton']}, fp16\n")
-    print(table(rows))
-    for r in report.get("decode_sweep", []):
-        frac = "" if r["peak_frac"] is None else f" {r['peak_frac']:.0%}"
-        print(f"sweep {r['shape']}: BLOCK_N {r['block_n']} warps {r['warps']} stages {r['stages']} "
-              f"waves {r['waves']}: {r['us']:.1f} us{frac}")
+    print(table([r for r in rows if "error" not in r]))
+    for r in rows:
+        if "error" in r:
+            print(f"FAILED {r['op']}: {r['error']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
+    if any("error" in r for r in rows):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, 
         x = _round(x.to(tl.float32) + res.to(tl.float32), x_ptr.dtype.element_ty, INTERPRETED)
         tl.store(res_out_ptr + row * stride_ro + cols, x, mask=mask)
     hf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / H + eps)
+    rstd = tl.rsqrt(tl.math.div_rn(tl.sum(hf * hf, axis=0), H) + eps)  # IEEE division, as torch's mean
     y = _round(hf * rstd, x_ptr.dtype.element_ty, INTERPRETED)  # LlamaRMSNorm rounds to the input dtype
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     out = _round(w.to(tl.float32) * y.to(tl.float32), out_ptr.dtype.element_ty, INTERPRETED)
@@ -204,7 +204,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.co
     gate = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + t * stride_x + inter + cols, mask=mask, other=0.0)
     # torch's silu: x / (1 + exp(-x)) in fp32, rounded to the dtype; then a dtype multiply.
-    act = _round(gate / (1.0 + tl.exp(-gate)), out_ptr.dtype.element_ty, INTERPRETED)
+    act = _round(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), out_ptr.dtype.element_ty, INTERPRETED)
     out = _round(act.to(tl.float32) * up.to(tl.float32), out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + t * stride_o + cols, out, mask=mask)
 
