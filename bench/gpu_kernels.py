@@ -16,7 +16,6 @@ nothing, the run checks that the script works end to end.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -173,6 +172,11 @@ def bench_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dic
     return out
 
 
+# (BLOCK_N, warps, stages, split waves, min split tokens): around the defaults, one knob at a time.
+SWEEP = [(64, 4, 3, 4, 256), (64, 4, 2, 4, 256), (32, 4, 3, 4, 256), (128, 4, 3, 4, 256), (64, 8, 3, 4, 256),
+         (64, 4, 3, 2, 256), (64, 4, 3, 8, 256), (64, 4, 3, 4, 64), (64, 4, 3, 4, 128), (64, 4, 3, 4, 512)]
+
+
 def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv, seconds: float) -> list[dict]:
     """Decode tile, warps and stages: the best per shape is what ``TUNING`` should say."""
     hq, hk, d, bs = s["heads"], s["kv_heads"], s["head_dim"], s["block_size"]
@@ -185,16 +189,14 @@ def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv, seconds: fl
             meta = decode_meta(batch, ctx, bs, kc.shape[0], dev)
             q = torch.randn(batch, hq, d, device=dev, dtype=dtype)
             nbytes = 2 * batch * ctx * hk * d * kc.element_size()
-            for block_n, warps, stages, waves in itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (2, 4, 8)):
-                if (waves != 4 or stages != 2) and (block_n, warps) != (64, 4):
-                    continue  # waves and stages are swept at the default tile
+            for block_n, warps, stages, waves, min_split in SWEEP:
                 if time.monotonic() > deadline:
                     return rows
                 triton_paged.TUNING.update(decode_block_n=block_n, decode_warps=warps, decode_stages=stages,
-                                           split_waves=waves)
+                                           split_waves=waves, min_split_tokens=min_split)
                 ms = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5))  # noqa: B023
                 rows.append(dict(shape=f"B={batch} ctx={ctx}", block_n=block_n, warps=warps, stages=stages,
-                                 waves=waves, us=ms * 1e3,
+                                 waves=waves, min_split_tokens=min_split, us=ms * 1e3,
                                  peak_frac=nbytes / ms / 1e6 / peak if peak else None))
                 print(f"sweep {rows[-1]}", flush=True)
     finally:
