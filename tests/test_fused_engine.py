@@ -70,3 +70,36 @@ def test_dynamic_rotary_falls_back_to_pytorch_ops(tiny_hf):
     engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
                                      attention_backend="triton")
     assert engine.runner.ops is None
+
+
+def _trace(engine, steps: int = 60) -> list:
+    """Every step's events and snapshot (pool arrays, requests' tables and tokens), as plain values."""
+    prompts = [SHARED + [1, 2, 3], SHARED + [4], list(range(100, 137)), [7], SHARED + [9, 9]]
+    params = [SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
+    for p, sp in zip(prompts, params):
+        engine.add_request(p, sp)
+    out = []
+    while engine.has_unfinished() and len(out) < steps:
+        res = engine.step()
+        snap = engine.snapshot()
+        out.append((res.num_scheduled_tokens, [repr(e) for e in res.events], snap.state.tolist(), snap.ref_cnt.tolist(),
+                    [(r.request_id, r.status, r.block_ids, r.token_ids, r.num_computed_tokens) for r in snap.requests]))
+    return out
+
+
+def test_the_inspector_sees_the_same_run_with_decode_graphs_and_without(tiny_hf):
+    """The decode graphs' path (emulated here: the same buffers, padding and one copy a step) changes nothing the
+    inspector shows: every step's events and snapshot are equal with it and without, and so are the tokens."""
+    runs = []
+    for graphs in (False, True):
+        engine = LLMEngine.from_hf_model(on_device(tiny_hf), None, name="tiny-llama", block_size=4,
+                                         num_gpu_blocks=40, max_num_seqs=5, max_num_batched_tokens=24,
+                                         attention_backend="triton", enforce_eager=True)
+        r = engine.runner
+        if graphs:
+            r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
+                                           -(-engine.max_model_len // 4), 4, emulate=True, ops=r.ops)
+        runs.append(_trace(engine))
+        if graphs:
+            assert r.decode_graphs.num_replays >= 5  # the decode-only steps
+    assert len(runs[0]) > 10 and runs[0] == runs[1]
