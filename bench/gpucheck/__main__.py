@@ -11,6 +11,7 @@ rehearsal, so that a device call starts with a script that has already run end t
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -22,30 +23,43 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from .report import markdown
 from .shared import ROOT, Ctx, Section, card
 
-# (name, what it proves, budget on the card in s, budget in the dry run in s). In the order they run; the
-# budgets add up to what one device call can hold with the model builds.
+# (name, what it proves, budget on the card in s, budget in the dry run in s), in the order they run. The budgets
+# fit one device call of about five minutes with the model builds.
 SECTIONS = [
-    ("kernels", "the CUDA tests", 75, 150),
-    ("decode", "decode at the roofline (issue 29): profile, batches, long context, prefill, mixed steps", 120, 120),
-    ("memory", "the memory plan against nvml on a pool filled up", 60, 60),
-    ("full_pool", "preemption by recompute and by swap on a full pool; swap bandwidth", 50, 60),
-    ("prefix", "time to first token of a 4,096-token prompt, cold and cached", 30, 40),
-    ("fp8", "fp8 KV: blocks, decode speed, drift", 40, 60),
-    ("inspector", "the engine process on CUDA, a reader consuming every batch", 70, 90),
-    ("serving", "bench/serve_load.py against the 7B-shape model", 45, 90),
-    ("window", "the real window, offscreen, on the card", 50, 90),
+    ("decode", "decode at the roofline (issue 29): profile, batches, prefill, mixed steps", 70, 120),
+    ("memory", "the memory plan against nvml on a pool filled up", 30, 60),
+    ("prefix", "time to first token of a 4,096-token prompt, cold and cached", 12, 40),
+    ("fp8", "fp8 KV: blocks, decode speed, drift", 25, 60),
+    ("serving", "bench/serve_load.py against the 7B-shape model", 25, 90),
+    ("full_pool", "preemption by recompute and by swap on a full pool; swap bandwidth", 20, 60),
+    ("inspector", "the engine process on CUDA, a reader consuming every batch", 45, 90),
+    ("window", "the real window, offscreen, on the card", 35, 90),
+    # Last on the card: bench/gpu_kernels.py and the kernels' whole test file ran on it earlier in the session.
+    ("kernels", "the fused engine's CUDA tests", 25, 150),
 ]
 NAMES = [s[0] for s in SECTIONS]
+# Sections that share one process (and its random 7B model, built once); each still has its own budget and
+# verdict. A crash there costs the group's later sections, which are reported as not finished.
+GROUPS = [("decode", "memory", "prefix", "fp8", "serving", "full_pool"), ("inspector",), ("window",), ("kernels",)]
+
+
+def budget_of(name: str, dry_run: bool) -> float:
+    return next((d if dry_run else g) for n, _, g, d in SECTIONS if n == name)
+
+
+def title_of(name: str) -> str:
+    return next(t for n, t, *_ in SECTIONS if n == name)
 
 
 def run_section(name: str, dry_run: bool, out: Path, budget_s: float) -> Section:
     """In this process (the child's side)."""
     module = importlib.import_module(f"bench.gpucheck.sec_{name}")
-    title = next(t for n, t, *_ in SECTIONS if n == name)
-    section = Section(name, title)
+    section = Section(name, title_of(name))
     ctx = Ctx(dry_run, out, budget_s)
     t0 = time.monotonic()
     try:
@@ -55,16 +69,20 @@ def run_section(name: str, dry_run: bool, out: Path, budget_s: float) -> Section
         traceback.print_exc()
         section.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
     section.seconds = time.monotonic() - t0
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return section
 
 
-def spawn(name: str, dry_run: bool, out: Path, budget_s: float, limit_s: float) -> Section:
-    """A section in its own process; a crash or a timeout (its budget + 30 s, at most ``limit_s``) becomes its
-    verdict, with its log's last lines."""
-    result = out / f"section_{name}.json"
-    log = out / f"section_{name}.log"
-    result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "bench.gpucheck", "--section", name, "--out", str(out)]
+def spawn(names: list[str], dry_run: bool, work: Path, limit_s: float) -> list[Section]:
+    """A group of sections in one process; a crash or a timeout (``limit_s``) becomes the verdict of each
+    section that had not finished, with the log's last lines."""
+    results = [work / f"section_{n}.json" for n in names]
+    for r in results:
+        r.unlink(missing_ok=True)
+    log = work / f"group_{names[0]}.log"
+    cmd = [sys.executable, "-m", "bench.gpucheck", "--section", ",".join(names), "--out", str(work)]
     if dry_run:
         cmd.append("--dry-run")
     t0 = time.monotonic()
@@ -73,15 +91,28 @@ def spawn(name: str, dry_run: bool, out: Path, budget_s: float, limit_s: float) 
             rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=limit_s).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    seconds = time.monotonic() - t0
-    if result.exists():
-        section = Section.from_json(json.loads(result.read_text()))
-        section.seconds = seconds
-        return section
     tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])[-400:]
     why = f"did not finish in {limit_s:.0f} s" if rc == "timeout" else f"its process exited with {rc}"
-    title = next(t for n, t, *_ in SECTIONS if n == name)
-    return Section(name, title, seconds=seconds, error=f"{why}; last lines: {tail}")
+    out = []
+    for name, result in zip(names, results):
+        if result.exists():
+            out.append(Section.from_json(json.loads(result.read_text())))
+        else:
+            out.append(Section(name, title_of(name), seconds=time.monotonic() - t0,
+                               error=f"{why}; last lines: {tail}"))
+    return out
+
+
+def write_report(out: Path, work: Path, info: dict, dry_run: bool, t0: float, sections: list[Section]) -> str:
+    sections = sorted(sections, key=lambda s: NAMES.index(s.name))
+    report = {"card": info, "dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "seconds": time.monotonic() - t0, "sections": [s.to_json() for s in sections]}
+    (out / "gpu_report.json").write_text(json.dumps(report, indent=1, default=str))
+    text = markdown(report)
+    (out / "gpu_report.md").write_text(text)
+    with tarfile.open(out / "gpu_logs.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname="gpucheck", filter=lambda t: None if t.name.endswith(".png") else t)
+    return text
 
 
 def main() -> int:
@@ -97,10 +128,10 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.section:
-        budget = next((g if not args.dry_run else d) for n, _, g, d in SECTIONS if n == args.section)
-        section = run_section(args.section, args.dry_run, out, budget)
-        section.save(out / f"section_{args.section}.json")
+    if args.section:  # the child's side: each section in turn, its JSON written as soon as it is done
+        for name in args.section.split(","):
+            section = run_section(name, args.dry_run, out, budget_of(name, args.dry_run))
+            section.save(out / f"section_{name}.json")
         return 0
     names = NAMES if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in NAMES]
@@ -115,25 +146,22 @@ def main() -> int:
     # The device returns at most 8 files from OUT: sections write into a work folder, packed at the end.
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpucheck-"))
     work.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        budget = next((g if not args.dry_run else d) for n, _, g, d in SECTIONS if n == name)
+    for group in GROUPS:
+        todo = [n for n in group if n in names]
+        if not todo:
+            continue
         left = (args.deadline_s - (time.monotonic() - t0) - 15) if args.deadline_s else float("inf")
-        if left < 20:
-            title = next(t for n, t, *_ in SECTIONS if n == name)
-            s = Section(name, title, error=f"not run: {left + 15:.0f} s of the run's {args.deadline_s:.0f} s left")
+        if left < 15:
+            done = [Section(n, title_of(n), error=f"not run: the run's {args.deadline_s:.0f} s were spent")
+                    for n in todo]
         else:
-            s = spawn(name, args.dry_run, work, budget, min(budget + 30, left))
-        print(f"gpucheck: {name}: {s.verdict} ({s.seconds:.0f} s)", flush=True)
-        sections.append(s)
+            done = spawn(todo, args.dry_run, work, min(sum(budget_of(n, args.dry_run) for n in todo) + 30, left))
+        for s in done:
+            print(f"gpucheck: {s.name}: {s.verdict} ({s.seconds:.0f} s)", flush=True)
+        sections += done
         for png in work.glob("gpu-*.png"):
             shutil.copy(png, out / png.name)
-    report = {"card": info, "dry_run": args.dry_run, "date": time.strftime("%Y-%m-%d %H:%M"),
-              "seconds": time.monotonic() - t0, "sections": [s.to_json() for s in sections]}
-    (out / "gpu_report.json").write_text(json.dumps(report, indent=1, default=str))
-    text = markdown(report)
-    (out / "gpu_report.md").write_text(text)
-    with tarfile.open(out / "gpu_logs.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname="gpucheck", filter=lambda t: None if t.name.endswith(".png") else t)
+        text = write_report(out, work, info, args.dry_run, t0, sections)  # after each group: a kill leaves it
     print(text)
     return 0 if all(not s.verdict.startswith("FAIL") for s in sections) else 1
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from .shared import Ctx, Section, Table, make_folder, sync
+from .shared import Ctx, Section, Table, make_folder, scratch_folder, sync
 
-FOLDER = Path("/tmp/kvscope-gpucheck-7b")
+FOLDER = scratch_folder("kvscope-gpucheck-7b")
 
 
 def workload(vocab: int, n: int, prompt: int, new: int):

@@ -33,7 +33,8 @@ def run(ctx: Ctx, section: Section) -> None:
     from engine import LLMEngine
     dev = ctx.device
     n = ctx.n(4096, 200)
-    model = random_native(ctx.big, ctx.dtype, dev, max_position_embeddings=2 * n)
+    model = random_native(ctx.big, ctx.dtype, dev)
+    model.config.max_position_embeddings = max(model.config.max_position_embeddings, 2 * n)  # rotary has no limit
     engine = LLMEngine.from_model(model, None, name="random llama-2-7b", block_size=16, max_num_seqs=4,
                                   max_model_len=2 * n, max_num_batched_tokens=2 * n,
                                   num_gpu_blocks=4 * (2 * n // 16))

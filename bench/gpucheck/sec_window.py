@@ -38,7 +38,7 @@ def run(ctx: Ctx, section: Section) -> None:
     device = ["--view", "plots"] + ([] if not ctx.dry_run else ["--device", "cpu", "--num-gpu-blocks", "256"])
     runs = [shot(["--model", str(folder), *device, "--max-model-len", "2048", "--steps", str(ctx.n(40, 6))],
                  ctx.out / "gpu-window.png", min(ctx.left_s() - 25, 120))]
-    if ctx.left_s() > 30:
+    if ctx.left_s() > 40:
         runs.append(shot(["--model", str(folder), *device, "--scenario", "shared-system-prompt", "--steps",
                           str(ctx.n(20, 4))], ctx.out / "gpu-window-scenario.png", ctx.left_s() - 5))
     section.tables.append(Table("Screenshots", [("command", "command", ""), ("rc", "exit", ""), ("png", "image", ""),

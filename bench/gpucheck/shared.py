@@ -1,8 +1,10 @@
 """What the acceptance run's sections share: the card, the model shapes, random weights, a section's report."""
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -109,8 +111,10 @@ def random_state(config, dtype: torch.dtype, device: torch.device, seed: int = 0
             yield name, (torch.randn(p.shape, generator=g, dtype=torch.float32, device=device) * 0.02).to(dtype)
 
 
+@functools.lru_cache(maxsize=2)
 def random_native(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, **overrides):
-    """The engine's own ``LlamaForCausalLM`` over random weights of ``shape`` (no transformers model)."""
+    """The engine's own ``LlamaForCausalLM`` over random weights of ``shape`` (no transformers model), built once
+    a process: the sections of one group share it (engines over it each have their own pool)."""
     from engine.runner.models.llama import LlamaForCausalLM
     from engine.runner.models.rotary import build_rotary
     config = hf_config(shape, **overrides)
@@ -150,6 +154,15 @@ def tokenizer_folder() -> Path | None:
         return None
     tok.save_pretrained(out)
     return out
+
+
+def scratch_folder(name: str) -> Path:
+    """Where a checkpoint folder is written: /dev/shm (memory: 13.5 GB written and read back in seconds) when it
+    has room for a 7B model, else /tmp."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shutil.disk_usage(shm).free > 20 * 2**30:
+        return shm / name
+    return Path("/tmp") / name
 
 
 def make_folder(shape: str, dtype: torch.dtype, device: torch.device, folder: Path) -> Path:
