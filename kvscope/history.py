@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.inspect.cache_rules import CacheChange, cache_change
 from engine.inspect.event_codec import pack_events, unpack_events
-from engine.inspect.events import BlockEvicted, BlockStored, BlockUnpublished, CacheReset, Event
+from engine.inspect.events import Event
 from engine.inspect.indexed_map import OverlayMap, StoreLog
 from engine.inspect.replay import PoolReplayer
 from engine.inspect.snapshot import (
@@ -236,14 +237,17 @@ class RunHistory:
         return index
 
     def _follow_cache(self, events: list[Event]) -> None:
-        """The prefix cache's changes, rule for rule with ``apply_cache_event``."""
+        """The prefix cache's changes, by ``engine.inspect.cache_rules``."""
         index = self._store_of
         for ev in events:
-            if isinstance(ev, BlockStored):
+            change = cache_change(ev)
+            if change is None:
+                continue
+            if change is CacheChange.STORED:
                 index[ev.block_id] = self._store.add(tuple(ev.token_ids), ev.block_hash)
-            elif isinstance(ev, (BlockEvicted, BlockUnpublished)):
+            elif change.removes:
                 index[ev.block_id] = -1
-            elif isinstance(ev, CacheReset):
+            else:
                 index[:] = -1
 
     def _count_output(self, step: int, tl: _RequestTimeline, r: RequestInfo) -> None:

@@ -10,15 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .cache_rules import CacheChange, cache_change
 from .events import (
     BlockAllocated,
     BlockCopied,
-    BlockEvicted,
     BlockFreed,
-    BlockStored,
     BlockTouched,
-    BlockUnpublished,
-    CacheReset,
     Event,
     LeakFound,
     RequestAborted,
@@ -62,7 +59,21 @@ class BlockStory:
         b = self.block_id
         leak_reported = False
         for e in events:
-            if isinstance(e, BlockAllocated) and e.block_id == b:
+            change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
+            if change is not None:
+                if change is CacheChange.CLEARED:
+                    self._add(step, e.kind, "prefix cache reset (every free block's hash dropped)", e)
+                elif e.block_id != b:
+                    pass
+                elif change is CacheChange.STORED:
+                    self._add(step, e.kind, f"stored in the prefix cache under hash {e.block_hash[:16]} by request "
+                                            f"{e.request_id}: tokens {self._tokens(e.token_ids)}", e)
+                elif change is CacheChange.EVICTED:
+                    self._add(step, e.kind, f"evicted from the prefix cache (hash {e.block_hash[:16]} dropped): "
+                                            f"handed out again", e)
+                else:
+                    self._add(step, e.kind, f"hash {e.block_hash[:16]} withdrawn ({e.reason or 'step failed'})", e)
+            elif isinstance(e, BlockAllocated) and e.block_id == b:
                 self.holders = [e.request_id]
                 self.last_holder = e.request_id
                 self._add(step, e.kind, f"allocated to request {e.request_id}", e)
@@ -75,14 +86,6 @@ class BlockStory:
                     self.holders.remove(e.request_id)
                 where = "back on the free queue" if e.ref_cnt == 0 else f"ref count {e.ref_cnt}"
                 self._add(step, e.kind, f"released by request {e.request_id} ({where})", e)
-            elif isinstance(e, BlockStored) and e.block_id == b:
-                self._add(step, e.kind, f"stored in the prefix cache under hash {e.block_hash[:16]} by request "
-                                        f"{e.request_id}: tokens {self._tokens(e.token_ids)}", e)
-            elif isinstance(e, BlockEvicted) and e.block_id == b:
-                self._add(step, e.kind, f"evicted from the prefix cache (hash {e.block_hash[:16]} dropped): "
-                                        f"handed out again", e)
-            elif isinstance(e, BlockUnpublished) and e.block_id == b:
-                self._add(step, e.kind, f"hash {e.block_hash[:16]} withdrawn ({e.reason or 'step failed'})", e)
             elif isinstance(e, BlockCopied) and b in (e.src_block_id, e.dst_block_id):
                 other = e.dst_block_id if e.src_block_id == b else e.src_block_id
                 role = (f"copied on write to block {other}" if e.src_block_id == b
@@ -96,8 +99,6 @@ class BlockStory:
                 self._add(step, e.kind, f"request {e.request_id} swapped in here from CPU block {cpu}", e)
             elif isinstance(e, RequestForked) and b in e.block_ids:
                 self._add(step, e.kind, f"shared with fork {e.child_id} of request {e.parent_id}", e)
-            elif isinstance(e, CacheReset):
-                self._add(step, e.kind, "prefix cache reset (every free block's hash dropped)", e)
             elif isinstance(e, LeakFound) and e.block_id == b:
                 self._add(step, e.kind, f"reported by the audit: {e.problem}", e)
                 leak_reported = True

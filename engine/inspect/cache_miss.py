@@ -23,14 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .cache_rules import CacheChange, cache_change
 from .events import (
     BlockAllocated,
-    BlockEvicted,
     BlockFreed,
-    BlockStored,
     BlockTouched,
-    BlockUnpublished,
-    CacheReset,
     Event,
     RequestAdmitted,
 )
@@ -82,17 +79,19 @@ class CacheMissExplainer:
         stored: list[_Cached] = []
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
         for e in events:
-            if isinstance(e, BlockStored):
+            change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
+            if change is CacheChange.STORED:
                 stored.append(_Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id))
-            elif isinstance(e, BlockEvicted):
+            elif change is CacheChange.EVICTED:
                 gone = self.mirror.pop(e.block_hash, None)
                 if gone is not None:
                     self.evicted.append((step, gone))
-            elif isinstance(e, BlockUnpublished):
+            elif change is CacheChange.WITHDRAWN:
                 self.mirror.pop(e.block_hash, None)
                 stored = [c for c in stored if c.block_hash != e.block_hash]
-            elif isinstance(e, CacheReset):
-                self.mirror = {h: c for h, c in self.mirror.items() if self.ref.get(c.block_id, 0) > 0}
+            elif change is CacheChange.CLEARED:
+                self.mirror.clear()
+                stored.clear()
             elif isinstance(e, BlockAllocated):
                 self.ref[e.block_id] = 1
             elif isinstance(e, (BlockTouched, BlockFreed)):

@@ -45,7 +45,9 @@ kvscope              vLLM wire
                      chain (each one's parent is the previous one's hash) are merged into one
                      event with several hashes and the tokens concatenated, as vLLM's
                      ``cache_full_blocks`` sends them.
-``BlockEvicted``     ``BlockRemoved(block_hashes=[hash], medium="GPU")``; adjacent removals merge.
+``BlockEvicted``,    ``BlockRemoved(block_hashes=[hash], medium="GPU")``; adjacent removals merge.
+``BlockUnpublished`` (a store of a failed step rolled back: the prefix no longer exists; the table
+                     in ``cache_rules`` says which events remove a hash)
 ``CacheReset``       ``AllBlocksCleared()``.
 everything else      dropped: allocations, hits, frees (ref counts), owners and request ids, block
                      ids, copy-on-write copies, forks, preemptions, swaps, leaks. The wire names a
@@ -70,7 +72,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from .events import BlockEvicted, BlockStored, CacheReset, Event
+from .cache_rules import CacheChange, cache_change
+from .events import Event
 
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # end-of-replay marker
@@ -118,7 +121,8 @@ def to_wire_events(events: Iterable[Event], block_size: int, hash_format: str = 
     out: list[WireEvent] = []
     chain_tail: str | None = None  # hex hash of the last block of the open BlockStored run
     for ev in events:
-        if isinstance(ev, BlockStored):
+        change = cache_change(ev)
+        if change is CacheChange.STORED:
             h = external_hash(ev.block_hash, hash_format)
             last = out[-1] if out else None
             if isinstance(last, WireStored) and ev.parent_hash is not None and ev.parent_hash == chain_tail:
@@ -128,7 +132,7 @@ def to_wire_events(events: Iterable[Event], block_size: int, hash_format: str = 
                 parent = external_hash(ev.parent_hash, hash_format) if ev.parent_hash else None
                 out.append(WireStored((h,), parent, tuple(ev.token_ids), block_size, medium))
             chain_tail = ev.block_hash
-        elif isinstance(ev, BlockEvicted):
+        elif change is not None and change.removes:  # evicted, or withdrawn: its step failed
             h = external_hash(ev.block_hash, hash_format)
             last = out[-1] if out else None
             if isinstance(last, WireRemoved):
@@ -136,7 +140,7 @@ def to_wire_events(events: Iterable[Event], block_size: int, hash_format: str = 
             else:
                 out.append(WireRemoved((h,), medium))
             chain_tail = None
-        elif isinstance(ev, CacheReset):
+        elif change is CacheChange.CLEARED:
             out.append(WireCleared())
             chain_tail = None
     return out

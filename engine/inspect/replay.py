@@ -5,6 +5,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from . import cache_rules
+from .cache_rules import CACHE_CHANGES, CacheChange, cache_change
 from .chunked_map import ChunkedMap, FrozenChunkedMap
 from .event_codec import FIELDS_OF, PACKED_TYPES, packed_rows
 from .events import (
@@ -15,7 +17,6 @@ from .events import (
     BlockStored,
     BlockTouched,
     BlockUnpublished,
-    CacheReset,
     Event,
     RequestForked,
     SwappedIn,
@@ -25,34 +26,13 @@ from .free_order import FreeOrder
 from .indexed_map import OverlayMap
 
 
-# The prefix cache's rules, on an event's fields (so that packed events need no Event object).
-def _cache_stored(tokens, hashes, block_id, block_hash, request_id, token_ids, parent_hash=None) -> None:
-    tokens[block_id] = tuple(token_ids)
-    hashes[block_id] = block_hash
-
-
-def _cache_dropped(tokens, hashes, block_id, *_) -> None:
-    # Evicted: handed out again. Unpublished: its step failed (BlockPool.rollback_step).
-    tokens.pop(block_id, None)
-    hashes.pop(block_id, None)
-
-
-def _cache_reset(tokens, hashes, *_) -> None:
-    tokens.clear()
-    hashes.clear()
-
-
-_CACHE_RULES = {BlockStored: _cache_stored, BlockEvicted: _cache_dropped, BlockUnpublished: _cache_dropped,
-                CacheReset: _cache_reset}
-
-
 def apply_cache_event(ev: Event, tokens, hashes) -> bool:
-    """Keep copies of the prefix cache's maps (block id -> tokens, block id -> hex hash) up to date,
-    rule for rule with ``BlockPool``; returns whether the event was one of the cache's."""
-    rule = _CACHE_RULES.get(type(ev))
-    if rule is None:
+    """Keep copies of the prefix cache's maps (block id -> tokens, block id -> hex hash) up to date by
+    ``cache_rules``; returns whether the event was one of the cache's."""
+    change = cache_change(ev)
+    if change is None:
         return False
-    rule(tokens, hashes, *FIELDS_OF[type(ev)](ev))
+    cache_rules.RULES[change](tokens, hashes, *FIELDS_OF[type(ev)](ev))
     return True
 
 
@@ -192,19 +172,18 @@ class PoolReplayer:
         if ref[block_id] == 0:
             self.free_order.append_one(block_id)
 
-    def _stored(self, step: int, *fields) -> None:
-        _cache_stored(self.cached_tokens, self.hashes, *fields)
 
-    def _dropped(self, step: int, *fields) -> None:
-        _cache_dropped(self.cached_tokens, self.hashes, *fields)
 
-    def _reset(self, step: int, *fields) -> None:
-        _cache_reset(self.cached_tokens, self.hashes)
+def _cache_rule(change: CacheChange):
+    rule = cache_rules.RULES[change]
+
+    def apply(self: PoolReplayer, step: int, *fields) -> None:
+        rule(self.cached_tokens, self.hashes, *fields)
+    return apply
 
 
 _POOL_RULES = {BlockAllocated: PoolReplayer._allocated, BlockTouched: PoolReplayer._touched,
-               BlockFreed: PoolReplayer._freed, BlockStored: PoolReplayer._stored,
-               BlockEvicted: PoolReplayer._dropped, BlockUnpublished: PoolReplayer._dropped,
-               CacheReset: PoolReplayer._reset}
+               BlockFreed: PoolReplayer._freed,
+               **{cls: _cache_rule(change) for cls, change in CACHE_CHANGES.items()}}
 # the same by the packed code (event_codec's), None for events that change no pool state
 _RULES_BY_CODE = [_POOL_RULES.get(cls) for cls in PACKED_TYPES]
