@@ -30,8 +30,8 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
                    help="topic of published batches; with --attach, the subscription prefix")
     p.add_argument("--kv-events-format", default="array", choices=WIRE_FORMATS,
-                   help="events as positional arrays (vLLM's example subscriber, SGLang, vLLM before #42892) "
-                        "or as maps with a 'type' key (vLLM since #42892); --attach reads both")
+                   help="events as positional arrays (vLLM's example subscriber, SGLang, vLLM up to 0.20) "
+                        "or as maps with a 'type' key (vLLM 0.27 to 0.33, checked); --attach reads both")
     p.add_argument("--kv-events-hash", default="int", choices=HASH_FORMATS,
                    help="block hashes as vLLM's default 64-bit ints or as the raw digest bytes")
     p.add_argument("--kv-events-dp-rank", type=int, default=0, metavar="R",

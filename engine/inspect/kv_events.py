@@ -18,7 +18,10 @@ Wire format (written from vLLM's schema, none of its code):
   uses, and vLLM's example subscriber decodes. ``wire_format="map"`` writes each event as a map
   with the tag under ``"type"`` (``{"type": "BlockStored", "block_hashes": [...], ...}``), as
   vLLM does since #42892; the batch stays positional in both. Decoding accepts either, and a
-  map-shaped batch too, so one subscriber reads old and new vLLM and SGLang.
+  map-shaped batch too, so one subscriber reads old and new vLLM and SGLang. Checked against the
+  released wheels' struct definitions (tests/test_kv_events_vllm_releases.py): "array" is vLLM 0.11.0
+  and 0.20.0's shape, "map" 0.27.0 and 0.33.0's (whose new fields, ``locality``, ``session_id``...,
+  the decoder ignores).
 - Hashes: vLLM hashes blocks with a 32-byte digest and publishes ``ExternalBlockHash``: by
   default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) the digest's low 64 bits as an unsigned
   int (``int.from_bytes(digest, "big") & (2**64 - 1)``), otherwise the raw bytes.
