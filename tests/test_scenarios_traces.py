@@ -126,6 +126,9 @@ def test_a_trace_torn_by_a_crash_stays_readable(tiny_hf, tmp_path):
     ("hello world\n", "not a kvscope trace"),
     ('{"some": "json"}\n', "not a kvscope trace"),
     ('{"format": "kvscope-trace", "version": 99, "num_blocks": 4, "block_size": 4}\n', "newer kvscope"),
+    ('{"format": "kvscope-trace", "version": -1, "num_blocks": 4, "block_size": 4}\n', "version -1 is not a version"),
+    ('{"format": "kvscope-trace", "version": "1", "num_blocks": 4, "block_size": 4}\n', "is not a version"),
+    ('{"format": "kvscope-trace", "num_blocks": 4, "block_size": 4}\n', "version None is not a version"),
     ('{"format": "kvscope-trace", "version": 1, "num_blocks": 4, "block_size": 4}\n{"step": 1, "events": [{"kind'
      '": "bogus"}], "requests": [], "shown": [], "counters": {}}\n{"step": 2}\n', "corrupt trace .* at line 2"),
 ])
@@ -164,3 +167,28 @@ def test_unknown_scenario_on_the_command_line():
     assert r.returncode == 2 and "unknown scenario 'nope'" in r.stderr
 
 
+
+
+def test_every_trace_kvscope_writes_kvscope_replays(tiny_dir, tmp_path):
+    """Swap preemption on a small model used to record the default 4 GiB CPU pool (1.4 M blocks of 3 KiB), which
+    the replay refused: the default CPU pool holds what every sequence at full length could swap, no more."""
+    trace = tmp_path / "swap.trace"
+    r = kvscope("--headless", "--model", tiny_dir, "--preemption-mode", "swap", "--num-gpu-blocks", "24",
+                "--block-size", "4", "--inject-ids", ",".join(map(str, range(1, 14))),
+                "--inject-ids", ",".join(map(str, range(5, 15))),
+                "--max-tokens", "40", "--steps", "30", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    header = json.loads(trace.read_text().splitlines()[0])
+    assert 0 < header["num_cpu_blocks"] <= header["config"]["max_num_seqs"] * 512 // 4
+    replayed = kvscope("--headless", "--replay", str(trace))
+    assert replayed.returncode == 0, replayed.stderr
+
+
+def test_a_pool_no_replay_could_rebuild_is_refused_before_the_trace_is_written(tiny_dir, tmp_path):
+    trace = tmp_path / "big.trace"
+    r = kvscope("--headless", "--model", tiny_dir, "--preemption-mode", "swap", "--num-cpu-blocks", str(2**21),
+                "--steps", "1", "--trace", str(trace))
+    assert r.returncode == 2 and not trace.exists()
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("kvscope:")]  # the model's load logs above it
+    assert len(said) == 1 and "kvscope: cannot record a trace: num_cpu_blocks = 2,097,152, above the replay limit" \
+        in said[0]

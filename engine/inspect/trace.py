@@ -33,8 +33,23 @@ def _info_dict(r: RequestInfo) -> dict:
     return dataclasses.asdict(r)
 
 
+def check_replayable(num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+    """The replay's limits, one rule for the writer and the reader: raises ``ValueError`` with one line."""
+    for key, value, limit in (("num_blocks", num_blocks, MAX_TRACE_BLOCKS), ("num_cpu_blocks", num_cpu_blocks,
+                              MAX_TRACE_BLOCKS), ("block_size", block_size, MAX_TRACE_BLOCK_SIZE)):
+        if value > limit:
+            raise ValueError(f"{key} = {value:,}, above the replay limit of {limit:,}")
+
+
 class TraceWriter:
     def __init__(self, path: str | Path, header: dict) -> None:
+        """Refuses (``ValueError``, one line, before the file is made) a pool a replay could not rebuild: every
+        trace kvscope writes, kvscope replays."""
+        try:
+            check_replayable(header["num_blocks"], header.get("num_cpu_blocks", 0), header["block_size"])
+        except ValueError as e:
+            raise ValueError(f"cannot record a trace: {e} (a smaller --num-cpu-blocks or --swap-space, or a "
+                             f"smaller pool)") from None
         self.path = Path(path)
         self._f = self.path.open("w", encoding="utf-8")
         self._rows: dict[str, RequestInfo] = {}
@@ -79,7 +94,9 @@ def read_header(path: str | Path) -> dict:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TraceError(f"{path} is not a kvscope trace (no '{FORMAT}' header)")
     version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if not _is_int(version) or version < 1:
+        raise TraceError(f"{path}: trace version {version!r} is not a version (1..{VERSION})")
+    if version > VERSION:
         raise TraceError(f"{path} was written by a newer kvscope (trace version {version}); "
                          f"this one reads version {VERSION}")
     for key in ("num_blocks", "block_size"):
@@ -88,11 +105,10 @@ def read_header(path: str | Path) -> dict:
     cpu = header.get("num_cpu_blocks", 0)
     if not _is_int(cpu) or cpu < 0:
         raise TraceError(f"{path}: header field 'num_cpu_blocks' is invalid ({cpu!r})")
-    for key, value, limit in (("num_blocks", header["num_blocks"], MAX_TRACE_BLOCKS),
-                              ("num_cpu_blocks", cpu, MAX_TRACE_BLOCKS),
-                              ("block_size", header["block_size"], MAX_TRACE_BLOCK_SIZE)):
-        if value > limit:
-            raise TraceError(f"{path}: header claims {key} = {value:,}, above the replay limit of {limit:,}")
+    try:
+        check_replayable(header["num_blocks"], cpu, header["block_size"])
+    except ValueError as e:
+        raise TraceError(f"{path}: header claims {e}") from None
     return header
 
 

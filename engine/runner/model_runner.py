@@ -62,8 +62,11 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
             self._capture_graphs()
+        # --swap-space's bytes, but never more blocks than every sequence at full length could swap out: 4 GiB
+        # over a small model's 3 KiB blocks would be 1.4 M blocks nobody can fill (and pinned memory on CUDA)
         self.num_cpu_blocks = (config.num_cpu_blocks if config.num_cpu_blocks is not None
-                               else int(config.swap_space * 2**30) // self.block_bytes)
+                               else min(int(config.swap_space * 2**30) // self.block_bytes,
+                                        config.max_num_seqs * cdiv(max_model_len, self.block_size)))
         if config.preemption_mode != "swap":
             self.num_cpu_blocks = 0
         # Pinned host memory makes the device<->host copies asynchronous on CUDA.
