@@ -21,6 +21,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 KV_LAYOUTS = ("paged", "contiguous")
 HASH_ALGOS = ("sha256", "builtin")
+# the free queue's order (engine/core/eviction.py): vLLM's LRU, or LFU with dynamic ageing
+EVICTION_POLICIES = ("lru", "lfu")
 # see KVCacheManager and Scheduler.finish_request; "shared-write": after a prefix hit, the new tokens' slots are
 # off by one, so the first one overwrites the last slot of a cached block that other requests share (ModelRunner)
 FAULTS = (None, "abort-leak", "cow-leak", "double-free", "shared-write")
@@ -93,6 +95,10 @@ class EngineConfig:
                             "baseline; no prefix caching)", choices=KV_LAYOUTS, group="KV cache")
     hash_algo: str = option("sha256", "block hash: sha256, or builtin (fast, non-cryptographic; hits still "
                             "compare tokens)", choices=HASH_ALGOS, group="KV cache")
+    eviction_policy: str = option(
+        "lru", "which cached free block is evicted first: lru (vLLM's: least recently freed) or lfu (least "
+        "frequently used, with dynamic ageing: prefixes hit often outlive one-off long prompts, and empty blocks "
+        "go before any cached one)", choices=EVICTION_POLICIES, group="KV cache")
     seed: int = option(0, f"seed of the default sampling generator (0..{MAX_SEED})", ge=0, le=MAX_SEED,
                        group="scheduler")
     fault: str | None = option(None, "switch on a deliberate bug, to practise finding leaks", choices=FAULTS,

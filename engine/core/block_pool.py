@@ -1,4 +1,4 @@
-"""The physical block pool: ref counts, the LRU free queue and the prefix-cache map."""
+"""The physical block pool: ref counts, the free queue (its order is the eviction policy) and the prefix-cache map."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -17,7 +17,8 @@ from ..inspect.events import (
     Event,
 )
 from ..inspect.free_order import FreeOrder
-from .kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from .eviction import make_free_queue
+from .kv_cache_utils import BlockHash, KVCacheBlock
 
 
 class BlockPool:
@@ -25,7 +26,8 @@ class BlockPool:
 
     A free block may still be cached (ref 0, hash kept): it stays reusable until it is
     handed out again, at which point its hash is dropped (eviction). Handing out from
-    the head of the free queue makes eviction "least recently freed first".
+    the head of the free queue makes eviction "least recently freed first" (the default
+    ``lru`` policy; ``lfu`` orders the queue by use counts, see eviction.py).
 
     Only this class changes a block's hash or the hash map. Publication is two-phase:
     ``cache_block`` stores a block as soon as the step that completes it is scheduled
@@ -35,13 +37,17 @@ class BlockPool:
     anything failed, which unpublishes every tentative block (its KV may be unwritten).
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, eviction_policy: str = "lru") -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeKVCacheBlockQueue(self.blocks)
+        # "lru" is vLLM's FreeKVCacheBlockQueue, unchanged; other policies order the same queue otherwise
+        # (engine/core/eviction.py). A policy that counts uses hears of every hit (touch) through note_hit.
+        self.eviction_policy = eviction_policy
+        self.free_queue = make_free_queue(eviction_policy, self.blocks)
+        self._note_hit = getattr(self.free_queue, "note_hit", None)
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         self.events: list[Event] = []
         self.step = 0  # stamped into last_access
@@ -58,6 +64,8 @@ class BlockPool:
         self._hash_mv = memoryview(self.has_hash_arr)
         self.tokens_by_block: ChunkedMap[tuple[int, ...]] = ChunkedMap(num_blocks)
         self.hash_hex_by_block: ChunkedMap[str] = ChunkedMap(num_blocks)
+        # The order blocks were freed in: the eviction order under LRU only (under lfu, snapshots' free_queue
+        # and PoolReplayer's "allocated == head" rule do not hold; the events still describe every change).
         self.free_order = FreeOrder(num_blocks)
         # Blocks per state kept as they change (with the free queue's length they give every count of
         # ``state_counts``), so a step's record counts its states in O(1), not in a pass over the pool.
@@ -134,7 +142,10 @@ class BlockPool:
         if not blocks:
             return
         ids, refs, unfreed = [], [], []
+        note_hit = self._note_hit  # None under LRU
         for b in blocks:
+            if note_hit is not None:
+                note_hit(b)
             if b.ref_cnt == 0:
                 self.free_queue.remove(b)
                 unfreed.append(b.block_id)
