@@ -98,26 +98,50 @@ class LLMEngine:
         self.load_seconds = 0.0
         return self
 
+    @classmethod
+    def from_runner(cls, runner, config: EngineConfig | None = None, tokenizer=None, name: str = "simulated model",
+                    **kwargs) -> LLMEngine:
+        """An engine over a runner without weights (``engine.workload.SimRunner``): the real scheduler, block
+        pool, prefix cache, preemption and events run, and only the forward pass is the runner's.
+
+        The runner offers what the engine asks of ``ModelRunner``: ``execute``, ``apply_device_work``,
+        ``num_blocks``, ``block_bytes``, ``num_cpu_blocks``, ``vocab_size``, and a ``model_config`` that
+        answers ``max_position_embeddings`` and ``eos_token_id`` in place of a checkpoint's config.
+        """
+        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
+        config.validate()
+        self = cls.__new__(cls)
+        self._setup(config, torch.device("cpu"), ModelSource(name, None, name), None, tokenizer, runner=runner)
+        self.weights = None
+        self.load_seconds = 0.0
+        return self
+
     def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
-               model=None, report: Progress | None = None) -> None:
-        """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``."""
+               model=None, report: Progress | None = None, runner=None) -> None:
+        """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``;
+        ``runner``: a runner without weights instead of both (``from_runner``)."""
         self.config = config
         self.device = device
         self.source = source
         self.tokenizer = tokenizer
-        hf_config = model.config if model is not None else hf_model.config
+        if runner is not None:
+            hf_config = runner.model_config
+        else:
+            hf_config = model.config if model is not None else hf_model.config
         ctx = getattr(hf_config, "max_position_embeddings", None) or 2048
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         if report is not None:
             report("sizing and building the KV pool", 0.85)
-        self.runner = ModelRunner(config, hf_model, device, self.max_model_len, model=model)
+        self.runner = runner if runner is not None else ModelRunner(config, hf_model, device, self.max_model_len,
+                                                                     model=model)
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
         if tokenizer is not None and len(tokenizer) > self.vocab_size:
             logger.warning("the tokenizer has %d tokens, the model %d: prompts with ids beyond the model's are "
                            "refused", len(tokenizer), self.vocab_size)
         contiguous = config.kv_layout == "contiguous"
-        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous)
+        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous,
+                              config.eviction_policy)
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
         self.kv = KVCacheManager(self.pool, config.block_size,
                                  extra_keys=(source.identity, tok_id, self.vocab_size),
