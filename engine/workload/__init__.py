@@ -1,0 +1,18 @@
+"""Real workloads: play request traces (Mooncake's, or your own) through the engine without weights.
+
+The scheduler, block pool, prefix cache, preemption and events run for real; a cost model's step time
+on a virtual clock stands in for the forward pass. See docs/workloads.md.
+
+- ``read_workload(path, tokenizer=None)`` -> ``Workload`` (``WorkloadError``: one line naming file and line)
+- ``run_workload(workload, EngineConfig, SimConfig)`` -> ``WorkloadResult`` (``.summary()``: the JSON)
+- ``build_engine(workload, EngineConfig, SimConfig)`` -> ``(LLMEngine, WorkloadFeeder)``, to play it step by step
+- ``sweep(workload, kv_tokens, policies, ...)`` -> rows; ``plot_sweep(...)`` draws hit rate against capacity
+- ``prefix_sharing(workload, block_size)`` -> the infinite-pool reference, computed apart from the engine
+"""
+from .costmodel import GPUS, MODELS, CostModel
+from .driver import RequestRecord, SimConfig, WorkloadFeeder, WorkloadResult, build_engine, run_workload
+from .reader import TraceRequest, Workload, WorkloadError, read_workload
+from .tokens import HashIdTokens
+
+__all__ = ["CostModel", "GPUS", "MODELS", "HashIdTokens", "RequestRecord", "SimConfig", "TraceRequest", "Workload",
+           "WorkloadError", "WorkloadFeeder", "WorkloadResult", "build_engine", "read_workload", "run_workload"]
