@@ -5,7 +5,7 @@
 Batches of 32 requests (prompts 16-128, outputs 32-96 tokens, fixed seeds) on the tiny random
 Llama, whose forward is fast enough that the inspector's own overhead shows (the worst case: on
 SmolLM2 or a 7B model on a GPU the model step dominates). Four ways: ``LLMEngine.step`` alone; a
-``Session`` (what --headless runs: a snapshot and the events after every step); the offscreen
+``LiveSource`` (what --headless runs: a snapshot and the events after every step); the offscreen
 window at full speed with the engine on a thread (``--engine-thread``), and with the engine in its
 own process (what ``kvscope`` runs; the window redraws at most ~30 times a second). Every batch a
 mode runs comes right after the bare engine ran it, and "x bare" is the median of those pairs.
@@ -49,11 +49,11 @@ def bare(reqs) -> tuple[int, float]:
 
 
 class SessionRunner:
-    """A ``Session`` (what --headless runs) over one engine, batch after batch."""
+    """A ``LiveSource`` (what --headless runs) over one engine, batch after batch."""
 
     def __init__(self) -> None:
-        from kvscope.session import Session
-        self.s = Session(new_engine())
+        from kvscope.sources.live import LiveSource
+        self.s = LiveSource(new_engine())
 
     def run(self, reqs) -> tuple[int, float]:
         for p, sp in reqs:
@@ -89,7 +89,7 @@ class WindowRunner:
         the window's process does only what the window does)."""
         from PySide6.QtCore import QEventLoop
 
-        from kvscope.worker import InjectSpec
+        from kvscope.ui.worker import InjectSpec
         app, win = self.app, self.win
         win.inject([InjectSpec(p, sp) for p, sp in reqs])
         h = win.history
@@ -119,10 +119,10 @@ def thread_window() -> WindowRunner:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
-    from kvscope.main_window import MainWindow
-    from kvscope.session import Session
+    from kvscope.sources.live import LiveSource
+    from kvscope.ui.main_window import MainWindow
     QApplication.instance() or QApplication([])
-    win = MainWindow(lambda _scenario: Session(new_engine()), QSettings(os.devnull, QSettings.Format.IniFormat))
+    win = MainWindow(lambda _scenario: LiveSource(new_engine()), QSettings(os.devnull, QSettings.Format.IniFormat))
     return WindowRunner(win, 60)
 
 
@@ -134,9 +134,9 @@ def process_window() -> WindowRunner:
     from PySide6.QtWidgets import QApplication
 
     from engine import EngineConfig
-    from kvscope.main_window import MainWindow
-    from kvscope.sources.build import SourceSpec
-    from kvscope.worker import ProcessBackend
+    from kvscope.runtime.build import SourceSpec
+    from kvscope.ui.main_window import MainWindow
+    from kvscope.ui.worker import ProcessBackend
     folder = tempfile.mkdtemp(prefix="kvscope-tiny-")
     tiny_model()[0].save_pretrained(folder)
     QApplication.instance() or QApplication([])
@@ -147,13 +147,13 @@ def process_window() -> WindowRunner:
 
 def run(quick: bool) -> dict:
     from engine.gc_policy import tune_gc
-    from kvscope.sources.engine_process import leave_a_core_to_the_window
+    from kvscope.runtime.engine_process import leave_a_core_to_the_window
     tune_gc()  # as kvscope's window and engine processes do (the engine process after each load)
     # The bare engine runs with the CPU threads the engine process gives itself (one core fewer than the
     # machine's; the environment, which the engine process inherits, says the same)
     threads = leave_a_core_to_the_window()
     batches = [workload(8 if quick else 32, 22 + i) for i in range(1 if quick else BATCHES)]
-    modes = (("Session: + snapshot and events", SessionRunner),
+    modes = (("LiveSource: + snapshot and events", SessionRunner),
              ("window, engine on a thread (--engine-thread)", thread_window),
              ("window, engine in its own process (kvscope)", process_window))
     # Each batch of a mode runs just after the bare engine ran the same batch, and the ratio is taken

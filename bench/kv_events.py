@@ -21,24 +21,21 @@ import time
 from common import engine_for, install_fake_runner, main, pyplot, save_figure, table, tiny_model, write_results
 from engine import SamplingParams
 from engine.inspect.events import BlockEvicted, BlockStored
-from engine.inspect.kv_events import (
-    KVEventPublisher,
-    KVEventsConfig,
-    connectable,
-    decode_batch,
-    encode_batch,
-    to_wire_events,
-)
-from kvscope.kv_events_cli import KVEventsObserver
-from kvscope.session import Session
+from engine.inspect.kv_events import to_wire_events
+from engine.inspect.kv_wire import decode_batch, encode_batch
+from kvscope.runtime.build import KVEventsObserver
+from kvscope.runtime.kv_events_options import KVEventsConfig
+from kvscope.runtime.kv_publisher import KVEventPublisher
 from kvscope.sources.attached import AttachConfig, AttachedSource
+from kvscope.sources.endpoints import connectable
+from kvscope.sources.live import LiveSource
 from kvscope.sources.remote_cache import RemoteCacheModel
 
 
 def step_cost(publish: bool, steps: int) -> float:
     engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=256, max_num_seqs=32, max_model_len=4096)
     install_fake_runner(engine)
-    session = Session(engine)
+    session = LiveSource(engine)
     observer_times: list[float] = []
     if publish:
         pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 16)

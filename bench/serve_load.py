@@ -26,9 +26,9 @@ import httpx
 from common import engine_for, main, percentile, random_prompts, table, tiny_model, write_results
 from engine import LLM, SamplingParams
 from engine.inspect.snapshot import BlockState
+from kvscope.runtime.loop import SessionLoop
 from kvscope.serve import OpenAIServer, ServeOptions
-from kvscope.serve.driver import SessionLoop
-from kvscope.session import Session
+from kvscope.sources.live import LiveSource
 
 ENGINE = dict(block_size=16, num_gpu_blocks=80, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=1024)
 
@@ -158,7 +158,7 @@ def serve_under_load(make_engine, plans: list[Plan], clients: int) -> dict:
     n = len(plans)
     engine = make_engine()
     server = OpenAIServer(ServeOptions(port=0))
-    session = Session(engine, hooks=[server.bridge])
+    session = LiveSource(engine, hooks=[server.bridge])
     loop = SessionLoop(session)
     server.bridge.wake = loop.wake
     server.start()

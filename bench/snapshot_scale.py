@@ -28,10 +28,10 @@ from common import engine_for, install_fake_runner, length_mix, main, random_pro
 from engine import SamplingParams
 from engine.gc_policy import tune_gc
 from kvscope.history import RunHistory
-from kvscope.sources import protocol as p
+from kvscope.runtime import protocol as p
+from kvscope.runtime.shm import ShmSlots
+from kvscope.runtime.wire import RecordEncoder
 from kvscope.sources.base import StepRecord
-from kvscope.sources.shm import ShmSlots
-from kvscope.sources.wire import RecordEncoder
 from kvscope.sysinfo import MemoryReading, process_rss
 
 SIZES = (2_912, 65_536, 1_048_576)

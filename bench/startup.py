@@ -29,14 +29,14 @@ def run():
     # the order of kvscope's own start (kvscope/__main__.py): the engine process first, then Qt
     from engine import EngineConfig
     from kvscope.sources import protocol as p
-    from kvscope.sources.build import SourceSpec
-    from kvscope.sources.engine_process import spawn_engine
+    from kvscope.runtime.build import SourceSpec
+    from kvscope.runtime.engine_process import spawn_engine
     spec = SourceSpec(EngineConfig(model=sys.argv[2] or None))
     early = spawn_engine(spec, 20, p.Load(None))
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
-    from kvscope.main_window import MainWindow
-    from kvscope.worker import ProcessBackend
+    from kvscope.ui.main_window import MainWindow
+    from kvscope.ui.worker import ProcessBackend
     app = QApplication([])
     settings = QSettings(os.devnull, QSettings.Format.IniFormat)
     win = MainWindow(ProcessBackend(spec, early=early), settings)

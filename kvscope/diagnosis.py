@@ -12,8 +12,7 @@ from collections.abc import Callable
 from engine.inspect.block_story import StoryLine, block_story
 from engine.inspect.cache_miss import CacheMissExplainer
 from engine.inspect.snapshot import KVSnapshot
-
-from .history import RunHistory
+from kvscope.history import RunHistory
 
 ENGINE_MADE = ("#", "+", "~")  # samples, forks, beams: they replay with their parent
 

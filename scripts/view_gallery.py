@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def run_scenario(model, tok, src, name: str) -> list[tuple]:
     from engine import EngineConfig, LLMEngine
     from kvscope.scenario import ScenarioRunner, load_scenario
-    from kvscope.session import Session
+    from kvscope.sources.live import LiveSource
     sc = load_scenario(name)
     engine = LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name=src.name)
-    session = Session(engine, ScenarioRunner(sc))
+    session = LiveSource(engine, ScenarioRunner(sc))
     recs = [(0, session.current().snapshot, [])]
     while session.has_work() and session.step_count < (sc.steps or 100):
         rec = session.step()
@@ -79,21 +79,21 @@ def main() -> None:
     from PySide6.QtCore import QPointF
     from PySide6.QtWidgets import QApplication
 
-    from kvscope.style import apply_style
+    from kvscope.ui.style import apply_style
     app = QApplication.instance() or QApplication([])
     apply_style(app)
     from kvscope.history import RunHistory
     from kvscope.scenario import load_scenario
-    from kvscope.views.banner import Banner
-    from kvscope.views.block_grid import BlockGridView
-    from kvscope.views.event_log import EventLogView
-    from kvscope.views.figure_view import FigureView
-    from kvscope.views.inject_dialog import InjectDialog
-    from kvscope.views.legend import LegendView
-    from kvscope.views.plots import PlotsPanel
-    from kvscope.views.request_panel import RequestPanel
-    from kvscope.views.scenario_notes import ScenarioNotesPanel
-    from kvscope.views.welcome import WelcomeView
+    from kvscope.ui.views.banner import Banner
+    from kvscope.ui.views.block_grid import BlockGridView
+    from kvscope.ui.views.event_log import EventLogView
+    from kvscope.ui.views.figure_view import FigureView
+    from kvscope.ui.views.inject_dialog import InjectDialog
+    from kvscope.ui.views.legend import LegendView
+    from kvscope.ui.views.plots import PlotsPanel
+    from kvscope.ui.views.request_panel import RequestPanel
+    from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
+    from kvscope.ui.views.welcome import WelcomeView
 
     vocab = data["vocab"]
 

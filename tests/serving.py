@@ -6,9 +6,9 @@ import time
 import openai
 
 from engine import LLMEngine
+from kvscope.runtime.loop import SessionLoop
 from kvscope.serve import OpenAIServer, ServeOptions
-from kvscope.serve.driver import SessionLoop
-from kvscope.session import Session
+from kvscope.sources.live import LiveSource
 
 
 class SlowSteps:
@@ -33,7 +33,7 @@ class Served:
         self.engine = engine
         self.server = OpenAIServer(options or ServeOptions(port=0))
         self.bridge = self.server.bridge
-        self.session = Session(engine, hooks=[self.bridge, *hooks])
+        self.session = LiveSource(engine, hooks=[self.bridge, *hooks])
         self.loop = SessionLoop(self.session)
         self.bridge.wake = self.loop.wake
         self.server.start()

@@ -18,10 +18,10 @@ import pytest
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import config_fields
 from engine.inspect.trace import MAX_TRACE_BLOCKS, TraceError, replay_trace
-from kvscope.__main__ import main
-from kvscope.cli import build_parser, engine_config
+from kvscope.cli import main
+from kvscope.cli.parser import build_parser, engine_config
 from kvscope.platform_check import XCB_PACKAGES, debian_package, missing_libraries, xcb_problem
-from kvscope.session import Session
+from kvscope.sources.live import LiveSource
 from tests.test_cli import ROOT, kvscope
 
 
@@ -74,15 +74,16 @@ def test_each_field_reaches_the_config_from_the_command_line():
             "--cpu-kv-cache-bytes", "2000", "--swap-space", "1.5", "--num-cpu-blocks", "7", "--max-num-seqs", "3",
             "--max-num-batched-tokens", "99", "--max-model-len", "128", "--no-prefix-caching",
             "--preemption-mode", "swap", "--kv-cache-dtype", "int8", "--attention-backend", "torch",
-            "--enforce-eager", "--kv-layout", "contiguous", "--hash-algo", "builtin", "--seed", "5",
-            "--fault", "cow-leak"]
+            "--enforce-eager", "--no-fuse-ops", "--kv-layout", "contiguous", "--hash-algo", "builtin", "--seed", "5",
+            "--fault", "cow-leak", "--eviction-policy", "lfu"]
     cfg = engine_config(build_parser().parse_args(argv))
     expected = EngineConfig(model="m", tokenizer="t", device="cpu", dtype="float16", block_size=8, num_gpu_blocks=9,
                             kv_cache_memory_bytes=1000, gpu_memory_utilization=0.5, cpu_kv_cache_bytes=2000,
                             swap_space=1.5, num_cpu_blocks=7, max_num_seqs=3, max_num_batched_tokens=99,
                             max_model_len=128, enable_prefix_caching=False, preemption_mode="swap",
-                            kv_cache_dtype="int8", attention_backend="torch", enforce_eager=True,
-                            kv_layout="contiguous", hash_algo="builtin", seed=5, fault="cow-leak")
+                            kv_cache_dtype="int8", attention_backend="torch", enforce_eager=True, fuse_ops=False,
+                            kv_layout="contiguous", hash_algo="builtin", seed=5, fault="cow-leak",
+                            eviction_policy="lfu")
     assert cfg == expected
     assert {f.name for f in dataclasses.fields(expected) if getattr(expected, f.name) == f.default} == set()
     assert engine_config(build_parser().parse_args([])) == EngineConfig()
@@ -190,7 +191,7 @@ def test_a_scenario_request_refused_mid_run_is_one_line(capsys, tmp_path, tiny_d
     runner = ScenarioRunner(load_scenario(str(path)))
     runner.check(engine)
     runner.scenario.requests[1]["prompt"] = list(range(1, 100))  # too big for the pool, after the check
-    session = Session(engine, runner)
+    session = LiveSource(engine, runner)
     with pytest.raises(ValueError, match=r"request 1 is refused at step 3: this request can never fit"):
         for _ in range(5):
             session.step()
@@ -249,7 +250,7 @@ def test_a_huge_header_is_refused_before_allocating(tmp_path, monkeypatch):
 @pytest.fixture
 def small_trace(tiny_hf, tmp_path):
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16)
-    s = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    s = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     s.inject([1, 2, 3, 4, 5], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     for _ in range(4):
         s.step()
@@ -315,7 +316,7 @@ def test_this_machines_plugin_check_agrees_with_the_loader():
 def test_kvscope_says_what_to_install_instead_of_aborting(tmp_path):
     code = ("import sys, kvscope.platform_check as p\n"
             "p._ldd = lambda path: '\\tlibxcb-cursor.so.0 => not found\\n'\n"
-            "from kvscope.__main__ import main\nsys.exit(main([]))")
+            "from kvscope.cli import main\nsys.exit(main([]))")
     env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY")}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "DISPLAY": ":99"}, capture_output=True,
                        text=True, timeout=120)

@@ -99,7 +99,7 @@ def test_a_leaked_block_names_the_request_that_ended_without_releasing_it(tiny_h
 
 
 def test_explain_block_headless_prints_the_story_and_refuses_a_bad_id(capsys, tiny_dir):
-    from kvscope.__main__ import main
+    from kvscope.cli import main
     base = ["--model", tiny_dir, "--headless", "--num-gpu-blocks", "16", "--block-size", "4", "--inject-ids",
             "1,2,3,4,5,6", "--max-tokens", "4"]
     assert main(base + ["--explain-block", "1"]) == 0

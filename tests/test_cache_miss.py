@@ -110,7 +110,7 @@ def test_a_live_engine_explains_each_miss(tiny_hf):
 
 
 def test_headless_json_carries_the_miss_of_every_request(capsys, tiny_dir):
-    from kvscope.__main__ import main
+    from kvscope.cli import main
     code = main(["--model", tiny_dir, "--headless", "--json", "--num-gpu-blocks", "32", "--block-size", "4",
                  "--inject-ids", "1,2,3,4,5,6,7,8,9", "--max-tokens", "2"])
     assert code == 0

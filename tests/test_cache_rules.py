@@ -9,7 +9,8 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.inspect.cache_miss import CacheMissExplainer
 from engine.inspect.cache_rules import CACHE_CHANGES, CacheChange
 from engine.inspect.events import EVENT_TYPES, BlockEvicted, BlockStored, BlockUnpublished, CacheReset
-from engine.inspect.kv_events import decode_batch, encode_batch, external_hash, to_wire_events
+from engine.inspect.kv_events import external_hash, to_wire_events
+from engine.inspect.kv_wire import decode_batch, encode_batch
 from engine.inspect.replay import PoolReplayer
 from kvscope.history import RunHistory
 from kvscope.scenario import ScenarioRunner, available, load_scenario

@@ -12,10 +12,10 @@ from PySide6.QtCore import QSettings, QTimer
 
 from engine import EngineConfig, SamplingParams
 from engine.inspect.trace import replay_trace
-from kvscope.main_window import MainWindow
+from kvscope.runtime.build import SourceSpec
 from kvscope.sources.base import InjectSpec
-from kvscope.sources.build import SourceSpec
-from kvscope.worker import ProcessBackend
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.worker import ProcessBackend
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [list(range(10, 30)) + [1, 2], list(range(10, 30)) + [3]]
@@ -131,8 +131,8 @@ def test_closing_the_window_ends_the_engine_process_and_frees_shared_memory(qtbo
 
 def test_an_engine_spawned_before_the_window_is_adopted(qtbot, settings, tiny_dir):
     """kvscope spawns the engine process before importing Qt; the window takes that very process over."""
-    from kvscope.sources import protocol as p
-    from kvscope.sources.engine_process import spawn_engine
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.engine_process import spawn_engine
     spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
     early = spawn_engine(spec, 30, p.Load(None))
     win = MainWindow(ProcessBackend(spec, early=early), settings)
@@ -149,8 +149,8 @@ def test_an_engine_spawned_before_the_window_is_adopted(qtbot, settings, tiny_di
 
 
 def test_an_early_engine_for_another_spec_is_stopped_not_used(qtbot, settings, tiny_dir):
-    from kvscope.sources import protocol as p
-    from kvscope.sources.engine_process import spawn_engine
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.engine_process import spawn_engine
     spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
     early = spawn_engine(SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=20)), 30, p.Load(None))
     win = MainWindow(ProcessBackend(spec, early=early), settings)
@@ -201,7 +201,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
 
 def _fed_backend(tiny_engine, tiny_dir):
     """A ProcessBackend never started, fed by hand, over a live source in engine-process mode."""
-    from kvscope.sources import protocol as p
+    from kvscope.runtime import protocol as p
     from kvscope.sources.live import LiveSource
 
     src = LiveSource(tiny_engine(block_size=4, num_gpu_blocks=40))
@@ -222,11 +222,11 @@ def test_the_reader_keeps_the_newest_step_whole_and_digests_the_ones_before(qtbo
     one kept whole (the timeline's keyframes). The window's history stays exact either way."""
     from engine.inspect.snapshot import PoolState, StepDigest
     from kvscope.history import RunHistory
-    from kvscope.sources import protocol as p
-    from kvscope.sources.shm import ShmSlots
-    from kvscope.sources.wire import RecordEncoder
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.shm import ShmSlots
+    from kvscope.runtime.wire import RecordEncoder
     from kvscope.sysinfo import MemoryReading
-    from kvscope.worker import WHOLE_EVERY
+    from kvscope.ui.worker import WHOLE_EVERY
 
     src, backend, posted = _fed_backend(tiny_engine, tiny_dir)
     enc = RecordEncoder()
@@ -276,8 +276,8 @@ def test_the_reader_digests_a_batch_only_when_another_batch_follows_it(qtbot, ti
     import multiprocessing as mp
 
     from engine.inspect.snapshot import PoolState, StepDigest
-    from kvscope.sources import protocol as p
-    from kvscope.sources.wire import RecordEncoder
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.wire import RecordEncoder
     from kvscope.sysinfo import MemoryReading
 
     src, backend, posted = _fed_backend(tiny_engine, tiny_dir)
@@ -312,7 +312,7 @@ def test_the_engine_process_leaves_a_core_to_the_window(monkeypatch):
     OMP_NUM_THREADS says otherwise; torch, once imported, is told too."""
     import torch
 
-    from kvscope.sources.engine_process import leave_a_core_to_the_window
+    from kvscope.runtime.engine_process import leave_a_core_to_the_window
     before = torch.get_num_threads()
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

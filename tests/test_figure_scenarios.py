@@ -6,15 +6,15 @@ import pytest
 
 from engine import EngineConfig, LLMEngine
 from kvscope.scenario import ScenarioRunner, load_scenario
-from kvscope.session import Session
-from kvscope.views.figure_view import FigureView
+from kvscope.sources.live import LiveSource
+from kvscope.ui.views.figure_view import FigureView
 
 
 def run_scenario(smollm2, name: str) -> dict:
     model, tok, src = smollm2
     sc = load_scenario(name)
     engine = LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name=src.name)
-    session = Session(engine, ScenarioRunner(sc))
+    session = LiveSource(engine, ScenarioRunner(sc))
     recs = {}
     while session.has_work() and session.step_count < sc.steps:
         rec = session.step()

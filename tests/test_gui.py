@@ -9,11 +9,11 @@ import pytest
 from PySide6.QtCore import QSettings, QTimer
 
 from engine import LLMEngine, SamplingParams
-from kvscope.app import StartupDriver
-from kvscope.main_window import MainWindow
-from kvscope.session import Session
-from kvscope.views.block_grid import codes_for
-from kvscope.worker import InjectSpec
+from kvscope.sources.live import LiveSource
+from kvscope.ui.app import StartupDriver
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.views.block_grid import codes_for
+from kvscope.ui.worker import InjectSpec
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 SHARED = list(range(10, 30))  # 20 tokens = 5 full blocks of 4
@@ -32,7 +32,7 @@ def make_window(qtbot, tiny_hf, settings):
         engine_kw.setdefault("num_gpu_blocks", 48)
         engine_kw.setdefault("block_size", 4)
         factory = factory or (lambda: LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", **engine_kw))
-        win = MainWindow(lambda _scenario: Session(factory()), settings)
+        win = MainWindow(lambda _scenario: LiveSource(factory()), settings)
         qtbot.addWidget(win)
         windows.append(win)
         win.show()
@@ -285,13 +285,13 @@ def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
 
 
 def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):
-    from kvscope.session import ReplaySession
+    from kvscope.sources.replay import ReplaySource
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16)
-    rec = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    rec = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     rec.inject(SHARED, GREEDY)
     live = [rec.step().snapshot for _ in range(5)]
     rec.close()
-    win = MainWindow(lambda _s: ReplaySession(str(tmp_path / "t.trace")), settings)
+    win = MainWindow(lambda _s: ReplaySource(str(tmp_path / "t.trace")), settings)
     qtbot.addWidget(win)
     win.show()
     win.start()
@@ -316,7 +316,7 @@ def test_scenario_menu_lists_the_scenarios(qtbot, make_window):
 
 
 def test_inject_dialog_beam_search_shows_the_beams(qtbot, make_window, settings):
-    from kvscope.views.inject_dialog import InjectDialog
+    from kvscope.ui.views.inject_dialog import InjectDialog
     win = loaded(qtbot, make_window(num_gpu_blocks=64))
     dlg = InjectDialog(win, settings)
     qtbot.addWidget(dlg)

@@ -9,9 +9,9 @@ from PySide6.QtCore import QSettings
 
 from engine import EngineConfig, SamplingParams
 from engine.inspect.block_story import block_story
-from kvscope.main_window import MainWindow
-from kvscope.sources.build import SourceSpec
-from kvscope.worker import InjectSpec, ThreadBackend
+from kvscope.runtime.build import SourceSpec
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.worker import InjectSpec, ThreadBackend
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 A = list(range(10, 22))  # 3 blocks of 4

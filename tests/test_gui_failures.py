@@ -7,9 +7,9 @@ import json
 import pytest
 
 from engine import EngineConfig, LLMEngine
-from kvscope.app import StartupDriver
-from kvscope.headless import build_session
-from kvscope.main_window import MainWindow
+from kvscope.cli.headless import build_session
+from kvscope.ui.app import StartupDriver
+from kvscope.ui.main_window import MainWindow
 from tests.test_gui import loaded, make_window, settings  # noqa: F401 - fixtures
 
 
@@ -64,7 +64,7 @@ def test_a_scenario_the_engine_refuses_is_a_message_in_the_window(qtbot, tiny_di
 
 def test_a_prompt_with_a_lone_surrogate_is_a_refused_request_in_the_window(qtbot, make_window):  # noqa: F811
     from engine import SamplingParams
-    from kvscope.worker import InjectSpec
+    from kvscope.ui.worker import InjectSpec
     win = loaded(qtbot, make_window())
     win.inject([InjectSpec("bad \udcff text", SamplingParams(max_tokens=4))])
     qtbot.waitUntil(lambda: win.banner.isVisible(), timeout=10_000)

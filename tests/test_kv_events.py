@@ -18,22 +18,14 @@ import zmq
 
 from engine import SamplingParams
 from engine.inspect.events import BlockAllocated, BlockEvicted, BlockStored, CacheReset, event_from_dict
-from engine.inspect.kv_events import (
-    KVEventPublisher,
-    KVEventsConfig,
-    WireCleared,
-    WireRemoved,
-    WireStored,
-    connectable,
-    decode_batch,
-    encode_batch,
-    external_hash,
-    offset_endpoint,
-    to_wire_events,
-)
-from kvscope.kv_events_cli import KVEventsObserver
-from kvscope.session import Session
+from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored, external_hash, to_wire_events
+from engine.inspect.kv_wire import decode_batch, encode_batch
+from kvscope.runtime.build import KVEventsObserver
+from kvscope.runtime.kv_events_options import KVEventsConfig
+from kvscope.runtime.kv_publisher import KVEventPublisher
 from kvscope.sources.attached import AttachConfig, AttachedSource, AttachReplay
+from kvscope.sources.endpoints import connectable, offset_endpoint
+from kvscope.sources.live import LiveSource
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = "tcp://127.0.0.1:*"  # ZeroMQ picks a free port; the publisher reports it
@@ -80,7 +72,7 @@ def pool_hashes(engine, hash_format: str = "int") -> set:
     return {external_hash(h.hex(), hash_format) for h in engine.pool.cached}
 
 
-def drive(session: Session, rng: random.Random, shared: list[int], steps: int, after_step) -> None:
+def drive(session: LiveSource, rng: random.Random, shared: list[int], steps: int, after_step) -> None:
     """Requests that share a prefix, in a small pool (evictions), each checked by ``after_step``."""
     for i in range(steps):
         if i % 3 == 0:
@@ -126,7 +118,7 @@ def test_engine_events_chain_like_vllm(tiny_engine):
 @pytest.mark.parametrize("wire_format,hash_format", [("array", "int"), ("map", "bytes")])
 def test_round_trip_attached_forest_equals_the_pool_after_every_step(tiny_engine, wire_format, hash_format):
     engine = tiny_engine(num_gpu_blocks=20, block_size=4)
-    session = Session(engine)
+    session = LiveSource(engine)
     pub = publisher(wire_format=wire_format, hash_format=hash_format)
     session.observers.append(KVEventsObserver(pub))
     src = attach(pub, block_size=4)
@@ -227,7 +219,7 @@ class MKVEventBatch(msgspec.Struct, array_like=True, gc=False):
                                                                  ("map", MKVEventBatch, "bytes")])
 def test_a_subscriber_written_from_vllms_schema_reads_kvscope(tiny_engine, wire_format, batch_type, hash_format):
     engine = tiny_engine(num_gpu_blocks=16, block_size=4)
-    session = Session(engine)
+    session = LiveSource(engine)
     pub = publisher(replay_endpoint=None, topic="kv-events", wire_format=wire_format, hash_format=hash_format)
     session.observers.append(KVEventsObserver(pub))
     ctx = zmq.Context()
@@ -695,7 +687,7 @@ def test_publishing_from_a_trace_replay_is_refused(tmp_path):
 
 
 def test_session_observers_see_every_record_and_close_with_it(tiny_engine):
-    session = Session(tiny_engine())
+    session = LiveSource(tiny_engine())
     seen = []
 
     class Obs:

@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored, decode_batch, encode_batch
+from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
+from engine.inspect.kv_wire import decode_batch, encode_batch
 
 ExternalBlockHash = bytes | int  # vllm.v1.core.kv_cache_utils.ExternalBlockHash, in every release here
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from kvscope.__main__ import main
+from kvscope.cli import main
 
 
 def headless_json(capsys, *argv: str) -> dict:

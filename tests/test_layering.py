@@ -1,4 +1,10 @@
-"""engine/ never imports Qt (napari's rule for its models); neither does the server."""
+"""Layers that only point down, and no import cycles: every import is read, inside functions too.
+
+From the bottom: ``engine`` (no Qt, no kvscope), kvscope's Qt-free base modules, ``sources`` (what a run
+yields), ``serve`` (HTTP handlers, no argparse), ``runtime`` (what hosts an engine: the engine process, its host,
+building a source, the loop), ``ui`` (Qt: the window and its views), ``cli`` (every argparse, one function a
+mode). A module may import its own layer or the ones below it, never above.
+"""
 from __future__ import annotations
 
 import ast
@@ -7,33 +13,130 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FORBIDDEN = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "qtpy", "kvscope")
+QT = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "qtpy")
+BASE = ("kvscope.scenario", "kvscope.presets", "kvscope.sysinfo", "kvscope.state", "kvscope.history",
+        "kvscope.diagnosis", "kvscope.platform_check", "kvscope.messages")
+LAYERS = [("engine",), ("kvscope",) + BASE, ("kvscope.sources",), ("kvscope.serve",), ("kvscope.runtime",),
+          ("kvscope.ui",), ("kvscope.cli", "kvscope.__main__")]
 
 
-def test_no_engine_module_imports_qt():
-    for path in (ROOT / "engine").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            for n in names:
-                assert n.split(".")[0] not in FORBIDDEN, f"{path.relative_to(ROOT)} imports {n}"
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for pkg in ("engine", "kvscope"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = p
+    return out
 
 
-def test_importing_engine_loads_no_qt():
+def imports(name: str, path: pathlib.Path) -> set[str]:
+    """Every module ``path`` imports (module level, in functions, under TYPE_CHECKING), relative ones resolved."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.update(f"{mod}.{a.name}" for a in node.names)
+            found.add(mod)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    edges = {}
+    for name, path in mods.items():
+        targets = set()
+        for t in imports(name, path):
+            while t and t not in mods:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                targets.add(t)
+        edges[name] = targets
+    return edges
+
+
+def layer(name: str) -> int:
+    best, depth = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or name.startswith(p + ".")) and len(p) > depth:
+                best, depth = i, len(p)
+    return best
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if layer(m) < 0] == []
+
+
+def test_no_import_points_up():
+    upward = sorted(f"{a} -> {b}" for a, targets in graph().items() for b in targets if layer(b) > layer(a))
+    assert upward == []
+
+
+def test_no_import_cycles():
+    edges = graph()
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_qt_only_in_the_ui():
+    for name, path in modules().items():
+        if name.startswith("kvscope.ui"):
+            continue
+        qt = [t for t in imports(name, path) if t.split(".")[0] in QT]
+        assert qt == [], f"{name} imports {qt}"
+
+
+def test_engine_never_imports_kvscope_and_importing_it_loads_no_qt():
+    for name, path in modules().items():
+        if name.startswith("engine"):
+            assert not [t for t in imports(name, path) if t.split(".")[0] == "kvscope"], name
     code = "import sys, engine; print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-def test_the_server_loads_no_qt_and_the_command_line_no_server():
-    """The server must run wherever the engine runs (a child process, later); ``kvscope --help`` stays light."""
-    code = ("import sys, kvscope.serve.server, kvscope.serve.headless, kvscope.serve.driver; "
+def test_the_server_loads_no_qt_and_the_command_line_loads_no_server_nor_sockets():
+    """The server runs wherever the engine runs (the engine process); ``kvscope --help`` stays light."""
+    code = ("import sys, kvscope.serve.server, kvscope.cli.serve, kvscope.runtime.loop; "
             "print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    code = "import sys, kvscope.cli; print(any(m.split('.')[0] in ('fastapi', 'uvicorn') for m in sys.modules))"
+    code = ("import sys, kvscope.cli.parser; kvscope.cli.parser.build_parser(); print(sorted({m.split('.')[0] for m in "
+            "sys.modules} & {'fastapi', 'uvicorn', 'zmq', 'msgspec', 'torch', 'PySide6'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"

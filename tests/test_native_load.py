@@ -145,7 +145,7 @@ def test_the_converted_gguf_tokenizer_is_the_one_autotokenizer_gives(smollm2):
 
 def test_the_embedded_models_token_texts_are_cached_beside_its_conversion(smollm2):
     from engine import LLMEngine
-    from kvscope.sources import host
+    from kvscope.runtime import host
     engine = LLMEngine(num_gpu_blocks=8)
 
     class Source:

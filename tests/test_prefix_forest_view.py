@@ -6,7 +6,7 @@ import numpy as np
 from engine.inspect.kv_events import WireRemoved, WireStored
 from kvscope.sources.attached import CANNOT_SHOW, AttachConfig, _Applier
 from kvscope.sources.remote_cache import RemoteCacheModel
-from kvscope.views.prefix_forest import AttachPanel, PrefixForestView, layout_forest
+from kvscope.ui.views.prefix_forest import AttachPanel, PrefixForestView, layout_forest
 
 
 def forest() -> RemoteCacheModel:
@@ -71,7 +71,7 @@ def test_view_bounds_what_it_draws(qtbot):
 
 
 def test_attach_panel_shows_a_record_and_what_attach_cannot_show(qtbot):
-    from engine.inspect.kv_events import encode_batch
+    from engine.inspect.kv_wire import encode_batch
     a = _Applier(AttachConfig("tcp://127.0.0.1:1"), None)
     a.apply(0, 0, encode_batch([WireStored((1, 2), None, (1, 2, 3, 4), 2)], 0.0), "live", 0)
     a.gap(0, 1, 3, "no replay endpoint")
@@ -86,10 +86,10 @@ def test_attach_panel_shows_a_record_and_what_attach_cannot_show(qtbot):
 
 
 def test_the_attach_window_replays_a_trace_and_saves_a_screenshot(qtbot, tmp_path):
-    from engine.inspect.kv_events import encode_batch
+    from engine.inspect.kv_wire import encode_batch
     from kvscope.sources.attach_trace import AttachTraceWriter
     from kvscope.sources.attached import AttachReplay
-    from kvscope.views.prefix_forest import AttachDriver, AttachWindow
+    from kvscope.ui.views.prefix_forest import AttachDriver, AttachWindow
 
     trace = tmp_path / "t.jsonl"
     a = _Applier(AttachConfig("tcp://127.0.0.1:1"), AttachTraceWriter(trace, {"endpoints": ["tcp://127.0.0.1:1"]}))
@@ -109,14 +109,16 @@ def test_the_attach_window_replays_a_trace_and_saves_a_screenshot(qtbot, tmp_pat
 def test_the_attach_timeline_rebuilds_the_forest_at_any_poll(tiny_engine):
     """Each poll's forest, rebuilt from a keyframe and the operations since, equals the one the poll left."""
     from engine import SamplingParams
-    from engine.inspect.kv_events import KVEventPublisher, KVEventsConfig, connectable
-    from kvscope.kv_events_cli import KVEventsObserver
-    from kvscope.session import Session
+    from kvscope.runtime.build import KVEventsObserver
+    from kvscope.runtime.kv_events_options import KVEventsConfig
+    from kvscope.runtime.kv_publisher import KVEventPublisher
     from kvscope.sources.attach_history import AttachHistory
     from kvscope.sources.attached import AttachConfig, AttachedSource
+    from kvscope.sources.endpoints import connectable
+    from kvscope.sources.live import LiveSource
 
     engine = tiny_engine(num_gpu_blocks=20, block_size=4)
-    session = Session(engine)
+    session = LiveSource(engine)
     pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 4)
     session.observers.append(KVEventsObserver(pub))
     src = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=4))

@@ -10,7 +10,9 @@ import pytest
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.inspect.trace import TraceError, replay_trace
 from kvscope.scenario import ScenarioRunner, available, load_scenario
-from kvscope.session import ReplaySession, Session, Summary
+from kvscope.sources.live import LiveSource
+from kvscope.sources.replay import ReplaySource
+from kvscope.sources.summary import Summary
 from tests.test_cli import kvscope
 
 SCENARIOS = ["shared-system-prompt", "multi-turn-chat", "parallel-sampling", "pool-exhaustion", "leak-hunt",
@@ -37,7 +39,7 @@ def test_scenario_runs_headless_on_smollm2(smollm2, name, tmp_path):
     model, tok, src = smollm2
     sc = load_scenario(name)
     engine = LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name=src.name)
-    session = Session(engine, ScenarioRunner(sc), trace_path=str(tmp_path / "run.trace"))
+    session = LiveSource(engine, ScenarioRunner(sc), trace_path=str(tmp_path / "run.trace"))
     summary = Summary()
     summary.add(session.current())
     live = {}
@@ -79,7 +81,7 @@ def test_trace_replay_is_exact_under_pressure(tiny_hf, tmp_path):
     """CoW, swap, recompute, aborts and forks, all in one trace."""
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16,
                                      preemption_mode="swap", num_cpu_blocks=8)
-    session = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    session = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     rng = random.Random(2)
     live = {0: session.current().snapshot}
     for _ in range(120):
@@ -100,7 +102,7 @@ def test_trace_replay_is_exact_under_pressure(tiny_hf, tmp_path):
     assert seen.keys() == live.keys()
     for step in live:
         assert_same_snapshot(seen[step], live[step])
-    rs = ReplaySession(str(tmp_path / "t.trace"))
+    rs = ReplaySource(str(tmp_path / "t.trace"))
     steps = []
     while rs.has_work():
         steps.append(rs.step().step)
@@ -111,7 +113,7 @@ def test_trace_replay_is_exact_under_pressure(tiny_hf, tmp_path):
 
 def test_a_trace_torn_by_a_crash_stays_readable(tiny_hf, tmp_path):
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=20)
-    session = Session(engine, trace_path=str(tmp_path / "t.trace"))
+    session = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     session.inject([1, 2, 3, 4, 5], SamplingParams(max_tokens=6, ignore_eos=True))
     for _ in range(4):
         session.step()

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from kvscope.__main__ import main
-from kvscope.cli import build_parser
+from kvscope.cli import main
+from kvscope.cli.parser import build_parser, serve_options
 from kvscope.serve import ServeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_serve_flags_and_their_defaults(monkeypatch):
     monkeypatch.delenv("KVSCOPE_API_KEY", raising=False)
     args = build_parser().parse_args(["--serve"])
-    assert ServeOptions.from_args(args) == ServeOptions("127.0.0.1", 8000, None, None)  # loopback unless told
+    assert serve_options(args) == ServeOptions("127.0.0.1", 8000, None, None)  # loopback unless told
     args = build_parser().parse_args(["--serve", "--host", "0.0.0.0", "--port", "0", "--api-key", "k",
                                       "--request-timeout", "2.5"])
-    assert ServeOptions.from_args(args) == ServeOptions("0.0.0.0", 0, "k", 2.5)
+    assert serve_options(args) == ServeOptions("0.0.0.0", 0, "k", 2.5)
     monkeypatch.setenv("KVSCOPE_API_KEY", "from-env")
-    assert ServeOptions.from_args(build_parser().parse_args(["--serve"])).api_key == "from-env"
+    assert serve_options(build_parser().parse_args(["--serve"])).api_key == "from-env"
     assert "from-env" not in build_parser().format_help()  # --help never prints a key
 
 

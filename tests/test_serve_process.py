@@ -9,10 +9,10 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from engine import EngineConfig
-from kvscope.main_window import MainWindow
+from kvscope.runtime.build import SourceSpec
 from kvscope.serve import ServeOptions
-from kvscope.sources.build import SourceSpec
-from kvscope.worker import ProcessBackend
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.worker import ProcessBackend
 
 
 def free_port() -> int:

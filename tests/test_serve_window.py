@@ -10,10 +10,10 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from engine import LLMEngine
-from kvscope.main_window import MainWindow
-from kvscope.qt_models import RequestTableModel
 from kvscope.serve import OpenAIServer, ServeOptions
-from kvscope.session import Session
+from kvscope.sources.live import LiveSource
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.qt_models import RequestTableModel
 
 CLIENT = RequestTableModel.HEADERS.index("client")
 
@@ -26,7 +26,7 @@ def window(qtbot, tmp_path, tiny_hf, tiny_tokenizer):
 
     def factory(_scenario):
         engine = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", num_gpu_blocks=64, block_size=4)
-        return Session(engine, hooks=[server.bridge])
+        return LiveSource(engine, hooks=[server.bridge])
 
     win = MainWindow(factory, settings, bridge=server.bridge)
     qtbot.addWidget(win)

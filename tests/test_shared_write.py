@@ -78,7 +78,7 @@ def test_shared_write_is_a_fault_the_config_accepts():
 def test_headless_compare_caching_reports_the_divergence_and_a_clean_run(capsys, tiny_dir):
     import json
 
-    from kvscope.__main__ import main
+    from kvscope.cli import main
     base = ["--model", tiny_dir, "--headless", "--json", "--compare-caching", "--num-gpu-blocks", "32",
             "--block-size", "4", "--max-tokens", "8", "--inject-ids", ",".join(map(str, A)),
             "--inject-ids", ",".join(map(str, PROMPTS[1]))]

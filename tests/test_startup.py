@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from engine import EngineConfig, SamplingParams
 from engine.runner.models import loader
-from kvscope.sources import build
-from kvscope.sources import protocol as p
-from kvscope.sources.build import SourceSpec
-from kvscope.sources.host import EngineHost
+from kvscope.runtime import build
+from kvscope.runtime import protocol as p
+from kvscope.runtime.build import SourceSpec
+from kvscope.runtime.host import EngineHost
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

@@ -11,11 +11,11 @@ from PySide6.QtWidgets import QWidget
 from engine import LLMEngine, SamplingParams
 from engine.inspect.events import BlockStored
 from engine.inspect.snapshot import BlockState, assemble_snapshot
-from kvscope import palette
-from kvscope.qt_models import EventFilterProxy, EventLogModel, describe
 from kvscope.scenario import available, load_scenario
-from kvscope.views.banner import Banner
-from kvscope.views.block_grid import (
+from kvscope.ui import palette
+from kvscope.ui.qt_models import EventFilterProxy, EventLogModel, describe
+from kvscope.ui.views.banner import Banner
+from kvscope.ui.views.block_grid import (
     BORDER_PX,
     LABEL_PX,
     OVERVIEW_TEXELS,
@@ -25,14 +25,14 @@ from kvscope.views.block_grid import (
     downsample,
     slots_px,
 )
-from kvscope.views.event_log import EventLogView
-from kvscope.views.figure_view import FigureView
-from kvscope.views.inject_dialog import InjectDialog, parse_token_ids
-from kvscope.views.legend import LegendView
-from kvscope.views.plots import CURVES, PlotsPanel
-from kvscope.views.request_panel import BlockTableView, RequestPanel
-from kvscope.views.scenario_notes import ScenarioNotesPanel
-from kvscope.views.welcome import WelcomeView
+from kvscope.ui.views.event_log import EventLogView
+from kvscope.ui.views.figure_view import FigureView
+from kvscope.ui.views.inject_dialog import InjectDialog, parse_token_ids
+from kvscope.ui.views.legend import LegendView
+from kvscope.ui.views.plots import CURVES, PlotsPanel
+from kvscope.ui.views.request_panel import BlockTableView, RequestPanel
+from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
+from kvscope.ui.views.welcome import WelcomeView
 
 WORDS = ["Four", " score", " and", " seven", " years", " ago", " our", " fathers", " brought", " forth", " on",
          " this", " continent", " a", " new", " nation"]
@@ -624,7 +624,7 @@ def test_welcome_lists_the_scenarios_and_emits(qtbot):
     assert sig.args == ["four-score"]
     with qtbot.waitSignal(w.inject_requested):
         qtbot.mouseClick(w.inject_button, Qt.MouseButton.LeftButton)
-    from kvscope.views.welcome import SHORTCUTS
+    from kvscope.ui.views.welcome import SHORTCUTS
     keys = " ".join(k for k, _ in SHORTCUTS)
     for key in ("F10", "F5", "Ctrl+I", "Del", "Ctrl+F", "Home"):
         assert key in keys
@@ -632,7 +632,7 @@ def test_welcome_lists_the_scenarios_and_emits(qtbot):
 
 def test_welcome_gives_each_scenario_a_whole_first_sentence():
     """A lab's line is its question, not the label before it ("Question:" alone, as it was)."""
-    from kvscope.views.welcome import first_sentence, scenario_lines
+    from kvscope.ui.views.welcome import first_sentence, scenario_lines
     lines = {name: line for name, _, line in scenario_lines()}
     assert lines["lab-caching-changes-output"].startswith("Question: why does the second chat answer")
     assert lines["lab-caching-changes-output"].endswith("?")
@@ -647,7 +647,7 @@ def test_welcome_gives_each_scenario_a_whole_first_sentence():
 def test_disabled_controls_look_disabled(qtbot):
     from PySide6.QtWidgets import QApplication, QToolButton
 
-    from kvscope.style import apply_style
+    from kvscope.ui.style import apply_style
     apply_style(QApplication.instance())
     try:
         buttons = []

@@ -6,10 +6,10 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from engine import LLMEngine, SamplingParams
-from kvscope.__main__ import main
-from kvscope.main_window import MainWindow
+from kvscope.cli import main
 from kvscope.sources.base import InjectSpec
 from kvscope.sources.live import LiveSource
+from kvscope.ui.main_window import MainWindow
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -123,7 +123,7 @@ def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, 
 
 
 def test_a_screenshot_selects_the_requests_of_select_and_ignores_unknown_ids(qtbot, window):
-    from kvscope.app import StartupDriver
+    from kvscope.ui.app import StartupDriver
     win = window()
     run(qtbot, win, [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]], 2)
     ids = [r.request_id for r in win.requests.model.rows]

@@ -8,10 +8,10 @@ import numpy as np
 
 from engine import SamplingParams
 from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest, block_counts
-from kvscope.sources import protocol as p
+from kvscope.runtime import protocol as p
+from kvscope.runtime.shm import ShmSlots
+from kvscope.runtime.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows
 from kvscope.sources.live import LiveSource
-from kvscope.sources.shm import ShmSlots
-from kvscope.sources.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows
 from kvscope.sysinfo import MemoryReading
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)

@@ -33,10 +33,10 @@ def workload(vocab: int, n: int, prompt: int, new: int):
 def bare_and_record_cost(config, reqs, dev) -> dict:
     """The engine bare in this process, then the same requests with the engine process's record work timed."""
     from engine import LLMEngine
-    from kvscope.sources import protocol as p
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.shm import ShmSlots
+    from kvscope.runtime.wire import RecordEncoder
     from kvscope.sources.base import StepRecord
-    from kvscope.sources.shm import ShmSlots
-    from kvscope.sources.wire import RecordEncoder
     from kvscope.sysinfo import MemoryReading
     engine = LLMEngine(config)
     out = {"num_blocks": engine.pool.num_blocks}
@@ -79,7 +79,7 @@ class Reader:
     """The window's reader without the window: every batch decoded, slots released, steps counted."""
 
     def __init__(self, conn) -> None:
-        from kvscope.sources.wire import RecordDecoder
+        from kvscope.runtime.wire import RecordDecoder
         self.conn = conn
         self.decoder = RecordDecoder()
         self.slots = None
@@ -94,10 +94,10 @@ class Reader:
         self.thread.start()
 
     def read(self) -> None:
-        from kvscope.sources import protocol as p
-        from kvscope.sources.engine_process import AttachSlots, Heartbeat, ReleaseSlot
-        from kvscope.sources.shm import ShmSlots
-        from kvscope.sources.wire import WireBatch
+        from kvscope.runtime import protocol as p
+        from kvscope.runtime.engine_process import AttachSlots, Heartbeat, ReleaseSlot
+        from kvscope.runtime.shm import ShmSlots
+        from kvscope.runtime.wire import WireBatch
         pending = None
         while True:
             try:
@@ -146,10 +146,10 @@ class Reader:
 def attached(config, reqs, timeout_s: float) -> dict:
     import logging
 
-    from kvscope.sources import protocol as p
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.build import SourceSpec
+    from kvscope.runtime.engine_process import spawn_engine
     from kvscope.sources.base import InjectSpec
-    from kvscope.sources.build import SourceSpec
-    from kvscope.sources.engine_process import spawn_engine
     spawned = spawn_engine(SourceSpec(config), logging.WARNING, load=p.Load(None))
     reader = Reader(spawned.conn)
     try:

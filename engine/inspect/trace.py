@@ -112,6 +112,22 @@ def read_header(path: str | Path) -> dict:
     return header
 
 
+def count_steps(path: str | Path) -> int:
+    """The steps a replay of this trace shows (records of one step number fold into one), up to a bad line
+    (the replay itself reports it when it gets there)."""
+    steps, last = 0, None
+    try:
+        with Path(path).open(encoding="utf-8") as f:
+            next(f, None)  # the header
+            for line in f:
+                step = json.loads(line)["step"]
+                if step != last:
+                    steps, last = steps + 1, step
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        pass
+    return steps
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-from .options import ServeOptions, add_serve_args
+from kvscope.serve.options import ServeOptions
 
 _LAZY = {"OpenAIServer": ".server", "RequestBridge": ".bridge", "RequestStream": ".bridge"}
-__all__ = ["OpenAIServer", "RequestBridge", "RequestStream", "ServeOptions", "add_serve_args"]
+__all__ = ["OpenAIServer", "RequestBridge", "RequestStream", "ServeOptions"]
 
 
 def __getattr__(name: str):

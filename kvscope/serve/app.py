@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import protocol as P
-from .handlers import ApiError, ServeContext, complete
+from kvscope.serve import protocol as P
+from kvscope.serve.handlers import ApiError, ServeContext, complete
 
 logger = logging.getLogger("kvscope.serve")
 

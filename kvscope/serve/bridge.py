@@ -1,7 +1,7 @@
 """``RequestBridge``: where HTTP handlers (the server's asyncio loop) meet the engine (its own thread).
 
 Handlers never touch the engine. They call two thread-safe methods, ``submit`` (a prompt and its
-``SamplingParams``, giving back a ``RequestStream``) and ``abort``. Whoever owns the ``Session``
+``SamplingParams``, giving back a ``RequestStream``) and ``abort``. Whoever owns the ``LiveSource``
 steps it, with the bridge among its hooks: ``before_step`` moves the submissions into
 ``engine.add_request`` (a refusal resolves the stream with the reason) and the aborts into
 ``engine.abort``, so a disconnected client's blocks are back before the next step runs;
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from engine import LLMEngine, SamplingParams
 from engine.inputs import PromptType, to_token_ids
 from engine.outputs import CompletionOutput, RequestOutput, StepOutput
-
-from .metrics import ServeMetrics
+from kvscope.serve.metrics import ServeMetrics
 
 logger = logging.getLogger("kvscope.serve")
 

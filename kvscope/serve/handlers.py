@@ -17,11 +17,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine import SamplingParams
 from engine.inputs import PromptType
 from engine.outputs import RequestOutput
-
-from . import protocol as P
-from .bridge import ModelInfo, RequestBridge, RequestFailed, RequestRefused, RequestStream
-from .deltas import Delta, DeltaTracker
-from .watch import ClientDisconnected, ClientWatch, RequestTimedOut
+from kvscope.serve import protocol as P
+from kvscope.serve.bridge import ModelInfo, RequestBridge, RequestFailed, RequestRefused, RequestStream
+from kvscope.serve.deltas import Delta, DeltaTracker
+from kvscope.serve.watch import ClientDisconnected, ClientWatch, RequestTimedOut
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
                499: "ClientClosedRequest", 500: "InternalServerError", 503: "ServiceUnavailableError",

@@ -1,6 +1,6 @@
 """``OpenAIServer``: the bridge, its metrics and the HTTP app, with uvicorn on a background thread.
 
-Whoever owns the ``Session`` (``--headless``'s main thread, the window's worker, later an engine
+Whoever owns the ``LiveSource`` (``--headless``'s main thread, the window's worker, later an engine
 process) creates one, starts it, puts ``server.bridge`` among the session's hooks and calls
 ``bridge.attach(engine)`` once the model is loaded; until then every route but ``/metrics``
 answers 503. No Qt here: it must run wherever the engine runs.
@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import uvicorn
 
-from .app import create_app
-from .bridge import RequestBridge
-from .handlers import ServeContext
-from .metrics import ServeMetrics
-from .options import ServeOptions
+from kvscope.serve.app import create_app
+from kvscope.serve.bridge import RequestBridge
+from kvscope.serve.handlers import ServeContext
+from kvscope.serve.metrics import ServeMetrics
+from kvscope.serve.options import ServeOptions
 
 
 class OpenAIServer:

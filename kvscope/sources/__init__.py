@@ -1,6 +1,6 @@
-"""Where step records come from besides the in-process engine: today an attached external engine.
+"""What the window and ``--headless`` show: a ``Source`` yields step records (``base``).
 
-``attached``: a subscriber to vLLM-format KV events (vLLM, SGLang, a publishing kvscope) and
-its trace replay; ``remote_cache``: the prefix-forest model it maintains; ``attach_trace``:
-the trace format. (The live engine and kvscope's own trace replay are in ``kvscope.session``.)
+``live``: an engine in this process; ``replay``: kvscope's own trace; ``attached``: a subscriber to vLLM-format
+KV events (vLLM, SGLang, a publishing kvscope) with ``remote_cache`` (the prefix forest it keeps),
+``attach_trace`` and ``attach_history``; ``summary``: what a run amounts to.
 """

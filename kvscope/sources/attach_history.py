@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import bisect
 
-from .attached import AttachRecord
-from .remote_cache import RemoteCacheModel
+from kvscope.sources.attached import AttachRecord
+from kvscope.sources.remote_cache import RemoteCacheModel
 
 
 class AttachHistory:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import zmq
 
 from engine.inspect.events import Event
-from engine.inspect.kv_events import MalformedBatch, decode_batch, offset_endpoint
-
-from .attach_trace import AttachTraceWriter, read_attach_header, read_attach_trace
-from .remote_cache import ForestSummary, RemoteCacheModel, RemoteEvicted, RemoteStored
+from engine.inspect.kv_wire import MalformedBatch, decode_batch
+from kvscope.sources.attach_trace import AttachTraceWriter, read_attach_header, read_attach_trace
+from kvscope.sources.endpoints import offset_endpoint
+from kvscope.sources.remote_cache import ForestSummary, RemoteCacheModel, RemoteEvicted, RemoteStored
 
 CANNOT_SHOW = ("Attached to an engine's KV events. They name cached blocks by hash (stores, evictions, "
                "resets); they carry no block ids, block tables, ref counts, owners or free list, so those "

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.inspect.trace import TraceWriter
 from engine.outputs import StepOutput
-
-from ..scenario import ScenarioRunner
-from .base import LIVE_CAPABILITIES, SourceInfo, StepRecord
+from kvscope.scenario import ScenarioRunner
+from kvscope.sources.base import LIVE_CAPABILITIES, SourceInfo, StepRecord
 
 if TYPE_CHECKING:
     from engine import LLMEngine

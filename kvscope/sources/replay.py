@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.inspect.trace import read_header, replay_trace
-
-from .base import REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
 
 
 @dataclass(frozen=True)

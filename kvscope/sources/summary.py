@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.inspect.cache_miss import CacheMissExplainer
 from engine.inspect.fragmentation import layouts, pool_counts
-
-from .base import StepRecord
+from kvscope.sources.base import StepRecord
 
 
 @dataclass

@@ -1,0 +1,36 @@
+"""``kvscope``'s command line: parse, refuse bad input with one line, and start one mode.
+
+Exit codes: 0 done; 2 bad input or configuration (flags, files, a missing display or system library, a
+device that is not there), always with one line on stderr; 1 a run that failed; 130 interrupted (Ctrl+C).
+The modes: the window (``cli.window``), ``--headless`` (``cli.headless``), ``--headless --serve``
+(``cli.serve``), ``--attach`` to another engine's KV events (``cli.attach``).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kvscope.cli.parser import build_parser, engine_config
+    args = build_parser().parse_args(argv)  # a bad flag exits 2 with one line
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from kvscope.sources.attach_trace import is_attach_trace
+    if args.attach or (args.replay and is_attach_trace(args.replay)):
+        from kvscope.cli.attach import run_attach
+        return run_attach(args)
+    from kvscope.cli.checks import check_files
+    try:
+        config = engine_config(args)
+        check_files(args)
+    except ValueError as e:
+        print(f"kvscope: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.headless and args.serve:
+        from kvscope.cli.serve import serve_headless
+        return serve_headless(config, args)
+    if args.headless:
+        from kvscope.cli.headless import run_headless
+        return run_headless(config, args)
+    from kvscope.cli.window import run_window
+    return run_window(config, args)

@@ -1,0 +1,65 @@
+"""What the command line refuses before anything starts, each with one line: files, paths, a missing display.
+
+One place for the window's and headless's refusals, so the same input gets the same line and exit code
+(2) whichever mode reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+NO_DISPLAY = ("kvscope: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run `kvscope --headless`, "
+              "or `xvfb-run kvscope`, or set QT_QPA_PLATFORM=offscreen.")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+def has_display() -> bool:
+    if sys.platform != "linux":
+        return True
+    if os.environ.get("QT_QPA_PLATFORM", "").split(":")[0] in ("offscreen", "minimal", "vnc", "eglfs", "linuxfb"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def window_problem(args: argparse.Namespace) -> str | None:
+    """Why no window can open here (one line, the ``kvscope:`` prefix included), or None. A screenshot needs no
+    display: it draws offscreen. Checked before Qt is imported, which aborts the process when it cannot start."""
+    if args.screenshot:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    elif not has_display():
+        return NO_DISPLAY
+    from kvscope.platform_check import xcb_problem
+    problem = xcb_problem()
+    return f"kvscope: {problem}" if problem else None
+
+
+def check_screenshot_path(path: str) -> None:
+    """Refuse, before any model loads, a screenshot path that could never be written."""
+    p = Path(path)
+    if p.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"--screenshot {path}: the file must end in {', '.join(IMAGE_SUFFIXES)}")
+    if p.is_dir():
+        raise ValueError(f"--screenshot {path} is a directory")
+    folder = p.parent
+    while not folder.exists():  # the folders still to create: the nearest existing one must take them
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"--screenshot {path} cannot be written (no write permission in {folder})")
+
+
+def check_files(args: argparse.Namespace) -> None:
+    """The files the arguments name, read (and refused with one line) before anything starts."""
+    if getattr(args, "serve", False) and args.replay:
+        raise ValueError("--serve needs a live engine: a --replay cannot serve requests")
+    if getattr(args, "kv_events_endpoint", None) and args.replay:
+        raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
+    if args.replay:
+        from engine.inspect.trace import read_header
+        read_header(args.replay)
+    elif args.scenario:
+        from kvscope.scenario import load_scenario
+        load_scenario(args.scenario)
+    if args.screenshot:
+        check_screenshot_path(args.screenshot)

@@ -1,0 +1,132 @@
+"""``kvscope --headless``: run (or replay) with no Qt at all and print what happened."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine import EngineConfig, SamplingParams
+from engine.inspect.block_story import BlockStory, format_story
+from kvscope.cli.parser import source_spec
+from kvscope.messages import one_line
+from kvscope.runtime.build import build_source
+from kvscope.sources.summary import Summary
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"kvscope: {msg}", file=sys.stderr)
+    return code
+
+
+def build_session(config: EngineConfig, args: argparse.Namespace, hooks: list | None = None):
+    """The source the arguments ask for (a replay, a scenario, or injected prompts). Raises with one line.
+
+    ``hooks``: more ``StepHook``s of a live source (the HTTP server's bridge).
+    """
+    return build_source(source_spec(config, args), hooks)
+
+
+def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
+    try:
+        session = build_session(config, args)
+    except ValueError as e:  # bad input or configuration (TraceError, an unknown model, no CUDA, ...)
+        return _fail(one_line(e), 2)
+    except OSError as e:  # e.g. a --trace path that cannot be written
+        return _fail(one_line(e), 2)
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
+        return _fail(one_line(e), 1)
+    from engine.gc_policy import tune_gc
+    tune_gc()  # the loaded heap frozen, fewer collections
+    if getattr(args, "compare_caching", False):
+        return _compare_caching(session, args)
+    summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len)
+    explain = getattr(args, "explain_block", None)
+    if explain is not None and not 0 <= explain < session.info.num_blocks:
+        session.close()
+        last = session.info.num_blocks - 1
+        return _fail(f"--explain-block {explain}: no such block (the pool has blocks 0-{last})", 2)
+    story = BlockStory(explain, session.decode) if explain is not None else None
+    if not session.info.read_only:
+        prompts = args.inject + args.inject_ids or ([] if args.scenario else ["Four score and seven years ago our"])
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+        try:
+            for p in prompts:
+                session.inject(p, params)
+        except ValueError as e:
+            return _fail(f"request refused: {one_line(e)}", 2)
+        rec = session.current()
+        summary.add(rec)
+        if story:
+            story.feed(rec.step, rec.events)
+    limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
+    taken = 0  # steps run (a replay's step numbers start at 0, so count them rather than read them)
+    try:
+        while session.has_work() and (limit is None or taken < limit):
+            rec = session.step()
+            summary.add(rec)
+            if story:
+                story.feed(rec.step, rec.events)
+            taken += 1
+    except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
+        return _fail(one_line(e), 2)
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
+        return _fail(one_line(e), 1)
+    finally:
+        session.close()
+    if summary.last is None:
+        return _fail("nothing to run", 2)
+    out = summary.as_dict()
+    out["kv_pool_bytes"] = session.info.num_blocks * session.info.block_bytes  # sized once, at start-up
+    out["device_free_bytes"] = device_free(session.info.device)
+    if story is not None:
+        out["block_story"] = {"block_id": explain, "events": [
+            {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
+        if not args.json:
+            print(format_story(explain, story.lines))
+            return 0
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
+          f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%")
+    for r in out["requests"]:
+        print(f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
+              f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
+    print(f"  prefix cache {out['prefix_cache_hits']}/{out['prefix_cache_queries']} tokens hit · "
+          f"{out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} preemptions "
+          f"· {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
+          f"· {out['leaked_blocks']} blocks flagged by the audit")
+    for problem in out["audit_problems"]:
+        print(f"  audit: {problem}")
+    return 0
+
+
+def device_free(device: str) -> int | None:
+    """What the device could still give at the end of the run (nvml, else the machine's available RAM)."""
+    from kvscope.sysinfo import MemoryProbe
+    return MemoryProbe.for_device(device).read().device_free
+
+
+def _compare_caching(session, args: argparse.Namespace) -> int:
+    """``--compare-caching``: the same requests through two engines on one set of weights."""
+    if getattr(session, "engine", None) is None:
+        session.close()
+        return _fail("--compare-caching needs a live engine, not a trace replay", 2)
+    sc = session.scenario.scenario if getattr(session, "scenario", None) else None
+    prompts = [r["prompt"] for r in sc.requests if "prompt" in r] if sc else []
+    prompts += args.inject + args.inject_ids
+    if not prompts:
+        session.close()
+        return _fail("--compare-caching: no requests (give a --scenario with prompts, or --inject)", 2)
+    max_tokens = max([r.get("max_tokens", 16) for r in sc.requests] if sc else [args.max_tokens])
+    try:
+        c = session.compare_caching(prompts, max_tokens)
+    except ValueError as e:
+        return _fail(one_line(e), 2)
+    finally:
+        session.close()
+    out = {"requests": len(prompts), "divergence": None, "audit": c.audit}
+    if c.divergence is not None:
+        out["divergence"] = c.divergence.to_dict()
+    print(json.dumps(out, indent=2) if args.json else c.summary())  # the window shows the same line
+    return 0

@@ -1,0 +1,262 @@
+"""Command line: every engine setting (generated from ``EngineConfig``'s fields), plus the app's modes.
+
+Each ``EngineConfig`` field becomes ``--field-name`` with its type, default, help and choices
+from the field's metadata; a bool becomes ``--x/--no-x`` (plus any alias the metadata names,
+such as ``--no-prefix-caching``). The app's own options (window, headless, scenario, trace,
+screenshot) are written here by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from engine import EngineConfig
+from engine.config import check_value, config_fields, field_type
+from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
+from kvscope.runtime.kv_events_options import KVEventsConfig
+from kvscope.serve.options import ServeOptions
+
+ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit code 2 (argparse's own usage block is several)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's name
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+# The panels below the grid (MainWindow.docks) that --view can bring to the front.
+VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots")
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {v}")
+    return v
+
+
+def window_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is WIDTHxHEIGHT, e.g. 1280x720, got {text!r}") from None
+    if w < 320 or h < 240:
+        raise argparse.ArgumentTypeError(f"a window of {w}x{h} is too small (at least 320x240)")
+    return w, h
+
+
+def token_ids(text: str) -> list[int]:
+    """``--inject-ids 1,5,9`` (commas or spaces)."""
+    parts = text.replace(",", " ").split()
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token ids must be integers separated by commas, got {text!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be a non-empty list of integers >= 0, got {text!r}")
+    return ids
+
+
+def _typed(f: dataclasses.Field, tp: type):
+    """An argparse type that parses and checks one field's value against its metadata."""
+    def parse(text: str):
+        try:
+            value = tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if tp is int else 'a number'}") \
+                from None
+        try:
+            check_value(f, value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    parse.__name__ = tp.__name__
+    return parse
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    groups = {name: p.add_argument_group(name) for name in ENGINE_GROUPS}
+    for f in config_fields():
+        m = f.metadata
+        tp, optional = field_type(EngineConfig, f)
+        g = groups.get(m.get("group"), p)
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if tp is bool:
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                           help=m["help"])
+            for alias in m.get("aliases", ()):
+                g.add_argument(alias, dest=f.name, action="store_const", const=not default,
+                               default=argparse.SUPPRESS, help=f"same as {'--no-' + flag[2:] if default else flag}")
+            continue
+        kwargs: dict = {"dest": f.name, "default": default, "help": m["help"]}
+        choices = m.get("choices")
+        if choices is not None:
+            kwargs["choices"] = [c for c in choices if c is not None]
+        elif tp in (int, float):
+            kwargs["type"] = _typed(f, tp)
+            kwargs["metavar"] = "N" if tp is int else "X"
+        g.add_argument(flag, *m.get("aliases", ()), **kwargs)
+    return groups
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="kvscope",
+        description="Inspect a paged KV cache live: a real Llama-family model runs on a worker thread while the "
+                    "window draws the physical block pool, block tables, ref counts, the prefix cache and "
+                    "preemptions step by step. With no --model it runs the embedded SmolLM2-135M-Instruct.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_options(p)
+    a = p.add_argument_group("app")
+    a.add_argument("--headless", action="store_true", help="no window: run and print a summary")
+    a.add_argument("--json", action="store_true", help="with --headless: print the summary as JSON")
+    a.add_argument("--compare-caching", action="store_true",
+                   help="with --headless: run the requests (the scenario's or --inject's, one after another, "
+                        "greedy) with prefix caching on and off, and print the first token where they differ")
+    a.add_argument("--explain-block", type=int, default=None, metavar="ID",
+                   help="with --headless: print block ID's life story from the event stream (who allocated, "
+                        "stored, hit, copied, swapped, freed it; for a leaked block, who kept it)")
+    a.add_argument("--steps", type=positive_int, default=None,
+                   help="steps to run (headless, screenshot; a replay counts its replayed steps); "
+                        "default: until done")
+    a.add_argument("--inject", action="append", default=[], metavar="TEXT",
+                   help="inject a request with this prompt at start (repeatable)")
+    a.add_argument("--inject-ids", action="append", default=[], metavar="IDS", type=token_ids,
+                   help="inject a request whose prompt is these token ids, e.g. 1,5,9 (repeatable; for a model "
+                        "without a tokenizer)")
+    a.add_argument("--max-tokens", type=positive_int, default=48, help="max tokens of --inject requests")
+    a.add_argument("--scenario", default=None, metavar="NAME_OR_FILE",
+                   help="run a scenario from resources/scenarios (its settings override the engine options)")
+    a.add_argument("--trace", default=None, metavar="FILE", help="record the run as a JSON-lines trace")
+    a.add_argument("--replay", default=None, metavar="FILE",
+                   help="play a recorded trace back (no model, no GPU)")
+    a.add_argument("--audit", action="store_true", help="audit ref counts after every step")
+    a.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
+                   help="the window's size, e.g. 1280x720 (default: as last time; --screenshot: 1600x1000)")
+    a.add_argument("--engine-thread", action="store_true",
+                   help="run the engine on a thread of the window's process instead of its own process")
+    a.add_argument("--screenshot", metavar="FILE", default=None,
+                   help="build the window offscreen, run --steps steps, save a PNG of the window, exit")
+    a.add_argument("--select", default=None, metavar="IDS",
+                   help="--screenshot: select these requests (comma-separated ids, e.g. 0,1: the figure view "
+                        "shows them side by side); default: the request with the most blocks")
+    a.add_argument("--select-block", type=int, default=None, metavar="ID",
+                   help="--screenshot: click this block first: its life story shows in the Why? tab")
+    a.add_argument("--view", default=None, choices=VIEWS,
+                   help="bring this panel to the front at start (with --screenshot: in the picture)")
+    a.add_argument("--compare", action="store_true",
+                   help="--screenshot: run the caching on/off comparison (the Why? tab) before saving")
+    add_serve_args(p)
+    add_kv_events_args(p)
+    return p
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's part of the arguments: one attribute per ``EngineConfig`` field."""
+    cfg = EngineConfig(**{f.name: getattr(args, f.name) for f in config_fields()})
+    cfg.validate()
+    return cfg
+
+
+def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOptions | None = None):
+    """What the arguments ask a source to be built from (picklable: the engine process builds it)."""
+    from kvscope.runtime.build import SourceSpec  # the sources' modules: not needed to print --help
+    return SourceSpec(config, args.scenario, args.replay, args.trace, bool(args.audit), serve=serve,
+                      kv_events=kv_events_config(args))
+
+
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    # The key's default is read here, not in the parser: --help must never print it.
+    key = getattr(args, "api_key", None) or os.environ.get("KVSCOPE_API_KEY") or None
+    return ServeOptions(args.host, args.port, key, args.request_timeout)
+
+
+# -- serving flags ---------------------------------------------------------------------------------
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"the timeout must be > 0 seconds, got {text}")
+    return s
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("serving (an OpenAI-compatible HTTP server beside the engine)")
+    g.add_argument("--serve", action="store_true",
+                   help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics while the "
+                        "window (or --headless) shows the pool; the window starts in Run")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; serving beyond this machine needs an explicit one (e.g. 0.0.0.0)")
+    g.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (0: any free port)")
+    g.add_argument("--api-key", default=argparse.SUPPRESS, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $KVSCOPE_API_KEY if set, "
+                        "else no key)")
+    g.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="abort a request still running this long after it arrived (HTTP 504)")
+
+
+# -- KV events flags -------------------------------------------------------------------------------
+def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
+    p = parser.add_argument_group("KV events (vLLM's wire format: publish, or attach to vLLM / SGLang)")
+    p.add_argument("--kv-events-endpoint", default=None, metavar="ADDR",
+                   help="publish every step's block stores, evictions and cache resets on this ZeroMQ PUB "
+                        "address, e.g. tcp://127.0.0.1:5557 (kvscope binds it)")
+    p.add_argument("--kv-events-replay-endpoint", default=None, metavar="ADDR",
+                   help="with --kv-events-endpoint: answer replay requests here, e.g. tcp://127.0.0.1:5558")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="topic of published batches; with --attach, the subscription prefix")
+    p.add_argument("--kv-events-format", default="array", choices=WIRE_FORMATS,
+                   help="events as positional arrays (vLLM's example subscriber, SGLang, vLLM up to 0.20) "
+                        "or as maps with a 'type' key (vLLM 0.27 to 0.33, checked); --attach reads both")
+    p.add_argument("--kv-events-hash", default="int", choices=HASH_FORMATS,
+                   help="block hashes as vLLM's default 64-bit ints or as the raw digest bytes")
+    p.add_argument("--kv-events-dp-rank", type=int, default=0, metavar="R",
+                   help="data-parallel rank stamped into batches; its ports are offset by R, as vLLM's are")
+    a = parser.add_argument_group("attach")
+    a.add_argument("--attach", default=None, metavar="ADDR",
+                   help="subscribe to a running engine's KV events (vLLM, SGLang, kvscope), e.g. "
+                        "tcp://HOST:5557, and draw its prefix cache; --block-size is the block size you "
+                        "expect (events of another size are counted, not refused)")
+    a.add_argument("--replay-endpoint", default=None, metavar="ADDR",
+                   help="with --attach: the engine's replay socket (e.g. tcp://HOST:5558), to repair gaps")
+    a.add_argument("--dp-size", type=int, default=1, metavar="N",
+                   help="with --attach: N data-parallel ranks, on consecutive ports from --attach's")
+    a.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                   help="with --attach --headless: stop after this long (default: --steps polls, or Ctrl+C)")
+    a.add_argument("--poll-interval", type=float, default=0.1, metavar="SECONDS",
+                   help="with --attach: how long one poll waits for events")
+    a.add_argument("--max-blocks", type=int, default=200_000, metavar="N",
+                   help="with --attach: the most blocks the prefix forest keeps (more are counted as overflow)")
+
+
+def kv_events_config(args: argparse.Namespace) -> KVEventsConfig | None:
+    if not getattr(args, "kv_events_endpoint", None):
+        if getattr(args, "kv_events_replay_endpoint", None):
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return None
+    cfg = KVEventsConfig(endpoint=args.kv_events_endpoint, replay_endpoint=args.kv_events_replay_endpoint,
+                         topic=args.kv_events_topic, data_parallel_rank=args.kv_events_dp_rank,
+                         wire_format=args.kv_events_format, hash_format=args.kv_events_hash)
+    cfg.validate()
+    return cfg

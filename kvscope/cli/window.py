@@ -1,0 +1,59 @@
+"""``kvscope`` with a window: the engine process started first (its start-up overlaps Qt's), then the window."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from engine import EngineConfig
+from engine.inspect.trace import count_steps
+from kvscope.cli.checks import window_problem
+from kvscope.cli.parser import serve_options, source_spec
+
+
+def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
+    if args.serve and (args.replay or args.screenshot):
+        print("kvscope: --serve needs a live engine in a window: not with --replay or --screenshot", file=sys.stderr)
+        return 2
+    problem = window_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    early = spawn_early(config, args)
+    from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
+    prompts = args.inject + args.inject_ids or (
+        demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
+    opts = WindowOptions(
+        source_spec(config, args), serve_options(args) if args.serve else None, args.engine_thread, args.screenshot,
+        args.window_size, args.steps or 8, tuple(prompts), args.max_tokens,
+        count_steps(args.replay) if args.replay else None,
+        tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
+        args.view, args.audit)
+    return run_app(opts, early)
+
+
+def demo_prompts() -> list:
+    """A screenshot of the plain model shows four chats sharing a system prompt (prefix hits to see)."""
+    from kvscope.presets import shared_system_prompt
+    return [shared_system_prompt(i) for i in range(4)]
+
+
+def run_attach_window(source, args: argparse.Namespace) -> int:
+    """``kvscope --attach ADDR``: the same display checks as every other window."""
+    problem = window_problem(args)
+    if problem:
+        source.close()
+        print(problem, file=sys.stderr)
+        return 2
+    from kvscope.ui.views.prefix_forest import run_attach_window as run
+    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps)
+
+
+def spawn_early(config: EngineConfig, args: argparse.Namespace):
+    """The window's engine process, started before Qt is imported so that its start-up (torch, the
+    weights) overlaps the window's; None where the engine runs elsewhere or serves."""
+    if args.engine_thread or getattr(args, "serve", False):
+        return None
+    from kvscope.runtime import protocol as p
+    from kvscope.runtime.engine_process import spawn_engine
+    return spawn_engine(source_spec(config, args), logging.getLogger().getEffectiveLevel(), p.Load(None))

@@ -1,0 +1,87 @@
+"""Build the source the command line asks for: a replay, a scenario, or a plain engine."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine import EngineConfig
+from kvscope.scenario import ScenarioRunner, load_scenario
+from kvscope.serve.options import ServeOptions
+
+if TYPE_CHECKING:
+    from kvscope.runtime.kv_events_options import KVEventsConfig
+from kvscope.sources.live import LiveSource
+from kvscope.sources.replay import ReplaySource
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """Everything needed to build a source, picklable so that a child engine process can build it."""
+    config: EngineConfig
+    scenario: str | None = None
+    replay: str | None = None
+    trace: str | None = None
+    audit: bool = False
+    serve: ServeOptions | None = None  # an HTTP server beside the engine, wherever the engine runs
+    kv_events: KVEventsConfig | None = None  # publish the engine's KV events (vLLM's wire format)
+
+    def with_scenario(self, name: str | None) -> SourceSpec:
+        """The spec for a scenario picked from the menu ("" or None: the plain model)."""
+        return dataclasses.replace(self, scenario=name or None, replay=None)
+
+    def factory(self, scenario: str | None, progress=None) -> LiveSource | ReplaySource:
+        """A ``SourceFactory``: the command line's source (``None``) or a scenario picked from the menu."""
+        return build_source(self if scenario is None else self.with_scenario(scenario), progress=progress)
+
+
+_last_weights = None  # the last engine's weights in this process: a scenario over the same model reuses them
+
+
+def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> LiveSource | ReplaySource:
+    """Raises ``ValueError`` (bad input or configuration) or ``TraceError`` with a one-line message.
+
+    ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
+    """
+    if spec.replay:
+        if spec.kv_events is not None:
+            raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
+        return ReplaySource(spec.replay)
+    config, runner = spec.config, None
+    if spec.scenario:
+        sc = load_scenario(spec.scenario)
+        config = dataclasses.replace(config, **sc.config)
+        config.validate()
+        runner = ScenarioRunner(sc)
+    from engine import LLMEngine  # torch and transformers: only where an engine is built
+    publisher = None
+    if spec.kv_events is not None:  # bound before the model loads: a busy port fails at once
+        from kvscope.runtime.kv_publisher import KVEventPublisher
+        publisher = KVEventPublisher(spec.kv_events, config.block_size)
+    global _last_weights
+    try:
+        engine = LLMEngine(config, weights=_last_weights, progress=progress)
+        _last_weights = engine.weights
+        if runner is not None:
+            runner.check(engine)  # a request the engine would refuse stops the run here, with one line
+        source = LiveSource(engine, runner, spec.trace, audit=spec.audit, hooks=hooks)
+    except BaseException:
+        if publisher is not None:
+            publisher.close()
+        raise
+    if publisher is not None:
+        source.observers.append(KVEventsObserver(publisher))
+    return source
+
+
+class KVEventsObserver:
+    """A live source's observer: publishes each step record's events; ``close`` releases the ports."""
+
+    def __init__(self, publisher) -> None:
+        self.publisher = publisher
+
+    def __call__(self, rec) -> None:
+        self.publisher.publish(rec.events)
+
+    def close(self) -> None:
+        self.publisher.close()

@@ -1,0 +1,214 @@
+"""The engine process: an ``EngineHost`` fed by a pipe (no Qt in this process).
+
+Besides the window's commands the pipe carries three housekeeping messages: the window
+attaches the shared-memory slots, releases a slot once it has copied it, and the engine
+process sends a heartbeat, so that a hung engine is told from a busy one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+from engine.gc_policy import tune_gc
+from kvscope.runtime import protocol as p
+from kvscope.runtime.build import SourceSpec
+from kvscope.runtime.host import EngineHost
+from kvscope.runtime.shm import ShmSlots, SlotSpec
+from kvscope.runtime.wire import RecordEncoder
+
+HEARTBEAT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class AttachSlots:
+    spec: SlotSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSlot:
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(slots=True)
+class SpawnedEngine:
+    """An engine process started (and told to load) before the window exists: its start-up (torch,
+    the weights) runs while this process imports Qt and builds the window. The backend adopts it."""
+    spec: SourceSpec
+    proc: object  # multiprocessing.Process
+    conn: object  # our end of the pipe
+
+
+def spawn_engine(spec: SourceSpec, log_level: int, load=None) -> SpawnedEngine:
+    """Start the engine process; ``load``, if given, is sent at once (a ``protocol.Load``)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=engine_process_main, args=(child, spec), kwargs={"log_level": log_level},
+                       name="kvscope-engine", daemon=True)
+    proc.start()
+    child.close()
+    if load is not None:
+        parent.send(load)
+    return SpawnedEngine(spec, proc, parent)
+
+
+def leave_a_core_to_the_window() -> int:
+    """Give the engine's CPU threads (torch's intra-op pool) one core fewer than this process may use, unless
+    ``OMP_NUM_THREADS`` says how many; returns the number. The window's process works beside the engine's:
+    on a 2-core machine two spinning OpenMP threads took the window's core, and the tiny model ran at 0.37x
+    its bare rate with the window attached (0.69x with one thread), while a model that small gains nothing
+    from a second thread. On a GPU the CPU threads hardly work at all."""
+    if "OMP_NUM_THREADS" in os.environ:
+        try:
+            return max(1, int(os.environ["OMP_NUM_THREADS"].split(",")[0]))
+        except ValueError:  # OpenMP's own problem to report
+            return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    n = max(1, cores - 1)
+    os.environ["OMP_NUM_THREADS"] = str(n)  # read when torch is first imported (by the model's load)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+    return n
+
+
+def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S,
+                        log_level: int = logging.INFO) -> None:
+    leave_a_core_to_the_window()
+    # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The engine's log (the pool's size, the weights, warnings) goes to the terminal as it would
+    # with the engine in the window's process.
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    lock = threading.Lock()
+    alive = threading.Event()
+    alive.set()
+
+    def send(obj) -> None:
+        # Plain pickle, read by the window's ``conn.recv()`` as it is: Connection.send would build a
+        # ForkingPickler (and copy its reducer table) for every record; nothing sent here needs one.
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        with lock:
+            conn.send_bytes(data)
+
+    encoder = RecordEncoder()
+
+    def flush() -> None:
+        batch = encoder.flush()
+        if batch is not None:
+            send(batch)
+
+    def emit(res: p.Result) -> None:
+        if isinstance(res, p.Stepped):
+            encoder.add(res)  # read now: a live record is valid only until the engine goes on
+            if encoder.due:
+                flush()
+                # At full speed the next tick is due at once, so the pipe is read here, a batch at a time: a
+                # Pause, and the window's slot releases (without them every batch after the third would carry
+                # its arrays pickled instead of through shared memory).
+                pump()
+            return
+        flush()  # the steps before it go first
+        if isinstance(res, p.Loaded):
+            encoder.detach()  # the window sizes new slots for this source's pool
+            encoder.loaded()
+        send(res)
+
+    # An HTTP server beside the engine lives in this process too: its handlers wake the loop below
+    # through a self-pipe, which wait() watches with the window's pipe.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    server = None
+    if spec.serve is not None:
+        from kvscope.serve.server import OpenAIServer
+        server = OpenAIServer(spec.serve)
+        try:
+            server.start()
+        except OSError as e:
+            send(p.LoadFailed(f"cannot serve: {e}"))
+            server = None
+        else:
+            print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+
+    def wake() -> None:
+        try:
+            os.write(wake_w, b"w")
+        except BlockingIOError:  # a wake-up is already pending
+            pass
+
+    host = EngineHost(spec.factory, emit, server.bridge if server else None, raw_snapshots=True)
+    if server is not None:
+        server.bridge.wake = wake
+    queue: deque = deque()
+
+    def pump(timeout: float | None = 0.0) -> None:
+        while conn.poll(timeout):
+            timeout = 0.0
+            msg = conn.recv()
+            if isinstance(msg, ReleaseSlot):
+                encoder.release(msg.slot)
+            elif isinstance(msg, AttachSlots):
+                encoder.attach(ShmSlots.attach(msg.spec))
+            else:
+                queue.append(msg)
+
+    def interrupted() -> bool:
+        pump()
+        return any(isinstance(c, (p.Pause, p.Shutdown, p.Load)) for c in queue)
+
+    host.interrupted = interrupted
+
+    def beat() -> None:
+        while alive.is_set():
+            try:
+                send(Heartbeat())
+            except OSError:
+                return
+            time.sleep(heartbeat_s)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    next_tick, idle = 0.0, False
+    try:
+        while True:
+            if queue:
+                idle = False
+                cmd = queue.popleft()
+                if not host.handle(cmd):
+                    break
+                if isinstance(cmd, p.Load):
+                    tune_gc()  # the loaded heap frozen, fewer collections (engine.gc_policy)
+                continue
+            now = time.monotonic()
+            if host.running and not idle and now >= next_tick:
+                next_tick = now + host.interval_ms / 1000
+                idle = not host.tick() and host.running  # serving with nothing to do: wait for a wake-up
+                continue
+            flush()  # nothing is sent while waiting: what is pending goes now
+            timeout = None if not host.running or idle else max(0.0, next_tick - now)
+            ready = wait([conn, wake_r], timeout)
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+                idle = False
+            if conn in ready:
+                pump()
+    except (EOFError, OSError):
+        pass  # the window went away: nothing to report to
+    finally:
+        alive.clear()
+        host.shutdown()
+        encoder.detach()
+        if server is not None:
+            server.stop()

@@ -1,0 +1,238 @@
+"""Start the Qt application around ``MainWindow`` (and the ``--screenshot`` mode)."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QSettings, QTimer, Slot
+from PySide6.QtWidgets import QApplication
+
+from engine import SamplingParams
+from kvscope.runtime.build import SourceSpec
+from kvscope.runtime.engine_process import SpawnedEngine
+from kvscope.serve.options import ServeOptions
+from kvscope.sources.base import InjectSpec
+from kvscope.ui.main_window import MainWindow
+from kvscope.ui.style import apply_style
+from kvscope.ui.worker import ProcessBackend, ThreadBackend
+
+SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a timer lets it in
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOptions:
+    """What the window is started with (``kvscope.cli.window`` reads them from the command line)."""
+    spec: SourceSpec
+    serve: ServeOptions | None = None  # an HTTP server beside the engine
+    engine_thread: bool = False  # the engine on a thread of this process, not in its own
+    screenshot: str | None = None  # run ``steps`` steps offscreen, save this PNG, exit
+    window_size: tuple[int, int] | None = None
+    steps: int = 8
+    prompts: tuple = ()  # injected once loaded
+    max_tokens: int = 48
+    replay_steps: int | None = None  # the steps a replay shows (a screenshot of a replay stops at its end)
+    select: tuple[str, ...] = ()
+    select_block: int | None = None
+    compare: bool = False
+    view: str | None = None
+    audit: bool = False
+
+
+class StartupDriver(QObject):
+    """Once the model is loaded: inject the requests; with a path, run N steps, save a PNG, quit.
+
+    It never waits for ever: a replay counts the steps it replays (a trace's steps start at 0)
+    and stops at the trace's end; a load failure, a failed step or a refused command saves the
+    window as it stands and exits non-zero; a save that fails says so and exits non-zero.
+    """
+
+    def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
+                 replay_steps: int | None = None, select: list[str] | None = None,
+                 select_block: int | None = None, compare: bool = False, view: str | None = None) -> None:
+        super().__init__(win)
+        self.view = view
+        self.select = select or []
+        self.select_block, self.compare = select_block, compare
+        self.win, self.path, self.steps = win, path, steps
+        self.prompts, self.max_tokens = prompts, max_tokens
+        self.replay_steps = replay_steps
+        self.exit_code = 0
+        self.bad_input = False  # the first load failed on bad input (the engine host says which)
+        self._first_load = True
+        self._waiting = False
+        self._received = 0
+        self._saving = False
+        win.worker.loaded.connect(self.on_loaded)
+        win.worker.load_failed.connect(self.on_failed)
+        win.worker.stepped.connect(self.on_stepped)
+        win.worker.error.connect(self.on_error)
+        win.worker.compared.connect(self.on_compared)
+
+    @Slot(object)
+    def on_loaded(self, info) -> None:
+        self._first_load = False
+        params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
+        if self.prompts:
+            self.win.inject([InjectSpec(p, params) for p in self.prompts])
+        if self.view:
+            self.win.show_view(self.view)
+        if not self.path:
+            return
+        self._waiting = True
+        if info.read_only:
+            self._target = min(self.steps, self.replay_steps if self.replay_steps is not None else self.steps)
+            if self._target == 0:
+                self._schedule_save()
+                return
+        self.win.step(self.steps)
+
+    @Slot(str)
+    def on_failed(self, msg: str) -> None:
+        if not (self._first_load or self.path):
+            return  # a scenario picked later from the menu: the window shows why and stays
+        self._first_load = False
+        print(f"kvscope: {msg}", file=sys.stderr)
+        self.exit_code = 2 if self.bad_input or self.win.worker.load_failed_on_bad_input else 1
+        if self.path:
+            self._schedule_save(0)
+        else:
+            self.win.close()
+
+    @Slot(object)
+    def on_stepped(self, result) -> None:
+        if not (self.path and self._waiting):
+            return
+        if self.win.info is not None and self.win.info.read_only:
+            self._received += 1
+            done = self._received >= self._target
+        else:
+            done = result.step >= self.steps
+        if done:
+            self._schedule_save()
+
+    @Slot(str)
+    def on_error(self, msg: str) -> None:
+        if not self.path:
+            return  # the window shows it in its banner
+        print(f"kvscope: {msg}", file=sys.stderr)
+        self.exit_code = self.exit_code or 1
+        self._schedule_save()
+
+    @Slot(str, object)
+    def on_compared(self, _text: str, _divergence) -> None:
+        if self.path and self.compare:
+            self.compare = False
+            self._saving = False
+            self._schedule_save()
+
+    def _schedule_save(self, delay_ms: int = 100) -> None:
+        if self._saving:
+            return
+        if self.compare and self.win.info is not None and not self.win.info.read_only and self.exit_code == 0:
+            self._saving, self._waiting = True, False
+            self.win.flush()
+            self.win.compare_caching()  # on_compared saves
+            return
+        self._saving, self._waiting = True, False
+        QTimer.singleShot(delay_ms, self.save)
+
+    def select_for_shot(self) -> list[str]:
+        """Select ``--select``'s requests (those that exist), else the one with the most blocks, so the
+        figure view, block table and path show up. Returns the selected ids."""
+        model = self.win.requests.model
+        known = [rid for rid in self.select if model.row_of(rid) >= 0]
+        if known:
+            self.win.requests.select(known)
+        elif model.rows and not self.win.requests.selected_id:
+            best = max(model.rows, key=lambda r: len(r.block_ids))
+            self.win.requests.select([best.request_id])
+        return self.win.requests.selected_ids()
+
+    def save(self) -> None:
+        try:
+            self.win.flush()
+            self.select_for_shot()
+            if self.select_block is not None and self.win.info is not None \
+                    and 0 <= self.select_block < self.win.info.num_blocks:
+                self.win.on_block_clicked(self.select_block)
+                self.win.docks["diagnosis"].raise_()
+            QApplication.processEvents()
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            ok = self.win.grab().save(self.path)
+        except OSError as e:
+            ok = False
+            print(f"kvscope: {e}", file=sys.stderr)
+        if ok:
+            print(f"kvscope: saved {self.path}")
+        else:
+            print(f"kvscope: could not save {self.path}", file=sys.stderr)
+        self.exit_code = self.exit_code or (0 if ok else 1)
+        self.win.close()
+
+
+def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
+    """``early``: the engine process started before Qt was imported (``kvscope.cli.window.spawn_early``)."""
+    server = None
+    if opts.serve is not None:
+        from kvscope.serve import OpenAIServer
+        from kvscope.serve.server import check_port
+        try:
+            if opts.engine_thread:  # the server beside the engine: in this process
+                server = OpenAIServer(opts.serve)
+                server.start()
+                print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+            else:  # the engine process starts it; a port in use is told here, before the window opens
+                check_port(opts.serve.host, opts.serve.port)
+        except OSError as e:
+            print(f"kvscope: {e}", file=sys.stderr)
+            return 2
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("kvscope")
+    app.setOrganizationName("kvscope")
+    apply_style(app)
+    spec = opts.spec
+    from engine.gc_policy import tune_gc
+    tune_gc()  # the window's timeline grows by thousands of objects a second: fewer, cheaper collections
+    if opts.engine_thread:
+        backend = ThreadBackend(spec.factory, server.bridge if server else None)
+    else:
+        backend = ProcessBackend(dataclasses.replace(spec, serve=opts.serve), early=early)
+    # A screenshot shows the default layout, never the user's saved one (nor does it change it).
+    settings = QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat) \
+        if opts.screenshot else None
+    win = MainWindow(backend, settings)
+    if opts.window_size or opts.screenshot:
+        win.resize(*(opts.window_size or (1600, 1000)))
+    if opts.audit:
+        win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
+    driver = StartupDriver(win, opts.screenshot, opts.steps, list(opts.prompts), opts.max_tokens, opts.replay_steps,
+                           list(opts.select), opts.select_block, opts.compare, opts.view)
+    # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
+    interrupted: list[int] = []
+
+    def on_sigint(signum, _frame) -> None:
+        interrupted.append(signum)
+        QTimer.singleShot(0, win.close)  # runs once the event loop does, even if it has not started yet
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    poll = QTimer()
+    poll.timeout.connect(lambda: None)
+    poll.start(SIGNAL_POLL_MS)
+    try:
+        win.show()
+        win.start()
+        code = app.exec()
+    finally:
+        poll.stop()
+        signal.signal(signal.SIGINT, previous)
+    win.shutdown()  # detaches the bridge: open responses end before the server stops
+    if server is not None:
+        server.stop()
+    if interrupted:
+        print("kvscope: interrupted", file=sys.stderr)
+        return 130
+    return driver.exit_code or code
+

@@ -1,0 +1,622 @@
+"""The main window: only wiring. Views live in ``views/``, the engine behind a backend (its own
+process, or a thread), the view state (selection, timeline position, redraw pacing) in ``state``.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, QTimer, Slot
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QStackedLayout,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.inspect.snapshot import StepDigest
+from kvscope.diagnosis import Diagnosis, comparison_prompts
+from kvscope.history import RunHistory
+from kvscope.runtime import protocol as cmd
+from kvscope.scenario import available, load_scenario
+from kvscope.sources.base import InjectSpec, SourceInfo
+from kvscope.state import ViewState, status_text
+from kvscope.ui.views.banner import Banner
+from kvscope.ui.views.block_grid import BlockGridView
+from kvscope.ui.views.diagnosis_panel import DiagnosisPanel
+from kvscope.ui.views.event_log import EventLogView
+from kvscope.ui.views.figure_view import FigureView
+from kvscope.ui.views.fragmentation import FragmentationView
+from kvscope.ui.views.inject_dialog import InjectDialog
+from kvscope.ui.views.plots import PlotsPanel
+from kvscope.ui.views.request_panel import RequestPanel
+from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
+from kvscope.ui.views.welcome import WelcomeView
+from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
+
+SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
+MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
+LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
+
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, backend, settings: QSettings | None = None, bridge=None) -> None:
+        """``backend``: an ``EngineBackend``, or a factory of sources (scenario -> source) run on a thread
+        (with ``bridge``, an HTTP server's, beside it)."""
+        super().__init__()
+        self.setWindowTitle("kvscope")
+        self.settings = settings or QSettings("kvscope", "kvscope")
+        self.history = RunHistory()
+        self.diagnosis = Diagnosis()
+        self.info: SourceInfo | None = None
+        self._latest: StepResult | None = None  # the newest record with whole arrays (see ``latest``)
+        self.errors: list[str] = []
+        self.running = False
+        self._dirty = False
+        self.state = ViewState()
+
+        self._build_views()
+        self._build_toolbar()
+        self._build_status()
+        self._build_menu()
+        self._start_backend(backend if isinstance(backend, EngineBackend) else ThreadBackend(backend, bridge))
+        self._redraw_timer = QTimer(self)
+        self._redraw_timer.setInterval(self.state.pacer.interval_ms)
+        self._redraw_timer.timeout.connect(self.flush)
+        self._redraw_timer.start()
+        self._restore_settings()
+
+    def start(self) -> None:
+        """Start the engine and load the model (connect to the backend's signals before calling this)."""
+        self.worker.start()
+
+    # -- construction ------------------------------------------------------------------
+    def _build_views(self) -> None:
+        self.grid = BlockGridView("GPU block pool")
+        self.cpu_grid = BlockGridView("CPU swap pool", cpu=True)
+        self.cpu_grid.setMaximumHeight(200)
+        self.cpu_grid.hide()
+        self.grid.mode_box.currentTextChanged.connect(self.cpu_grid.set_mode)
+        self.requests = RequestPanel()
+        self.plots = PlotsPanel()
+        self.events = EventLogView()
+        self.figure = FigureView()
+        self.diagnosis_panel = DiagnosisPanel()
+        self.fragmentation = FragmentationView()
+        self.diagnosis_panel.step_activated.connect(self.show_step)
+        self.diagnosis_panel.compare_requested.connect(self.compare_caching)
+        self.notes = ScenarioNotesPanel()
+        self.welcome = WelcomeView()
+        self.welcome.scenario_chosen.connect(self.load_scenario)
+        self.welcome.inject_requested.connect(self.open_inject)
+        self.banner = Banner()
+        self.timeline = QSlider(Qt.Orientation.Horizontal)
+        self.timeline.setRange(0, 0)
+        self.timeline.valueChanged.connect(self._on_timeline)
+        self.timeline_label = QLabel("live")
+        self.timeline_label.setMinimumWidth(70)
+        self.live_button = QPushButton("Live")
+        self.live_button.setToolTip("follow the run again")
+        self.live_button.clicked.connect(self.follow_live)
+        tl = QHBoxLayout()
+        tl.addWidget(QLabel("timeline"))
+        tl.addWidget(self.timeline, 1)
+        tl.addWidget(self.timeline_label)
+        tl.addWidget(self.live_button)
+        pool = QWidget()
+        pl = QVBoxLayout(pool)
+        pl.setContentsMargins(0, 0, 0, 0)
+        pl.addWidget(self.grid, 1)
+        pl.addWidget(self.cpu_grid)
+        # The first screen lies over the (empty) pool until the first request, step or scenario.
+        area = QWidget()
+        self.pages = QStackedLayout(area)
+        self.pages.setStackingMode(QStackedLayout.StackingMode.StackAll)
+        self.pages.addWidget(pool)
+        self.pages.addWidget(self.welcome)
+        centre = QWidget()
+        cl = QVBoxLayout(centre)
+        cl.setContentsMargins(4, 4, 4, 4)
+        cl.addWidget(self.banner)
+        cl.addWidget(area, 1)
+        cl.addLayout(tl)
+        self.setCentralWidget(centre)
+        self.docks: dict[str, QDockWidget] = {}
+        for title, widget, area, name in (
+                ("Scenario", self.notes, Qt.DockWidgetArea.RightDockWidgetArea, "scenario"),
+                ("Requests", self.requests, Qt.DockWidgetArea.RightDockWidgetArea, "requests"),
+                ("Paper figure: the selected requests", self.figure, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "figure"),
+                ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events"),
+                ("Why? Block story, caching on vs off", self.diagnosis_panel, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "diagnosis"),
+                ("Fragmentation: contiguous vs paged", self.fragmentation, Qt.DockWidgetArea.BottomDockWidgetArea,
+                 "fragmentation"),
+                ("Plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea, "plots")):
+            dock = QDockWidget(title, self)
+            dock.setObjectName(name)
+            dock.setWidget(widget)
+            self.addDockWidget(area, dock)
+            self.docks[name] = dock
+        # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
+        self.tabifyDockWidget(self.docks["figure"], self.docks["events"])
+        self.tabifyDockWidget(self.docks["events"], self.docks["diagnosis"])
+        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["fragmentation"])
+        self.tabifyDockWidget(self.docks["fragmentation"], self.docks["plots"])
+        self.docks["figure"].raise_()
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.grid.block_clicked.connect(self.on_block_clicked)
+        self.requests.request_selected.connect(self.on_request_selected)
+        self.events.event_activated.connect(self.on_event_activated)
+        self.setMinimumSize(*MIN_SIZE)
+        self.resize(1500, 950)
+        self.show_welcome(True)
+
+    def _action(self, bar: QToolBar, text: str, slot, shortcut: str | None = None, tip: str = "") -> QAction:
+        act = QAction(text, self)
+        if shortcut:
+            act.setShortcut(QKeySequence(shortcut))
+        act.setToolTip(f"{tip or text}" + (f" ({shortcut})" if shortcut else ""))
+        act.triggered.connect(slot)
+        bar.addAction(act)
+        return act
+
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("controls")
+        bar.setObjectName("controls")
+        self.addToolBar(bar)
+        self.act_step = self._action(bar, "Step", self.step, "F10", "run the scheduler one step")
+        self.step_n = QSpinBox()
+        self.step_n.setRange(1, 100_000)
+        self.step_n.setValue(10)
+        self.act_step_n = self._action(bar, "Step N", lambda: self.step(self.step_n.value()),
+                                       tip="run the scheduler N steps")
+        bar.addWidget(self.step_n)
+        self.act_run = self._action(bar, "Run", self.toggle_run, "F5", "step continuously / pause")
+        self.speed = QComboBox()
+        self.speed.addItems(list(SPEEDS))
+        self.speed.setToolTip("how fast Run steps")
+        self.speed.currentTextChanged.connect(lambda t: self.worker.send(cmd.SetInterval(SPEEDS[t])))
+        bar.addWidget(self.speed)
+        bar.addSeparator()
+        self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I", "add a request")
+        self.act_abort = self._action(bar, "Abort", self.abort_selected, "Del", "abort the selected requests")
+        self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F",
+                                     "fork the selected running request: the copy shares its blocks (CoW)")
+        self.act_reset = self._action(bar, "Reset cache", lambda: self.worker.send(cmd.ResetPrefixCache()),
+                                      tip="drop every cached hash (refused while blocks are in use)")
+        bar.addSeparator()
+        self.audit_box = QCheckBox("Audit")
+        self.audit_box.setToolTip("after every step, recompute every ref count from the block tables: "
+                                  "wrong ones turn red and a banner names them")
+        self.audit_box.toggled.connect(lambda on: self.worker.send(cmd.SetAudit(on)))
+        bar.addWidget(self.audit_box)
+        self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
+                         self.act_fork, self.act_reset]
+        self.write_controls = [self.act_inject, self.act_abort, self.act_fork, self.act_reset]
+
+    def _build_menu(self) -> None:
+        menu = self.menuBar().addMenu("&Scenario")
+        self.scenario_actions: dict[str, QAction] = {}
+        for name in available():
+            try:
+                title = load_scenario(name).title
+            except ValueError:
+                continue
+            act = QAction(f"{title} ({name})", self)
+            act.triggered.connect(lambda _checked=False, n=name: self.load_scenario(n))
+            menu.addAction(act)
+            self.scenario_actions[name] = act
+        menu.addSeparator()
+        act = QAction("Plain model (no scenario)", self)
+        act.triggered.connect(lambda _checked=False: self.load_scenario(""))
+        menu.addAction(act)
+        view = self.menuBar().addMenu("&View")
+        act = QAction("Welcome: what to do first", self)
+        act.triggered.connect(lambda: self.show_welcome(True))
+        view.addAction(act)
+        view.addSeparator()
+        for dock in self.docks.values():
+            view.addAction(dock.toggleViewAction())
+        diagnose = self.menuBar().addMenu("&Diagnose")
+        self.act_compare = QAction("Compare caching on / off (this run's prompts)", self)
+        self.act_compare.triggered.connect(self.compare_caching)
+        diagnose.addAction(self.act_compare)
+        act = QAction("Block story of the selected block", self)
+        act.triggered.connect(lambda: self.docks["diagnosis"].raise_())
+        diagnose.addAction(act)
+        engine_menu = self.menuBar().addMenu("&Engine")
+        self.act_restart = QAction("Restart the engine process", self)
+        self.act_restart.setEnabled(False)
+        self.act_restart.triggered.connect(self.restart_engine)
+        engine_menu.addAction(self.act_restart)
+        for a in self.controls:
+            a.setEnabled(False)
+
+    def _build_status(self) -> None:
+        sb = self.statusBar()
+        self.status_label = QLabel("starting…")
+        self.status_label.setMinimumWidth(100)
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)  # indeterminate while the model loads
+        self.busy.setMaximumWidth(160)
+        sb.addWidget(self.status_label, 1)
+        sb.addPermanentWidget(self.busy)
+
+    def _start_backend(self, backend: EngineBackend) -> None:
+        self.worker = backend
+        self.thread_ = getattr(backend, "thread_", None)
+        # Bound methods of this (GUI-thread) object: these run on the GUI thread.
+        backend.loaded.connect(self.on_loaded)
+        backend.load_failed.connect(self.on_load_failed)
+        backend.progress.connect(self.on_progress)
+        backend.progress_fraction.connect(self.on_progress_fraction)
+        backend.stepped.connect(self.on_stepped)
+        backend.error.connect(self.on_error)
+        backend.running_changed.connect(self.on_running_changed)
+        backend.died.connect(self.on_engine_died)
+        backend.compared.connect(self.on_compared)
+
+    # -- commands -------------------------------------------------------------------
+    def step(self, n: int = 1) -> None:
+        self.show_welcome(False)
+        self.worker.send(cmd.Step(int(n)))
+
+    def toggle_run(self) -> None:
+        self.show_welcome(False)
+        self.worker.send(cmd.Pause() if self.running else cmd.Run())
+
+    def inject(self, specs: list[InjectSpec]) -> None:
+        self.show_welcome(False)
+        for s in specs:
+            self.worker.send(cmd.Inject(s))
+
+    def open_inject(self) -> None:
+        info = self.info
+        dlg = InjectDialog(self, self.settings, has_tokenizer=bool(info and info.has_tokenizer))
+        if dlg.exec():
+            try:
+                self.inject(dlg.specs())
+            except ValueError as e:
+                self.on_error(str(e))
+
+    def load_scenario(self, name: str) -> None:
+        """Rebuild the engine with the scenario's settings (in the engine's process) and start over."""
+        self.info = None
+        self.busy.show()
+        for a in self.controls:
+            a.setEnabled(False)
+        self.show_welcome(not name)
+        self.worker.send(cmd.Load(name))
+
+    def fork_selected(self) -> None:
+        if self.requests.selected_id:
+            self.worker.send(cmd.Fork(self.requests.selected_id))
+        else:
+            self.on_error("select a running request to fork")
+
+    def abort_selected(self) -> None:
+        for rid in self.requests.selected_ids():
+            self.worker.send(cmd.Abort(rid))
+
+    def show_view(self, name: str) -> None:
+        """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them)."""
+        self.docks[name].raise_()
+
+    def show_welcome(self, on: bool) -> None:
+        self.welcome.setVisible(on)
+        if on:
+            self.pages.setCurrentWidget(self.welcome)
+
+    # -- engine signals -----------------------------------------------------------------
+    @Slot(object)
+    def on_loaded(self, info: SourceInfo) -> None:
+        self.info = info
+        decode = self.worker.decode if self.worker.vocab else None
+        # Nothing of the previous session may show: not its blocks, hover text or figure.
+        self.grid.clear()
+        self.cpu_grid.clear()
+        self.figure.set_requests([])
+        self.figure.set_snapshot(None)
+        for view in (self.grid, self.cpu_grid, self.figure):
+            view.set_decode(decode)
+        self.events.set_decode(decode)
+        self.busy.hide()
+        self.history = RunHistory(decode=decode)
+        self.diagnosis = Diagnosis(decode, info.prefix_caching)
+        self.diagnosis_panel.clear_story()
+        self.diagnosis_panel.compare_label.setText("Caching on vs off: not run yet")
+        self.diagnosis_panel.compare_button.setEnabled(not info.read_only)
+        self.act_compare.setEnabled(not info.read_only)
+        self.latest = None
+        self.events.clear()
+        self.events.set_max_step(None)
+        self.plots.set_cursor(None)
+        self.plots.set_pool(info.block_bytes)
+        self.fragmentation.set_info(info.max_model_len, info.kv_layout)
+        self.fragmentation.set_snapshot(None)
+        if info.view in self.docks:
+            self.show_view(info.view)
+        self.state.reset()
+        self.banner.clear()
+        self.requests.select([])
+        for a in self.controls:
+            a.setEnabled(not (info.read_only and a in self.write_controls))
+        self.audit_box.setEnabled(not info.read_only)
+        self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
+        self.cpu_grid.title.setText(f"CPU swap pool · {info.num_cpu_blocks} blocks")
+        title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
+        self.setWindowTitle(title)
+        kv = "" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"
+        tok = "" if info.has_tokenizer or info.read_only else " · no tokenizer: prompts are token ids"
+        self.grid.title.setText(f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
+                                f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}{kv}{tok}")
+        if info.scenario or info.watch or info.notes:
+            self.notes.set_scenario(info.watch, list(info.notes), info.scenario or "")
+            self.show_welcome(False)
+        else:
+            self.notes.clear()
+        if info.read_only:
+            self.show_welcome(False)
+
+    @Slot(str)
+    def on_load_failed(self, message: str) -> None:
+        self.busy.hide()
+        self.on_error(f"could not load the model: {message}")
+        self.status_label.setText("no model loaded")
+
+    @Slot(str)
+    def on_progress(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    @Slot(object)
+    def on_progress_fraction(self, fraction) -> None:
+        if fraction is None:
+            self.busy.setRange(0, 0)  # indeterminate
+        else:
+            self.busy.setRange(0, 100)
+            self.busy.setValue(int(100 * fraction))
+        self.busy.show()
+
+    @property
+    def latest(self) -> StepResult | None:
+        """The newest record with a whole snapshot. An engine process's comes raw; it is assembled the first
+        time it is asked for (when it is drawn: at most once a frame, however fast the steps come)."""
+        res = self._latest
+        if res is not None:
+            res = self._latest = res.assembled()
+        return res
+
+    @latest.setter
+    def latest(self, result: StepResult | None) -> None:
+        self._latest = result
+
+    @Slot(object)
+    def on_stepped(self, result: StepResult) -> None:
+        if not isinstance(result.snapshot, StepDigest):  # a digest: a newer record came with it
+            self.latest = result
+        self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
+        self.diagnosis.feed(result.step, result.events, result.snapshot)
+        self.events.append(result.step, result.events)
+        if result.snapshot.requests and self.welcome.isVisible():
+            self.show_welcome(False)
+        if result.record.error is None and self.banner.isVisible() and self.banner.kind == "error":
+            self.banner.clear()  # the next action succeeded: the old error no longer applies
+        self._dirty = True
+
+    @Slot(str)
+    def on_error(self, message: str) -> None:
+        self.errors.append(message)
+        if not self.diagnosis_panel.compare_button.isEnabled() and self.info is not None \
+                and not self.info.read_only:
+            self.diagnosis_panel.compare_button.setEnabled(True)
+            self.diagnosis_panel.compare_label.setText(f"Caching on vs off: {message}")
+        self.banner.show_message(message, "error")
+        self.statusBar().showMessage(message, 10_000)
+
+    @Slot(str)
+    def on_engine_died(self, message: str) -> None:
+        """The engine process is gone (or hung): keep the last state on screen and offer a restart."""
+        self.running = False
+        self.act_run.setText("Run")
+        for a in self.controls:
+            a.setEnabled(False)
+        self.act_restart.setEnabled(True)
+        self.banner.show_message(f"{message}. The last state and the trace so far are kept; "
+                                 "Engine ▸ Restart starts a new engine process.", "error")
+        self.errors.append(message)
+
+    def restart_engine(self) -> None:
+        try:
+            self.worker.restart()
+        except ValueError as e:
+            self.on_error(str(e))
+            return
+        self.busy.show()
+        self.act_restart.setEnabled(False)
+
+    @Slot(bool)
+    def on_running_changed(self, running: bool) -> None:
+        self.running = running
+        self.act_run.setText("Pause" if running else "Run")
+
+    # -- drawing --------------------------------------------------------------------
+    @Slot()
+    def flush(self) -> None:
+        """Apply the newest record to every view (called at ~30 Hz, and by tests)."""
+        if not self._dirty or self.latest is None:
+            return
+        self._dirty = False
+        self._pace_redraws()
+        steps = self.history.steps
+        self.timeline.blockSignals(True)
+        self.timeline.setRange(0, max(len(steps) - 1, 0))
+        self.timeline.setValue(self.state.timeline_position(steps))  # old steps may have left the budget
+        self.timeline.blockSignals(False)
+        h = self.history
+        if h.reach:
+            self.timeline.setToolTip(
+                f"the timeline reaches back to step {h.reach[0]}"
+                + (f" ({h.dropped_steps} older steps dropped)" if h.dropped_steps else "")
+                + f"; history {h.nbytes / 2**20:.0f} of {h.budget_bytes / 2**20:.0f} MiB")
+        if self.state.live:
+            self._show(self.latest.snapshot, self.latest.audit, self.latest.events)
+        self.plots.update_from(self.history, self.latest.memory)
+        self.events.flush()
+
+    def _pace_redraws(self) -> None:
+        interval = self.state.pacer.after_redraw(time.perf_counter(), time.thread_time())
+        if interval != self._redraw_timer.interval():
+            self._redraw_timer.setInterval(interval)
+
+    def _show(self, snap, audit=None, events=()) -> None:
+        """Every view at one step: the live one, or the timeline's."""
+        leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
+        self.grid.set_snapshot(snap, leaked)
+        if self.cpu_grid.isVisible():
+            self.cpu_grid.set_snapshot(snap)
+        if leaked is not None:
+            worst = "; ".join(str(p) for p in audit.problems[:3])
+            self.banner.show_message(f"audit: {len(leaked)} block(s) with wrong ref counts (red in the grid). "
+                                     f"{worst}", "audit")
+        elif self.banner.kind == "audit":
+            self.banner.clear()
+        self.requests.set_snapshot(snap)
+        self.requests.miss_label.setText(self.diagnosis.miss_text(snap, self.requests.selected_id))
+        self.figure.set_snapshot(snap)
+        self.figure.set_events(list(events))
+        self.fragmentation.set_snapshot(snap)
+        if self.requests.selected_id:
+            self.grid.set_highlight(list(self.requests.selected_block_ids()))
+        self.notes.set_step(snap.step)
+        self.status_label.setText(status_text(snap, self.info, self.state.live))
+
+    def _on_timeline(self, pos: int) -> None:
+        steps = self.history.steps
+        if not steps:
+            return
+        live = self.state.timeline_moved(steps, pos) is None
+        step = steps[min(pos, len(steps) - 1)]
+        snap = self.history.latest if live else self.history.at(step)
+        self.timeline_label.setText("live" if live else f"step {step}")
+        self.events.set_max_step(None if live else step)
+        self.plots.set_cursor(None if live else step)
+        if snap is not None:
+            latest = self.latest
+            self._show(snap, latest.audit if live and latest else None,
+                       latest.events if live and latest else self.history.events_at(step))
+
+    def show_step(self, step: int) -> None:
+        """Move the timeline to ``step`` (a story row clicked)."""
+        i = bisect.bisect_left(self.history.steps, step)
+        if i < len(self.history.steps):
+            self.timeline.setValue(i)
+
+    def compare_caching(self) -> None:
+        prompts, max_tokens = comparison_prompts(self.history)
+        if not prompts:
+            self.on_error("nothing to compare: inject a request or load a scenario first")
+            return
+        self.diagnosis_panel.comparison_running(len(prompts))
+        self.docks["diagnosis"].raise_()
+        self.worker.send(cmd.CompareCaching(prompts, max_tokens))
+
+    @Slot(str, object)
+    def on_compared(self, text: str, divergence) -> None:
+        self.diagnosis_panel.show_comparison(text, divergence)
+        self.status_label.setText(text)
+
+    def follow_live(self) -> None:
+        self.state.follow_live()
+        self.timeline_label.setText("live")
+        self.events.set_max_step(None)
+        self.plots.set_cursor(None)
+        self._dirty = True
+        self.flush()
+
+    # -- selection -----------------------------------------------------------------------
+    def on_block_clicked(self, block_id: int) -> None:
+        snap = self.grid.snapshot
+        owners = snap.owners_of(block_id) if snap else []
+        self.requests.select(owners)
+        self.grid.set_highlight([block_id])
+        up_to = None if self.state.live or snap is None else snap.step
+        self.diagnosis_panel.show_story(block_id, self.diagnosis.story(block_id, self.history, up_to),
+                                        self.history.reach)
+
+    def on_request_selected(self, request_id: str) -> None:
+        self.state.selected_request = request_id
+        self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
+        self.figure.set_requests(self.requests.selected_ids())
+        self.requests.miss_label.setText(self.diagnosis.miss_text(self.requests.snapshot, request_id))
+
+    def on_event_activated(self, ev) -> None:
+        bid = getattr(ev, "block_id", None)
+        rid = getattr(ev, "request_id", None)
+        if bid is not None and bid >= 0:
+            self.on_block_clicked(bid)
+        elif rid is not None:
+            self.requests.select([rid])
+
+    # -- persistence and shutdown -------------------------------------------------------------
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if not self._layout_restored:
+            self._layout_restored = True
+            QTimer.singleShot(0, self.default_layout)
+
+    def default_layout(self) -> None:
+        """The grid gets most of the window; the figure, event log and plots share a band below it."""
+        w, h = self.width(), self.height()
+        self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.docks["scenario"], self.docks["requests"]], [int(h * 0.4), int(h * 0.6)],
+                         Qt.Orientation.Vertical)
+
+    def _restore_settings(self) -> None:
+        s = self.settings
+        self._layout_restored = False  # until a saved layout is restored, showEvent lays the docks out
+        if s.value("geometry") is not None:
+            self.restoreGeometry(s.value("geometry"))
+        if s.value("state") is not None and str(s.value("layout_version")) == str(LAYOUT_VERSION):
+            self._layout_restored = self.restoreState(s.value("state"))
+        for key, box in (("colour_mode", self.grid.mode_box), ("speed", self.speed)):
+            v = s.value(key)
+            if v is not None and box.findText(str(v)) >= 0:
+                box.setCurrentText(str(v))
+        if s.value("step_n") is not None:
+            self.step_n.setValue(int(s.value("step_n")))
+        self.worker.send(cmd.SetInterval(SPEEDS[self.speed.currentText()]))
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("geometry", self.saveGeometry())
+        s.setValue("state", self.saveState())
+        s.setValue("layout_version", LAYOUT_VERSION)
+        s.setValue("colour_mode", self.grid.mode)
+        s.setValue("speed", self.speed.currentText())
+        s.setValue("step_n", self.step_n.value())
+        s.sync()
+
+    def shutdown(self) -> None:
+        """Stop the engine (its thread or its process) and wait for it."""
+        self._redraw_timer.stop()
+        self.worker.shutdown()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.save_settings()
+        self.shutdown()
+        super().closeEvent(event)

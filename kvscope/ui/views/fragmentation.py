@@ -1,0 +1,132 @@
+"""The fragmentation figure: the same requests laid out contiguously (a max-length reservation each) and
+paged (whole blocks as they grow), side by side, on one scale of slots, with the counts.
+
+Each request is a row of slots: used (its tokens' KV), wasted (the rest of its last block), reserved (the
+contiguous layout's slots past its tokens). The layout this run's engine really uses is marked, and its
+pool's own counts (physical blocks, counted once) are printed under the figure.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPen
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from engine.inspect.fragmentation import Layout, layouts, pool_counts
+from engine.inspect.snapshot import KVSnapshot
+from kvscope.ui import palette
+
+MAX_ROWS = 12
+TEXT = QColor(230, 230, 230)
+
+
+def _colour(kind: str) -> QColor:
+    return QColor(*palette.FRAGMENTS[kind].colour)
+
+
+class FragmentationCanvas(QWidget):
+    def __init__(self) -> None:
+        super().__init__()
+        self.setMinimumSize(300, 140)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.pair: tuple[Layout, Layout] | None = None
+        self.max_model_len = 0
+        self.block_size = 16
+        self.running = "paged"
+
+    def set_layouts(self, pair: tuple[Layout, Layout] | None, max_model_len: int, block_size: int,
+                    running: str) -> None:
+        self.pair, self.max_model_len, self.block_size, self.running = pair, max_model_len, block_size, running
+        self.update()
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt's name
+        qp = QPainter(self)
+        qp.fillRect(self.rect(), QColor(*palette.BACKGROUND))
+        qp.setPen(TEXT)
+        if not self.pair or not self.pair[0].rows:
+            qp.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter,
+                        "no request holds KV yet: inject a request or step the scenario")
+            return
+        gap, label_w = 16, 46
+        half = (self.width() - gap) / 2
+        for k, layout in enumerate(self.pair):
+            self._panel(qp, QRectF(k * (half + gap), 0, half, self.height()), layout, label_w)
+
+    def _panel(self, qp: QPainter, area: QRectF, layout: Layout, label_w: float) -> None:
+        qp.setPen(TEXT)
+        font = QFont(qp.font())
+        font.setBold(True)
+        qp.setFont(font)
+        mark = "  ← this run's engine" if layout.name == self.running else ""
+        qp.drawText(QRectF(area.x(), area.y() + 2, area.width(), 18), Qt.AlignmentFlag.AlignLeft,
+                    f"{layout.name}{mark}")
+        font.setBold(False)
+        qp.setFont(font)
+        h = layout.held or 1
+        qp.drawText(QRectF(area.x(), area.y() + 20, area.width(), 18), Qt.AlignmentFlag.AlignLeft,
+                    f"{layout.used:,} used · {layout.wasted:,} wasted ({layout.wasted / h:.0%}) · "
+                    f"{layout.reserved:,} reserved ({layout.reserved / h:.0%}) of {layout.held:,} slots")
+        rows = layout.rows[:MAX_ROWS]
+        top = area.y() + 42
+        row_h = max(6.0, min(22.0, (area.height() - top - 4) / max(len(rows), 1) - 3))
+        scale = (area.width() - label_w - 4) / max(self.max_model_len, 1)  # one scale for both panels
+        for i, r in enumerate(rows):
+            y = top + i * (row_h + 3)
+            qp.setPen(TEXT)
+            qp.drawText(QRectF(area.x(), y, label_w - 4, row_h), Qt.AlignmentFlag.AlignRight
+                        | Qt.AlignmentFlag.AlignVCenter, r.request_id[:6])
+            x = area.x() + label_w
+            for kind, n in (("used", r.used), ("wasted", r.wasted), ("reserved", r.reserved)):
+                if n:
+                    qp.fillRect(QRectF(x, y, n * scale, row_h), QBrush(_colour(kind)))
+                    x += n * scale
+            block_w = self.block_size * scale
+            if block_w >= 4:  # block boundaries, where they can be seen
+                qp.setPen(QPen(QColor(*palette.BACKGROUND), 1))
+                end = area.x() + label_w + (r.used + r.wasted + r.reserved) * scale
+                bx = area.x() + label_w + block_w
+                while bx < end - 0.5:
+                    qp.drawLine(int(bx), int(y), int(bx), int(y + row_h))
+                    bx += block_w
+        if len(layout.rows) > MAX_ROWS:
+            qp.setPen(TEXT)
+            qp.drawText(QRectF(area.x(), top + MAX_ROWS * (row_h + 3), area.width(), 16),
+                        Qt.AlignmentFlag.AlignLeft, f"+ {len(layout.rows) - MAX_ROWS} more request(s)")
+
+
+class FragmentationView(QWidget):
+    def __init__(self) -> None:
+        super().__init__()
+        self.canvas = FragmentationCanvas()
+        legend = " ".join(
+            f"<span style='background:{palette.hex_colour(c.colour)}'>&nbsp;&nbsp;&nbsp;&nbsp;</span> "
+            f"<b>{c.name}</b>: {c.meaning}&nbsp;&nbsp;" for c in palette.FRAGMENTS.values())
+        self.legend = QLabel(legend)
+        self.legend.setWordWrap(True)
+        self.pool_label = QLabel("")
+        self.pool_label.setWordWrap(True)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(self.canvas, 1)
+        lay.addWidget(self.legend)
+        lay.addWidget(self.pool_label)
+        self.max_model_len = 0
+        self.running = "paged"
+        self.pair: tuple[Layout, Layout] | None = None
+
+    def set_info(self, max_model_len: int, kv_layout: str) -> None:
+        self.max_model_len, self.running = max_model_len, kv_layout
+
+    def set_snapshot(self, snap: KVSnapshot | None) -> None:
+        if snap is None:
+            self.pair = None
+            self.canvas.set_layouts(None, self.max_model_len, 16, self.running)
+            self.pool_label.setText("")
+            return
+        self.pair = layouts(snap, self.max_model_len)
+        self.canvas.set_layouts(self.pair, self.max_model_len, snap.block_size, self.running)
+        c = pool_counts(snap)
+        self.pool_label.setText(
+            f"This run's pool ({self.running}, physical blocks counted once): {c['blocks_held']} blocks held = "
+            f"{c['used_slots']:,} slots used, {c['wasted_slots']:,} wasted inside blocks, "
+            f"{c['reserved_slots']:,} in blocks reserved and not written. Rows above: each request alone, "
+            f"max_model_len {self.max_model_len} per contiguous reservation.")

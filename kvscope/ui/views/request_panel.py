@@ -1,0 +1,118 @@
+"""The requests table and, for the selected request, its block table (logical -> physical)."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableView,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.inspect.snapshot import KVSnapshot
+from kvscope.ui import palette
+from kvscope.ui.qt_models import RequestTableModel
+
+
+class BlockTableView(QTableWidget):
+    """One column per logical block: the physical id and its ref count."""
+
+    def __init__(self) -> None:
+        super().__init__(2, 0)
+        self.setVerticalHeaderLabels(["physical", "ref"])
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.setMaximumHeight(90)
+
+    def show_table(self, snap: KVSnapshot | None, block_ids: tuple[int, ...]) -> None:
+        self.setColumnCount(len(block_ids))
+        self.setHorizontalHeaderLabels([str(i) for i in range(len(block_ids))])
+        for i, b in enumerate(block_ids):
+            ref = int(snap.ref_cnt[b]) if snap is not None else 0
+            phys, refc = QTableWidgetItem(str(b)), QTableWidgetItem(str(ref))
+            if ref > 0:  # the grid's ref-count colours: green used, oranges shared
+                rgb = palette.ref_colour(ref)
+                for it in (phys, refc):
+                    it.setBackground(QBrush(QColor(*rgb)))
+                    it.setForeground(QBrush(QColor(*palette.text_on(rgb))))
+            self.setItem(0, i, phys)
+            self.setItem(1, i, refc)
+
+    def cell_text(self) -> list[tuple[int, int]]:
+        return [(int(self.item(0, i).text()), int(self.item(1, i).text())) for i in range(self.columnCount())]
+
+
+class RequestPanel(QWidget):
+    request_selected = Signal(str)  # "" when the selection is cleared
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = RequestTableModel()
+        self.table = QTableView()
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.verticalHeader().hide()
+        self.table.selectionModel().selectionChanged.connect(self._on_selection)
+        self.block_table = BlockTableView()
+        self.caption = QLabel("block table: select a request")
+        # why the selected request missed the prefix cache (MainWindow fills it from kvscope.diagnosis)
+        self.miss_label = QLabel("prefix cache: select a request")
+        self.miss_label.setWordWrap(True)
+        self.miss_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.snapshot: KVSnapshot | None = None
+        self.selected_id = ""
+        lower = QWidget()
+        ll = QVBoxLayout(lower)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.miss_label)  # first: it must stay readable when the panel is short
+        ll.addWidget(self.caption)
+        ll.addWidget(self.block_table)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(lower)
+        split.setStretchFactor(0, 3)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(split)
+
+    def set_snapshot(self, snap: KVSnapshot) -> None:
+        self.snapshot = snap
+        self.model.set_snapshot(snap)
+        self._show_block_table()
+
+    def select(self, request_ids: list[str]) -> None:
+        sm = self.table.selectionModel()
+        sm.clearSelection()
+        for rid in request_ids:
+            row = self.model.row_of(rid)
+            if row >= 0:
+                sm.select(self.model.index(row, 0), sm.SelectionFlag.Select | sm.SelectionFlag.Rows)
+
+    def _on_selection(self, *_):
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        self.selected_id = self.model.rows[rows[0]].request_id if rows else ""
+        self._show_block_table()
+        self.request_selected.emit(self.selected_id)
+
+    def selected_ids(self) -> list[str]:
+        """Every selected request, in table order."""
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        return [self.model.rows[r].request_id for r in rows if r < len(self.model.rows)]
+
+    def selected_block_ids(self) -> tuple[int, ...]:
+        info = self.snapshot.request(self.selected_id) if self.snapshot and self.selected_id else None
+        return info.block_ids if info else ()
+
+    def _show_block_table(self) -> None:
+        ids = self.selected_block_ids()
+        self.caption.setText(f"block table of request {self.selected_id}: logical -> physical"
+                             if self.selected_id else "block table: select a request")
+        self.block_table.show_table(self.snapshot, ids)

@@ -1,0 +1,121 @@
+"""The first screen: what kvscope shows and what to do first (a scenario, Inject, the keys)."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+SHORTCUTS = [("F10", "Step: run the scheduler one step"), ("F5", "Run / Pause"),
+             ("Ctrl+I", "Inject a request (a prompt, n samples, beams…)"), ("Del", "Abort the selected requests"),
+             ("Ctrl+F", "Fork the selected request (its blocks are shared: copy-on-write)"),
+             ("F or Home", "grid: fit the blocks in use"), ("A", "grid: the whole pool"),
+             ("wheel, + / −", "grid: zoom (ids, ref counts, then tokens appear)"), ("drag, arrows", "grid: pan")]
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence (up to 160 characters); a sentence's end, not a colon after a label ("Question:
+    why ...?"), except when no sentence ends soon enough."""
+    text = " ".join(text.split()) + " "
+    for ends in ((". ", "? ", "! "), (": ",)):
+        i = min((i for i in (text.find(e) for e in ends) if 0 < i < 160), default=-1)
+        if i > 0:
+            return text[:i + 1]
+    return text[:160].rstrip()
+
+
+ORDER = ["four-score", "parallel-sampling", "shared-system-prompt", "multi-turn-chat", "beam-search",
+         "pool-exhaustion", "leak-hunt"]  # a classroom's order: the paper's figures first
+
+
+def scenario_lines() -> list[tuple[str, str, str]]:
+    """(name, title, one line) of every scenario that loads, the paper's figures first."""
+    from kvscope.scenario import available, load_scenario
+    out = []
+    names = available()
+    for name in sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
+        try:
+            sc = load_scenario(name)
+        except ValueError:
+            continue
+        out.append((name, sc.title, first_sentence(sc.watch or sc.description)))
+    return out
+
+
+class WelcomeView(QWidget):
+    """Signals ``scenario_chosen(name)``, ``inject_requested()``. ``scenarios`` defaults to the files'."""
+
+    scenario_chosen = Signal(str)
+    inject_requested = Signal()
+
+    def __init__(self, scenarios: list[tuple[str, str, str]] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.scenarios = scenario_lines() if scenarios is None else scenarios
+        self.buttons: dict[str, QPushButton] = {}
+        inner = QWidget()
+        lay = QVBoxLayout(inner)
+        lay.setContentsMargins(18, 14, 18, 14)
+        title = QLabel("kvscope: watch a paged KV cache at work")
+        title.setStyleSheet("font-size: 16pt; font-weight: bold")
+        intro = QLabel("A real model runs step by step. Each request's KV cache lives in fixed-size <b>blocks</b> "
+                       "of a shared pool, mapped by its <b>block table</b>, as in the PagedAttention paper. "
+                       "The grid shows the pool (one cell per block; the legend says what each colour means), "
+                       "the figure view shows a selected request's logical blocks, table and physical blocks.")
+        intro.setWordWrap(True)
+        lay.addWidget(title)
+        lay.addWidget(intro)
+        lay.addSpacing(6)
+        lay.addWidget(self._heading("1. Pick a scenario, then press F10 to step through it"))
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(10)
+        for row, (name, sc_title, line) in enumerate(self.scenarios):
+            b = QPushButton(sc_title)
+            b.setToolTip(f"kvscope --scenario {name}")
+            b.setStyleSheet("text-align: left; padding: 3px 8px")
+            b.clicked.connect(lambda _c=False, n=name: self.scenario_chosen.emit(n))
+            self.buttons[name] = b
+            text = QLabel(line)
+            text.setWordWrap(True)
+            text.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            grid.addWidget(b, row, 0)
+            grid.addWidget(text, row, 1)
+        grid.setColumnStretch(1, 1)
+        lay.addLayout(grid)
+        lay.addSpacing(6)
+        lay.addWidget(self._heading("2. Or inject your own request"))
+        self.inject_button = QPushButton("Inject a request…  (Ctrl+I)")
+        self.inject_button.clicked.connect(self.inject_requested.emit)
+        lay.addWidget(self.inject_button, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addSpacing(6)
+        lay.addWidget(self._heading("Keys"))
+        keys = QGridLayout()
+        for row, (key, what) in enumerate(SHORTCUTS):
+            k = QLabel(f"<b>{key}</b>")
+            keys.addWidget(k, row // 2, 2 * (row % 2))
+            w = QLabel(what)
+            w.setWordWrap(True)
+            keys.addWidget(w, row // 2, 2 * (row % 2) + 1)
+        keys.setColumnStretch(1, 1)
+        keys.setColumnStretch(3, 1)
+        lay.addLayout(keys)
+        lay.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidget(inner)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+    @staticmethod
+    def _heading(text: str) -> QLabel:
+        h = QLabel(text)
+        h.setStyleSheet("font-weight: bold; color: #eceff4; font-size: 11pt")
+        return h
+
