@@ -73,3 +73,19 @@ def test_screenshot_mode_on_the_embedded_model(tmp_path):
     assert summary["prefix_cache_hits"] == 0 or summary["prefix_cache_hits"] % 16 == 0
     assert [q["output_tokens"] for q in summary["requests"]] == [6, 6]
     assert summary["leaked_blocks"] == 0
+
+
+def test_attach_gets_the_checks_every_window_has(monkeypatch, capsys):
+    """``--attach`` used to open its window before the Qt-library check that keeps Qt from aborting the process."""
+    import kvscope.platform_check
+    from kvscope.cli import main
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setenv("DISPLAY", ":99")
+    monkeypatch.setattr(kvscope.platform_check, "xcb_problem", lambda: "for the window, install: libxcb-cursor0")
+    assert main(["--attach", "tcp://127.0.0.1:5999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvscope: for the window, install: libxcb-cursor0"]
+    monkeypatch.delenv("DISPLAY")
+    monkeypatch.delenv("QT_QPA_PLATFORM")
+    assert main(["--attach", "tcp://127.0.0.1:5999"]) == 2
+    assert "no display" in capsys.readouterr().err
