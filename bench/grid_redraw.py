@@ -23,7 +23,8 @@ from PySide6.QtCore import QPointF  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from engine.inspect.snapshot import RequestInfo, assemble_snapshot  # noqa: E402
-from kvscope.ui.views.block_grid import BORDER_PX, LABEL_PX, BlockGridView, DetailLevel, codes_for, slots_px, to_grid
+from kvscope.ui.views.block_grid import BlockGridView
+from kvscope.ui.views.grid_cells import BORDER_PX, LABEL_PX, DetailLevel, codes_for, slots_px, to_grid
 
 BLOCK_SIZE = 16
 

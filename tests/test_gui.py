@@ -12,7 +12,7 @@ from engine import LLMEngine, SamplingParams
 from kvscope.sources.live import LiveSource
 from kvscope.ui.app import StartupDriver
 from kvscope.ui.main_window import MainWindow
-from kvscope.ui.views.block_grid import codes_for
+from kvscope.ui.views.grid_cells import codes_for
 from kvscope.ui.worker import InjectSpec
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)

@@ -15,18 +15,18 @@ from kvscope.scenario import available, load_scenario
 from kvscope.ui import palette
 from kvscope.ui.qt_models import EventFilterProxy, EventLogModel, describe
 from kvscope.ui.views.banner import Banner
-from kvscope.ui.views.block_grid import (
+from kvscope.ui.views.block_grid import BlockGridView
+from kvscope.ui.views.event_log import EventLogView
+from kvscope.ui.views.figure_view import FigureView
+from kvscope.ui.views.grid_cells import (
     BORDER_PX,
     LABEL_PX,
     OVERVIEW_TEXELS,
-    BlockGridView,
     DetailLevel,
     codes_for,
     downsample,
     slots_px,
 )
-from kvscope.ui.views.event_log import EventLogView
-from kvscope.ui.views.figure_view import FigureView
 from kvscope.ui.views.inject_dialog import InjectDialog, parse_token_ids
 from kvscope.ui.views.legend import LegendView
 from kvscope.ui.views.plots import CURVES, PlotsPanel

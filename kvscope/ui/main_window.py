@@ -338,8 +338,7 @@ class MainWindow(QMainWindow):
         self.history = RunHistory(decode=decode)
         self.diagnosis = Diagnosis(decode, info.prefix_caching)
         self.diagnosis_panel.clear_story()
-        self.diagnosis_panel.compare_label.setText("Caching on vs off: not run yet")
-        self.diagnosis_panel.compare_button.setEnabled(not info.read_only)
+        self.diagnosis_panel.reset_compare(not info.read_only)
         self.act_compare.setEnabled(not info.read_only)
         self.latest = None
         self.events.clear()
@@ -357,12 +356,12 @@ class MainWindow(QMainWindow):
             a.setEnabled(not (info.read_only and a in self.write_controls))
         self.audit_box.setEnabled(not info.read_only)
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
-        self.cpu_grid.title.setText(f"CPU swap pool · {info.num_cpu_blocks} blocks")
+        self.cpu_grid.set_title(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
         self.setWindowTitle(title)
         kv = "" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"
         tok = "" if info.has_tokenizer or info.read_only else " · no tokenizer: prompts are token ids"
-        self.grid.title.setText(f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
+        self.grid.set_title(f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
                                 f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}{kv}{tok}")
         if info.scenario or info.watch or info.notes:
             self.notes.set_scenario(info.watch, list(info.notes), info.scenario or "")
@@ -420,10 +419,8 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def on_error(self, message: str) -> None:
         self.errors.append(message)
-        if not self.diagnosis_panel.compare_button.isEnabled() and self.info is not None \
-                and not self.info.read_only:
-            self.diagnosis_panel.compare_button.setEnabled(True)
-            self.diagnosis_panel.compare_label.setText(f"Caching on vs off: {message}")
+        if self.info is not None and not self.info.read_only:
+            self.diagnosis_panel.compare_failed(message)
         self.banner.show_message(message, "error")
         self.statusBar().showMessage(message, 10_000)
 
@@ -495,7 +492,7 @@ class MainWindow(QMainWindow):
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap)
-        self.requests.miss_label.setText(self.diagnosis.miss_text(snap, self.requests.selected_id))
+        self.requests.set_miss_text(self.diagnosis.miss_text(snap, self.requests.selected_id))
         self.figure.set_snapshot(snap)
         self.figure.set_events(list(events))
         self.fragmentation.set_snapshot(snap)
@@ -561,7 +558,7 @@ class MainWindow(QMainWindow):
         self.state.selected_request = request_id
         self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
         self.figure.set_requests(self.requests.selected_ids())
-        self.requests.miss_label.setText(self.diagnosis.miss_text(self.requests.snapshot, request_id))
+        self.requests.set_miss_text(self.diagnosis.miss_text(self.requests.snapshot, request_id))
 
     def on_event_activated(self, ev) -> None:
         bid = getattr(ev, "block_id", None)

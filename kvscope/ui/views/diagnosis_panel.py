@@ -108,3 +108,14 @@ class DiagnosisPanel(QWidget):
 
     def rows(self) -> list[tuple[str, ...]]:
         return [tuple(self.table.item(i, j).text() for j in range(len(COLUMNS))) for i in range(self.table.rowCount())]
+
+    def reset_compare(self, can_run: bool) -> None:
+        """A new source: nothing compared yet; the button works where the source can run engines."""
+        self.compare_label.setText("Caching on vs off: not run yet")
+        self.compare_button.setEnabled(can_run)
+
+    def compare_failed(self, message: str) -> None:
+        """A comparison that was running ended in an error: say so beside the button, and let it run again."""
+        if not self.compare_button.isEnabled():
+            self.compare_button.setEnabled(True)
+            self.compare_label.setText(f"Caching on vs off: {message}")

@@ -116,3 +116,7 @@ class RequestPanel(QWidget):
         self.caption.setText(f"block table of request {self.selected_id}: logical -> physical"
                              if self.selected_id else "block table: select a request")
         self.block_table.show_table(self.snapshot, ids)
+
+    def set_miss_text(self, text: str) -> None:
+        """The selected request's prefix-cache line (its first missed block and why), under its block table."""
+        self.miss_label.setText(text)
