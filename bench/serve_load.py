@@ -26,7 +26,7 @@ import httpx
 from common import engine_for, main, percentile, random_prompts, table, tiny_model, write_results
 from engine import LLM, SamplingParams
 from engine.inspect.snapshot import BlockState
-from kvscope.runtime.loop import SessionLoop
+from kvscope.runtime.loop import HostLoop
 from kvscope.serve import OpenAIServer, ServeOptions
 from kvscope.sources.live import LiveSource
 
@@ -158,12 +158,10 @@ def serve_under_load(make_engine, plans: list[Plan], clients: int) -> dict:
     n = len(plans)
     engine = make_engine()
     server = OpenAIServer(ServeOptions(port=0))
-    session = LiveSource(engine, hooks=[server.bridge])
-    loop = SessionLoop(session)
-    server.bridge.wake = loop.wake
+    session = LiveSource(engine)
     server.start()
+    loop = HostLoop.over(session, server.bridge)  # loaded: the bridge attached, serving
     loop.start()
-    loop.call(lambda: server.bridge.attach(engine))
     try:
         outcomes, seconds = asyncio.run(drive(server.url, plans, clients))
         t0 = time.monotonic()

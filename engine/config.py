@@ -2,7 +2,7 @@
 
 ``EngineConfig`` is the one source of every engine option: each field's metadata
 (``help``, ``choices``, bounds, the CLI group) drives ``validate()``, the command
-line (``kvscope/cli.py`` generates its engine flags from it) and the keys a
+line (``kvscope/cli/parser.py`` generates its engine flags from it) and the keys a
 scenario file may set (``kvscope/scenario.py``).
 """
 from __future__ import annotations

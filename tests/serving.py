@@ -6,7 +6,8 @@ import time
 import openai
 
 from engine import LLMEngine
-from kvscope.runtime.loop import SessionLoop
+from kvscope.runtime import protocol as p
+from kvscope.runtime.loop import HostLoop
 from kvscope.serve import OpenAIServer, ServeOptions
 from kvscope.sources.live import LiveSource
 
@@ -33,9 +34,8 @@ class Served:
         self.engine = engine
         self.server = OpenAIServer(options or ServeOptions(port=0))
         self.bridge = self.server.bridge
-        self.session = LiveSource(engine, hooks=[self.bridge, *hooks])
-        self.loop = SessionLoop(self.session)
-        self.bridge.wake = self.loop.wake
+        self.session = LiveSource(engine, hooks=list(hooks))  # the host puts the bridge among them on load
+        self.loop = HostLoop.over(self.session, self.bridge, load=False)
         self.server.start()
         self.loop.start()
         if attach:
@@ -46,7 +46,8 @@ class Served:
         return self.server.url
 
     def attach(self) -> None:
-        self.call(lambda: self.bridge.attach(self.engine))
+        """Load: the host attaches the bridge (every route answers from then on) and serves."""
+        self.call(lambda: self.loop.host.handle(p.Load(None)))
 
     def call(self, fn):
         """Run ``fn`` on the engine's thread, between steps."""

@@ -54,10 +54,21 @@ def test_unknown_model_is_one_clear_line():
 
 
 def test_headless_json_on_a_tiny_model(tiny_dir):
+    ids = ",".join(map(str, range(1, 14)))
+    r = kvscope("--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4",
+                "--max-tokens", "5", "--inject-ids", ids, "--inject-ids", ids)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [q["prompt_tokens"] for q in out["requests"]] == [13, 13]
+    assert [q["output_tokens"] for q in out["requests"]] == [5, 5]
+    # the second, admitted in the same step, hits the first's three full blocks (the last token is computed)
+    assert out["prefix_cache_hits"] == 12 and out["leaked_blocks"] == 0 and out["num_blocks"] == 32
+
+
+def test_a_text_prompt_without_a_tokenizer_is_one_line(tiny_dir):
     r = kvscope("--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4",
                 "--inject", "hello")
-    # The tiny model has no tokenizer: a text prompt is refused with a clear message.
-    assert r.returncode == 2 and "no tokenizer" in r.stderr
+    assert r.returncode == 2 and "no tokenizer" in r.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
@@ -67,10 +78,12 @@ def test_screenshot_mode_on_the_embedded_model(tmp_path):
                 timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert path.stat().st_size > 20_000
-    r = kvscope("--headless", "--json", "--num-gpu-blocks", "64", "--max-tokens", "6",
-                "--inject", "The capital of France is", "--inject", "The capital of France is")
+    prompt = "The capital of France is Paris, and the capital of Italy is Rome; the capital of Spain is"
+    r = kvscope("--headless", "--json", "--num-gpu-blocks", "64", "--max-tokens", "6", "--inject", prompt,
+                "--inject", prompt)
     summary = json.loads(r.stdout)
-    assert summary["prefix_cache_hits"] == 0 or summary["prefix_cache_hits"] % 16 == 0
+    full = (summary["requests"][0]["prompt_tokens"] - 1) // 16 * 16  # full blocks short of the last token
+    assert full >= 16 and summary["prefix_cache_hits"] == full  # the second prompt hits every full block
     assert [q["output_tokens"] for q in summary["requests"]] == [6, 6]
     assert summary["leaked_blocks"] == 0
 

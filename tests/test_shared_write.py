@@ -71,8 +71,29 @@ def test_the_write_rule_never_fires_on_a_clean_busy_run(tiny_hf, preemption_mode
     assert {"cow", "hit", "preempted"} <= kinds, kinds
 
 
-def test_shared_write_is_a_fault_the_config_accepts():
-    assert EngineConfig(fault="shared-write").fault == "shared-write"
+def test_the_fault_shifts_only_a_first_chunk_starting_on_a_cached_block_boundary(tiny_hf):
+    """What the fault is: a request's first chunk after a prefix hit that ends on a block boundary has its
+    slots one too early; nothing else moves. And the fault switches the write audit on."""
+    engine = engines(tiny_hf, "shared-write")(True)
+    assert EngineConfig(fault="shared-write").fault == "shared-write" and engine.runner.write_observer is not None
+    shifted: list[list[str]] = []
+    real = engine.runner.execute
+
+    def spy(sched):
+        hit = engine.runner._shared_write_fault(sched)
+        shifted.append([s.request.request_id for i, s in enumerate(sched.scheduled) if i in hit])
+        return real(sched)
+    engine.runner.execute = spy
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request(A, greedy)
+    while engine.has_unfinished():
+        engine.step()
+    assert all(s == [] for s in shifted)  # no hit, no shift
+    second = engine.add_request(A[:8] + [90, 91, 92, 93], greedy)  # hits 8 tokens: 2 blocks, a boundary
+    engine.step()
+    assert shifted[-1] == [second]
+    engine.step()  # its decode steps are not shifted
+    assert shifted[-1] == []
 
 
 def test_headless_compare_caching_reports_the_divergence_and_a_clean_run(capsys, tiny_dir):

@@ -77,10 +77,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def token_slice(self, start: int, end: int) -> list[int]:
         p = len(self.prompt_token_ids)
         if end <= p:

@@ -179,10 +179,3 @@ def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         n += 1
     return n
 
-
-def explain_misses(block_size: int, steps: Iterable[tuple[int, Iterable[Event], dict]],
-                   decode: Decode | None = None) -> dict[str, CacheMiss | None]:
-    ex = CacheMissExplainer(block_size, decode)
-    for step, events, prompts in steps:
-        ex.feed(step, events, prompts)
-    return ex.misses

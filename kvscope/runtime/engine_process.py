@@ -13,14 +13,14 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import wait
+from multiprocessing.connection import wait as mp_wait
 
 from engine.gc_policy import tune_gc
 from kvscope.runtime import protocol as p
 from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.host import EngineHost
+from kvscope.runtime.loop import HostLoop
 from kvscope.runtime.shm import ShmSlots, SlotSpec
 from kvscope.runtime.wire import RecordEncoder
 
@@ -111,6 +111,39 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
         if batch is not None:
             send(batch)
 
+    # An HTTP server beside the engine lives in this process too (its handlers wake the loop through a self-pipe
+    # that the loop's wait watches with the window's pipe); a port it cannot take is the load's failure.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    server = None
+    if spec.serve is not None:
+        from kvscope.serve.server import start_server  # FastAPI and uvicorn: only where a server runs
+        try:
+            server = start_server(spec.serve)
+        except OSError as e:
+            send(p.LoadFailed(f"cannot serve: {e}"))
+
+    def wait(timeout: float | None) -> bool:
+        """The loop's wait: the window's pipe (read into the loop's queue) and the server's wake-ups."""
+        woke = False
+        ready = mp_wait([conn, wake_r], timeout)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            woke = True
+        if conn in ready:
+            pump()
+        return woke
+
+    def pump() -> None:
+        while conn.poll(0):
+            msg = conn.recv()
+            if isinstance(msg, ReleaseSlot):
+                encoder.release(msg.slot)
+            elif isinstance(msg, AttachSlots):
+                encoder.attach(ShmSlots.attach(msg.spec))
+            else:
+                loop.queue.append(msg)
+
     def emit(res: p.Result) -> None:
         if isinstance(res, p.Stepped):
             encoder.add(res)  # read now: a live record is valid only until the engine goes on
@@ -127,49 +160,19 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             encoder.loaded()
         send(res)
 
-    # An HTTP server beside the engine lives in this process too: its handlers wake the loop below
-    # through a self-pipe, which wait() watches with the window's pipe.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    server = None
-    if spec.serve is not None:
-        from kvscope.serve.server import OpenAIServer
-        server = OpenAIServer(spec.serve)
-        try:
-            server.start()
-        except OSError as e:
-            send(p.LoadFailed(f"cannot serve: {e}"))
-            server = None
-        else:
-            print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+    # the collector tuned for the loaded heap after each load (engine.gc_policy)
+    host = EngineHost(spec.factory, emit, server.bridge if server else None, raw_snapshots=True, on_load=tune_gc)
+    loop = HostLoop(host, wait)
+    loop.on_idle = flush  # nothing is sent while waiting: what is pending goes now
 
-    def wake() -> None:
+    def wake_pipe() -> None:
         try:
             os.write(wake_w, b"w")
         except BlockingIOError:  # a wake-up is already pending
             pass
-
-    host = EngineHost(spec.factory, emit, server.bridge if server else None, raw_snapshots=True)
+    loop.on_wake = wake_pipe
     if server is not None:
-        server.bridge.wake = wake
-    queue: deque = deque()
-
-    def pump(timeout: float | None = 0.0) -> None:
-        while conn.poll(timeout):
-            timeout = 0.0
-            msg = conn.recv()
-            if isinstance(msg, ReleaseSlot):
-                encoder.release(msg.slot)
-            elif isinstance(msg, AttachSlots):
-                encoder.attach(ShmSlots.attach(msg.spec))
-            else:
-                queue.append(msg)
-
-    def interrupted() -> bool:
-        pump()
-        return any(isinstance(c, (p.Pause, p.Shutdown, p.Load)) for c in queue)
-
-    host.interrupted = interrupted
+        server.bridge.wake = loop.wake
 
     def beat() -> None:
         while alive.is_set():
@@ -180,30 +183,8 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             time.sleep(heartbeat_s)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    next_tick, idle = 0.0, False
     try:
-        while True:
-            if queue:
-                idle = False
-                cmd = queue.popleft()
-                if not host.handle(cmd):
-                    break
-                if isinstance(cmd, p.Load):
-                    tune_gc()  # the loaded heap frozen, fewer collections (engine.gc_policy)
-                continue
-            now = time.monotonic()
-            if host.running and not idle and now >= next_tick:
-                next_tick = now + host.interval_ms / 1000
-                idle = not host.tick() and host.running  # serving with nothing to do: wait for a wake-up
-                continue
-            flush()  # nothing is sent while waiting: what is pending goes now
-            timeout = None if not host.running or idle else max(0.0, next_tick - now)
-            ready = wait([conn, wake_r], timeout)
-            if wake_r in ready:
-                os.read(wake_r, 4096)
-                idle = False
-            if conn in ready:
-                pump()
+        loop.run()
     except (EOFError, OSError):
         pass  # the window went away: nothing to report to
     finally:

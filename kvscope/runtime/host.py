@@ -74,8 +74,10 @@ class EngineHost:
     the wire sends and the window's process assembles."""
 
     def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None], bridge=None,
-                 raw_snapshots: bool = False) -> None:
+                 raw_snapshots: bool = False, on_load: Callable[[], None] | None = None) -> None:
+        """``on_load``: called after each successful load (the engine process tunes its collector there)."""
         self.factory = factory
+        self.on_load = on_load or (lambda: None)
         self.emit = emit
         self.bridge = bridge
         self.raw_snapshots = raw_snapshots
@@ -186,6 +188,7 @@ class EngineHost:
         if self.audit_enabled and not info.read_only:
             source.set_audit(True)
         self._probe = MemoryProbe.for_device(info.device, MEMORY_READ_EVERY_S)
+        self.on_load()
         self.emit(p.Loaded(info, vocab_of(source)))
         if not info.read_only:
             self._send(source.current())

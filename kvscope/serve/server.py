@@ -8,6 +8,7 @@ answers 503. No Qt here: it must run wherever the engine runs.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,17 @@ class OpenAIServer:
         if self._thread is not None:
             self._thread.join(timeout)
         self._server = self._thread = None
+
+
+def start_server(options: ServeOptions, say=None) -> OpenAIServer:
+    """The one way a server beside the engine starts (the engine process, the window's engine thread, headless):
+    bound and serving now (a port it cannot take raises ``OSError`` with one line), every route but /metrics
+    answering 503 until an ``EngineHost`` attaches its bridge on load. ``say`` hears where it listens."""
+    server = OpenAIServer(options)
+    server.start()
+    (say or (lambda text: print(text, file=sys.stderr)))(
+        f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)")
+    return server
 
 
 def check_port(host: str, port: int) -> None:

@@ -178,13 +178,10 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
     """``early``: the engine process started before Qt was imported (``kvscope.cli.window.spawn_early``)."""
     server = None
     if opts.serve is not None:
-        from kvscope.serve import OpenAIServer
-        from kvscope.serve.server import check_port
+        from kvscope.serve.server import check_port, start_server
         try:
             if opts.engine_thread:  # the server beside the engine: in this process
-                server = OpenAIServer(opts.serve)
-                server.start()
-                print(f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)", file=sys.stderr)
+                server = start_server(opts.serve)
             else:  # the engine process starts it; a port in use is told here, before the window opens
                 check_port(opts.serve.host, opts.serve.port)
         except OSError as e:

@@ -258,7 +258,6 @@ class MainWindow(QMainWindow):
 
     def _start_backend(self, backend: EngineBackend) -> None:
         self.worker = backend
-        self.thread_ = getattr(backend, "thread_", None)
         # Bound methods of this (GUI-thread) object: these run on the GUI thread.
         backend.loaded.connect(self.on_loaded)
         backend.load_failed.connect(self.on_load_failed)

@@ -97,7 +97,7 @@ def age_codes(age: np.ndarray) -> np.ndarray:
     return np.searchsorted(edges, np.maximum(age, 0), side="right").astype(np.uint8)
 
 
-# Time-series curves (kvscope/views/plots.py): block curves take their state's colour.
+# Time-series curves (kvscope/ui/views/plots.py): block curves take their state's colour.
 SERIES_COLOURS: dict[str, RGB] = {
     "free": STATES[BlockState.FREE].line_colour,
     "cached": CACHED,

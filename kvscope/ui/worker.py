@@ -1,7 +1,7 @@
 """Engine backends: the window's side of the protocol in ``kvscope.runtime.protocol``.
 
-``ThreadBackend`` runs the engine host on a QThread of this process (tests pass it factories
-that close over models already in memory); ``ProcessBackend`` runs it in a spawned engine
+``ThreadBackend`` runs the engine's ``HostLoop`` on a thread of this process (tests pass it
+factories that close over models already in memory); ``ProcessBackend`` runs it in a spawned engine
 process, so the engine never shares a GIL with the window and a crash of the engine (a
 segfault, a CUDA error, the OOM killer) leaves the window alive. Both emit the same signals.
 """
@@ -14,12 +14,13 @@ import threading
 import time
 from collections import deque
 
-from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from kvscope.runtime import protocol as p
 from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.engine_process import AttachSlots, Heartbeat, ReleaseSlot, SpawnedEngine, spawn_engine
 from kvscope.runtime.host import EngineHost, SourceFactory
+from kvscope.runtime.loop import HostLoop
 from kvscope.runtime.shm import ShmSlots
 from kvscope.runtime.wire import RecordDecoder, WireBatch
 from kvscope.sources.base import InjectSpec, SourceInfo  # noqa: F401 - InjectSpec is part of this module's API
@@ -105,90 +106,40 @@ class EngineBackend(QObject):
 
 
 # -- an engine on a worker thread -----------------------------------------------------------
-class _HostWorker(QObject):
-    """Lives on the engine's QThread; commands arrive as queued calls, results leave by ``out``."""
-
-    wake_requested = Signal()  # emitted from any thread (the HTTP server's): there is work to step
-
-    def __init__(self, factory: SourceFactory, out: Signal, bridge=None) -> None:
-        super().__init__()
-        self.host = EngineHost(factory, out.emit, bridge)
-        self._timer: QTimer | None = None
-        self._idle = False  # in Run with nothing to do (serving): the timer waits for a wake-up
-        if bridge is not None:
-            self.wake_requested.connect(self.wake)  # queued: runs on this worker's thread
-            bridge.wake = self.wake_requested.emit
-
-    @Slot(object)
-    def command(self, cmd: p.Command) -> None:
-        self.host.handle(cmd)
-        self._idle = False
-        self._sync_timer()
-
-    @Slot()
-    def wake(self) -> None:
-        self._idle = False
-        self._sync_timer()
-
-    @Slot()
-    def shutdown(self) -> None:
-        """Runs on the worker's thread (blocking call), so the timer dies on the thread it lives on."""
-        self.host.handle(p.Shutdown())
-        self._sync_timer()
-        self._timer = None
-
-    def _sync_timer(self) -> None:
-        if self.host.running and not self._idle:
-            if self._timer is None:
-                self._timer = QTimer()  # created here, so it lives on the worker's thread
-                self._timer.timeout.connect(self._tick)
-            self._timer.setInterval(self.host.interval_ms)
-            if not self._timer.isActive():
-                self._timer.start()
-        elif self._timer is not None and self._timer.isActive():
-            self._timer.stop()
-
-    @Slot()
-    def _tick(self) -> None:
-        self._idle = not self.host.tick() and self.host.running
-        self._sync_timer()
-
-
 class ThreadBackend(EngineBackend):
-    _command = Signal(object)
-    _shutdown = Signal()
+    """The engine's ``HostLoop`` on a thread of this process (the same loop as the engine process's): commands
+    are posted to it, its results come back through a queued signal to the GUI thread."""
 
     def __init__(self, factory: SourceFactory, bridge=None) -> None:
         super().__init__()
-        self.thread_ = QThread()
-        self.thread_.setObjectName("engine")
-        self.worker = _HostWorker(factory, self._result, bridge)
-        self.worker.moveToThread(self.thread_)
-        self._command.connect(self.worker.command)
-        self._shutdown.connect(self.worker.shutdown, Qt.ConnectionType.BlockingQueuedConnection)
+        self.host = EngineHost(factory, self._result.emit, bridge)
+        self.loop = HostLoop(self.host)
+        if bridge is not None:
+            bridge.wake = self.loop.wake
+        self._thread: threading.Thread | None = None
 
     @property
     def engine(self):
-        return self.worker.host.engine
+        return self.host.engine
 
     @property
     def is_running(self) -> bool:
-        return self.thread_.isRunning()
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        self.thread_.start()
+        self._thread = threading.Thread(target=self.loop.run, name="engine", daemon=True)
+        self._thread.start()
         self.send(p.Load(None))
 
     def send(self, cmd: p.Command) -> None:
-        self._command.emit(cmd)
+        self.loop.post(cmd)
 
     def shutdown(self) -> None:
-        """Stop the host and wait for its thread (a QThread destroyed while running aborts)."""
-        if not self.thread_.isRunning():
+        """Stop the host (its source closes, its bridge detaches) and wait for the thread."""
+        if not self.is_running:
             return
-        self._shutdown.emit()
-        self.thread_.quit()
-        self.thread_.wait()
+        self.loop.stop()
+        self._thread.join(30.0)
 
 
 # -- an engine in a child process ---------------------------------------------------------------
