@@ -416,3 +416,38 @@ def test_headless_json(capsys):
                 "ttft_p50_s", "ttft_p99_s", "reference_hit_rate"):
         assert key in out
     assert out["requests"] == 50 and out["hit_rate"] == out["reference_hit_rate"]
+
+
+def test_the_command_lines_sweep_prints_the_table_and_draws_the_plot(tmp_path, capsys, monkeypatch):
+    args = [str(CONVERSATION), "--block-size", "512", "--sequential", "--sweep-kv-tokens", "1e5,1e6",
+            "--eviction-policy", "lru,lfu", "--limit", "50"]
+    assert cli_main(args + ["--json", "--png", str(tmp_path / "s.png")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["policy"], r["kv_tokens_asked"]) for r in out["sweep"]] == [
+        ("lru", 1e5), ("lru", 1e6), ("lfu", 1e5), ("lfu", 1e6)]
+    assert out["reference"]["paper_table2"] == 0.40 and (tmp_path / "s.png").stat().st_size > 10_000
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(args) == 0
+    text = capsys.readouterr().out
+    assert "| trace | policy |" in text and "reference (a pool that never evicts" in text
+    assert "llama-3.1-8b on h100" in text and (tmp_path / "mooncake_conversation_200_hit_rate.png").exists()
+
+
+def test_the_benchmarks_quick_run_writes_its_results(tmp_path, monkeypatch):
+    """bench/workloads.py --quick (the 200-line excerpts): its JSON's shape and its two figures."""
+    import importlib
+    import sys
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    bench = importlib.import_module("workloads")
+    result = bench.run(quick=True)
+    data = json.loads((tmp_path / "quick" / "workloads.json").read_text())
+    assert data["benchmark"] == "workloads" and data["quick"] is True
+    for name in ("workloads", "workloads_arrivals"):
+        assert (tmp_path / "quick" / f"{name}.png").stat().st_size > 10_000
+    assert data["equality"] and all(r["equal"] for r in data["equality"])
+    assert {"trace", "policy", "kv_tokens", "hit_rate", "of_max", "skipped"} <= set(data["rows"][0])
+    assert {"max_num_seqs", "ttft_p50_s", "preemptions", "utilization"} <= set(data["arrivals"][0])
+    assert data["rows"] == json.loads(json.dumps(result["rows"]))
+    sys.modules.pop("workloads", None)

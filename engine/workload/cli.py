@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", help="a tokenizer (hub id or folder) for text prompts in a kvscope workload")
     ap.add_argument("--limit", type=int, help="only the first N requests")
     ap.add_argument("--json", action="store_true", help="print JSON: {workload: ...} or {sweep: [...], reference: ...}")
-    ap.add_argument("--png", help="with --sweep-kv-tokens: draw hit rate against capacity into this PNG")
+    ap.add_argument("--png", help="with --sweep-kv-tokens: the plot of hit rate against capacity (default: "
+                                  "TRACE_hit_rate.png in the current folder)")
     return ap
 
 
@@ -137,16 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
 
         rows = sweep(workload, caps, policies, config, sim, progress=show, reference=ref)
-        if args.png:
-            plot_sweep(rows, args.png, [ref])
+        png = args.png or f"{workload.name}_hit_rate.png"
+        plot_sweep(rows, png, [ref])
         if args.json:
-            print(json.dumps({"sweep": rows, "reference": ref, "png": args.png}, indent=2))
+            print(json.dumps({"sweep": rows, "reference": ref, "png": png}, indent=2))
         else:
             print(format_table(rows))
             print(f"reference (a pool that never evicts, computed from the trace alone): {ref['hit_rate']:.2%}"
                   + (f"; the paper's Table 2: {ref['paper_table2']:.0%}" if ref["paper_table2"] else ""))
-            if args.png:
-                print(f"plot: {args.png}")
+            print(f"plot: {png}")
         return 0
     except (WorkloadError, ValueError, OSError) as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

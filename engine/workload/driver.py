@@ -304,6 +304,11 @@ def build_engine(workload: Workload, config: EngineConfig | None = None, sim: Si
     if workload.format == "mooncake":
         tokens = HashIdTokens(cost.model.vocab_size, workload.hash_block_size)
         tokens.check_block_size(config.block_size, workload.max_hash_id, workload.path)
+    else:  # token ids the simulated model cannot have: said before the run starts
+        for r in workload.requests:
+            if max(r.token_ids) >= cost.model.vocab_size:
+                raise WorkloadError(f"{workload.path}:{r.line}: token id {max(r.token_ids)} is outside the simulated "
+                                    f"model's vocabulary (0..{cost.model.vocab_size - 1})")
     runner = SimRunner(config, cost, num_blocks)
     engine = LLMEngine.from_runner(runner, config, name=f"{cost.model.name} (simulated, {cost.gpu.name})")
     feeder = WorkloadFeeder(engine, workload, sim.sequential, tokens, why,

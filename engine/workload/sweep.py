@@ -31,9 +31,10 @@ TABLE_COLUMNS = (("trace", "trace", ""), ("policy", "policy", ""), ("mode", "mod
 
 
 def paper_ratio(trace: str) -> float | None:
-    """Table 2's cache ratio for a trace named like Mooncake's files (conversation_trace, synthetic_trace)."""
+    """Table 2's cache ratio for a trace named like Mooncake's files (conversation_trace, synthetic_trace, or an
+    excerpt of one: mooncake_conversation_200)."""
     for key, ratio in PAPER_TABLE2.items():
-        if trace.lower().startswith(key):
+        if key in trace.lower():
             return ratio
     return None
 
@@ -88,8 +89,8 @@ def plot_sweep(rows: Sequence[dict], path: str | Path, references: Sequence[dict
                title: str = "Prefix-cache hit rate against KV capacity") -> Path:
     """Hit rate against capacity in tokens (log x): one line per (trace, policy, mode); each trace's
     reference (its own prefix sharing, dashed) and, with ``paper``, Mooncake's Table 2 ratio (dotted)
-    and Figure 9's two statements (markers). A point where requests were skipped (longer than the
-    pool) is hollow. Returns the PNG's path."""
+    and Figure 9's two statements (markers). A point where requests were skipped (bigger than the
+    whole pool) is hollow. Returns the PNG's path."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -102,7 +103,7 @@ def plot_sweep(rows: Sequence[dict], path: str | Path, references: Sequence[dict
     series = list(dict.fromkeys((r["trace"], r["policy"], r["mode"]) for r in rows))
     kinds = list(dict.fromkeys((p, m) for _, p, m in series))
     for trace, policy, mode in series:
-        pts = sorted((r["kv_tokens"], r["hit_rate"], r.get("skipped", 0)) for r in rows
+        pts = sorted((r["kv_tokens"], r["hit_rate"], r.get("skipped_too_big", 0)) for r in rows
                      if (r["trace"], r["policy"], r["mode"]) == (trace, policy, mode))
         c, ls = colours[trace], styles[kinds.index((policy, mode)) % len(styles)]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, color=c, label=f"{trace}: {policy}, {mode}")
