@@ -2,8 +2,11 @@
 story over the timeline's reach, and which prompts a caching comparison should replay.
 
 The miss explainer is fed every step's events as they arrive, so each request is judged against the
-cache as it was when the request was admitted (not as it is when someone asks). A block's story is read
-from the history's events when a block is selected: it costs one pass over the recorded events.
+cache as it was when the request was admitted (not as it is when someone asks). It keeps the explanations
+of the last ``limits.miss_explanations`` requests and the last ``limits.evicted_blocks`` evicted blocks
+(``kvscope.limits``); the request the window asked about last (the selected one) is never dropped. A
+block's story is read from the history's events when a block is selected: it costs one pass over the
+recorded events.
 """
 from __future__ import annotations
 
@@ -13,29 +16,39 @@ from engine.inspect.block_story import StoryLine, block_story
 from engine.inspect.cache_miss import CacheMissExplainer
 from engine.inspect.snapshot import KVSnapshot
 from kvscope.history import RunHistory
+from kvscope.limits import LIMITS, WindowLimits, misses_text
 
 ENGINE_MADE = ("#", "+", "~")  # samples, forks, beams: they replay with their parent
 
 
 class Diagnosis:
-    def __init__(self, decode: Callable[[list[int]], str | None] | None = None, prefix_caching: bool = True) -> None:
+    def __init__(self, decode: Callable[[list[int]], str | None] | None = None, prefix_caching: bool = True,
+                 limits: WindowLimits = LIMITS) -> None:
         self.decode = decode
         self.prefix_caching = prefix_caching
+        self.limits = limits
         self.misses: CacheMissExplainer | None = None
 
     def feed(self, step: int, events, snap: KVSnapshot) -> None:
         if self.misses is None:
-            self.misses = CacheMissExplainer(snap.block_size, self.decode)
+            self.misses = CacheMissExplainer(snap.block_size, self.decode, self.limits.miss_explanations,
+                                             self.limits.evicted_blocks)
         self.misses.feed_snapshot(step, events, snap)
 
     def miss_text(self, snap: KVSnapshot | None, request_id: str) -> str:
-        """The selected request's prefix-cache story in one or two lines."""
+        """The selected request's prefix-cache story in one or two lines. The request asked about is the one
+        whose explanation the bound never drops."""
+        if self.misses is not None:
+            self.misses.keep = {request_id} if request_id else set()
         r = snap.request(request_id) if snap is not None and request_id else None
         if r is None:
             return "prefix cache: select a request"
         if not self.prefix_caching:
             return "prefix cache: off in this engine (--no-prefix-caching, or the contiguous layout)"
         if self.misses is None or request_id not in self.misses.misses:
+            if self.misses is not None and self.misses.dropped and r.status != "WAITING":
+                return (f"prefix cache: request {request_id}'s explanation is no longer kept "
+                        f"({misses_text(self.limits.miss_explanations)})")
             return f"prefix cache: request {request_id} has not been admitted yet"
         bs = snap.block_size
         hit = f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit " \

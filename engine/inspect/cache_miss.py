@@ -17,9 +17,15 @@ and names the reason for the first block that missed:
 
 Blocks stored during a step become visible from the next step (publication happens after the step that
 wrote them finished), while evictions take effect at once, so admissions are judged against that view.
+
+What it remembers can be bounded (a window left open on a served engine): ``max_requests`` explanations
+(the oldest dropped first, never those in ``keep``) and ``max_evicted`` evicted blocks (the oldest
+dropped first: a block evicted before them is then told as ``no_cached_block``). The mirror and the ref
+counts are bounded by the pool.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -61,13 +67,20 @@ class CacheMissExplainer:
     """Feed ``(step, events, prompts)`` in order, where ``prompts`` maps request ids to prompt token ids
     (what the snapshot after the step holds); ``misses`` holds each admitted request's first miss."""
 
-    def __init__(self, block_size: int, decode: Decode | None = None) -> None:
+    def __init__(self, block_size: int, decode: Decode | None = None, max_requests: int | None = None,
+                 max_evicted: int | None = None) -> None:
+        """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all)."""
         self.block_size = block_size
         self.decode = decode
+        self.max_requests, self.max_evicted = max_requests, max_evicted
         self.mirror: dict[str, _Cached] = {}
-        self.evicted: list[tuple[int, _Cached]] = []
+        # evicted blocks by (parent hash, tokens), each with the step it went at; the newest key last
+        self.evicted: OrderedDict[tuple[str | None, tuple[int, ...]], list[tuple[int, _Cached]]] = OrderedDict()
+        self.num_evicted = 0  # blocks in ``evicted``
         self.ref: dict[int, int] = {}
-        self.misses: dict[str, CacheMiss | None] = {}
+        self.misses: dict[str, CacheMiss | None] = {}  # in admission order
+        self.keep: set[str] = set()  # explanations never dropped (the window's selected request)
+        self.dropped = 0  # explanations dropped by the bound
 
     def feed_snapshot(self, step: int, events: Iterable[Event], snap) -> None:
         """``feed`` with the prompts of the snapshot after the step (sliced only in a step that admits)."""
@@ -85,7 +98,7 @@ class CacheMissExplainer:
             elif change is CacheChange.EVICTED:
                 gone = self.mirror.pop(e.block_hash, None)
                 if gone is not None:
-                    self.evicted.append((step, gone))
+                    self._remember_eviction(step, gone)
             elif change is CacheChange.WITHDRAWN:
                 self.mirror.pop(e.block_hash, None)
                 stored = [c for c in stored if c.block_hash != e.block_hash]
@@ -105,6 +118,27 @@ class CacheMissExplainer:
             prompt = prompts.get(e.request_id)
             if prompt is not None:
                 self.misses[e.request_id] = self.explain(tuple(prompt), e.num_cached_tokens, view)
+        excess = len(self.misses) - self.max_requests if self.max_requests is not None else 0
+        if excess > 0:  # the oldest go, never one in ``keep``
+            drop = []
+            for rid in self.misses:
+                if len(drop) >= excess:
+                    break
+                if rid not in self.keep:
+                    drop.append(rid)
+            for rid in drop:
+                del self.misses[rid]
+            self.dropped += len(drop)
+
+    def _remember_eviction(self, step: int, gone: _Cached) -> None:
+        key = (gone.parent_hash, gone.tokens)
+        was = self.evicted.pop(key, [])
+        now = [x for x in was if x[1].block_hash != gone.block_hash] + [(step, gone)]  # a block's latest eviction
+        self.evicted[key] = now
+        self.num_evicted += len(now) - len(was)
+        if self.max_evicted is not None:
+            while self.num_evicted > self.max_evicted and self.evicted:
+                self.num_evicted -= len(self.evicted.popitem(last=False)[1])
 
     # -- the diagnosis ---------------------------------------------------------------------------
     def explain(self, prompt: tuple[int, ...], num_hit_tokens: int, view: dict[str, _Cached]) -> CacheMiss | None:
@@ -127,10 +161,12 @@ class CacheMissExplainer:
             return CacheMiss(i, "prompt_ends_in_block", pos,
                              f"block {i} holds the prompt's last {n} token(s): only full blocks are cached and "
                              f"the last prompt token is always computed")
-        for step, c in reversed(self.evicted):
-            if c.tokens == block and c.parent_hash in parents and c.block_hash not in view:
-                return CacheMiss(i, "evicted", pos, f"block {i} was cached (physical block {c.block_id}) and "
-                                                    f"evicted at step {step}", evicted_at=step)
+        gone = [x for p in dict.fromkeys(parents) for x in self.evicted.get((p, block), ())
+                if x[1].block_hash not in view]
+        if gone:
+            step, c = max(gone, key=lambda x: x[0])  # the latest eviction
+            return CacheMiss(i, "evicted", pos, f"block {i} was cached (physical block {c.block_id}) and "
+                                                f"evicted at step {step}", evicted_at=step)
         nexts = [c for p in parents for c in children.get(p, [])]
         if any(c.tokens == block for c in nexts):
             return CacheMiss(i, "different_identity", pos,
