@@ -4,6 +4,9 @@ Curve colours come from ``kvscope.ui.palette`` (a block curve takes its state's 
 history does not record (yet) is simply not drawn. ``set_cursor(step)`` draws a vertical line at
 that step on every plot (the timeline's position); ``set_cursor(None)`` hides it.
 
+The plots draw the timeline's series (``kvscope.history``), so they reach as far back as it does: its
+bounds (``kvscope.limits``) are theirs, and the line under the plots says where the reach begins.
+
 Two plots carry the diagnosis labs: "time to first token" (one point a request) beside "tokens / s"
 split into all output and decode, so a prefix-cache hit that shortens the first but not the second
 shows as what it is; and "memory vs pool" on a log axis, the pool's fixed size and its use against
@@ -16,6 +19,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.history import RunHistory
+from kvscope.limits import timeline_text
 from kvscope.ui.palette import SERIES_COLOURS
 
 CURVES = {  # plot title -> series
@@ -45,6 +49,13 @@ def pool_story(usage: float, waiting: int, preemptions: int, pool_bytes: int, de
         return (f"{pool}{free}: the pool is exhausted while the device has memory free. Its size was fixed at "
                 f"start-up: raise --num-gpu-blocks or --gpu-memory-utilization, or hold less in the prefix cache")
     return pool + free
+
+
+def reach_text(history: RunHistory) -> str:
+    """Where the plots (the timeline's series) begin, once the timeline's bounds have dropped older steps."""
+    first = history.reach[0] if history.reach else 0
+    return (f"plots from step {first:,} ({history.dropped_steps:,} older steps dropped: "
+            f"{timeline_text(history.budget_bytes, history.max_requests)})")
 
 
 class PlotsPanel(QWidget):
@@ -88,6 +99,7 @@ class PlotsPanel(QWidget):
         self.memory_label = QLabel("memory: waiting for the engine")
         self.memory_label.setWordWrap(True)
         self.memory_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.memory_label.setToolTip(f"the plots reach as far back as the timeline: {timeline_text()}")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.layout_widget, 1)
@@ -116,16 +128,18 @@ class PlotsPanel(QWidget):
         ys = s.get(name)
         if ys is None:
             return None
-        ys = np.asarray(ys, np.float64)
+        ys = np.array(ys, np.float64)  # a copy: the history's array must stay free to grow
         return ys / 2**20 if name in MIB else ys
 
     def update_from(self, history: RunHistory, memory=None) -> None:
         x = np.asarray(history.steps)
         for name, curve in self.curves.items():
             if name == "ttft":
-                ms = [t[1] * 1000 for t in history.ttft]
-                curve.setData([t[0] for t in history.ttft], ms)
-                curve.getViewBox().setYRange(0, max(ms, default=1.0) * 1.15)  # from 0: short vs long reads true
+                steps, seconds = history.ttft_arrays()
+                ms = seconds * 1000
+                curve.setData(steps, ms)
+                top = float(ms.max()) if len(ms) else 1.0
+                curve.getViewBox().setYRange(0, top * 1.15)  # from 0: short vs long reads true
                 continue
             ys = self._series(history, name)
             if ys is None or len(ys) != len(x) or (name in MIB and not ys.any()):
@@ -155,7 +169,10 @@ class PlotsPanel(QWidget):
                 parts.append(f"torch allocated {memory.torch_allocated / 2**30:.2f} GiB, "
                              f"reserved {memory.torch_reserved / 2**30:.2f} GiB")
             parts.append(f"process {memory.process_rss / 2**20:.0f} MiB")
-        if history.ttft:
-            ms = sorted(t[1] * 1000 for t in history.ttft)
+        _, seconds = history.ttft_arrays()
+        if len(seconds):
+            ms = np.sort(seconds) * 1000
             parts.append(f"time to first token: median {ms[len(ms) // 2]:.0f} ms over {len(ms)} requests")
+        if history.dropped_steps:
+            parts.append(reach_text(history))
         return " · ".join(parts) if parts else "memory: waiting for the engine"
