@@ -7,6 +7,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyMod
 
 from engine.inspect.events import Event
 from engine.inspect.snapshot import KVSnapshot, RequestInfo
+from kvscope.limits import LIMITS
 
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
 
@@ -30,29 +31,43 @@ class _FlatTableModel(QAbstractTableModel):
 
 
 class RequestTableModel(_FlatTableModel):
+    """The snapshot's requests (those in flight and the engine's last finished ones: the engine bounds
+    them), and after them any ``keep`` row the snapshot no longer has (a selected request stays)."""
+
     HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "client", "text")
 
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[RequestInfo] = []
+        self.kept: set[str] = set()  # ids of rows shown only because they were kept
 
-    def set_snapshot(self, snap: KVSnapshot) -> None:
+    def set_snapshot(self, snap: KVSnapshot, keep: dict[str, RequestInfo] | None = None) -> bool:
+        """Returns True when the rows changed (the model was reset: a view's selection is gone)."""
         rows = list(snap.requests)
+        if keep:
+            ids = {r.request_id for r in rows}
+            extra = [r for rid, r in keep.items() if rid not in ids]
+            self.kept = {r.request_id for r in extra}
+            rows += extra
+        else:
+            self.kept = set()
         if [r.request_id for r in rows] == [r.request_id for r in self.rows]:
             self.rows = rows  # same rows: refresh cells, keep the selection
             if rows:
                 self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(self.HEADERS) - 1))
-            return
+            return False
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
+        return True
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return (r.request_id, r.status.lower(), r.num_prompt_tokens, r.num_output_tokens,
+            state = r.status.lower() + (" (kept: selected)" if r.request_id in self.kept else "")
+            return (r.request_id, state, r.num_prompt_tokens, r.num_output_tokens,
                     r.num_cached_tokens, len(r.block_ids), r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
             return r.error or r.text
@@ -81,19 +96,20 @@ def describe(ev: Event, decode: Callable[[list[int]], str] | None = None) -> str
 
 
 class EventLogModel(_FlatTableModel):
-    """Every event of every step; append-only, capped so a long run stays light. A row's details are
-    written when first shown (or searched): describing every event as it came cost more than the rest of
-    a step's bookkeeping in the window."""
+    """Every event of every step; append-only, the last ``max_rows`` kept (``kvscope.limits``), so a long
+    run stays light. A row's details are written when first shown (or searched): describing every event as
+    it came cost more than the rest of a step's bookkeeping in the window."""
 
     HEADERS = ("step", "kind", "details")
     KIND_ROLE = Qt.ItemDataRole.UserRole + 1
     EVENT_ROLE = Qt.ItemDataRole.UserRole + 2
 
-    def __init__(self, max_rows: int = 200_000, decode: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(self, max_rows: int = LIMITS.event_log_rows, decode: Callable[[list[int]], str] | None = None) -> None:
         super().__init__()
         self.rows: list[tuple[int, Event]] = []
         self._texts: list[str | None] = []  # each row's details, once written
         self.max_rows = max_rows
+        self.dropped = 0  # rows dropped by the bound so far
         self.decode = decode
 
     def set_decode(self, decode: Callable[[list[int]], str] | None) -> None:
@@ -113,26 +129,38 @@ class EventLogModel(_FlatTableModel):
     def append(self, step: int, events: list[Event]) -> None:
         self.extend([(step, e) for e in events])
 
-    def extend(self, rows: list[tuple[int, Event]]) -> None:
-        """Rows (step, event) at the end, in one insertion."""
+    def extend(self, rows: list[tuple[int, Event]], keep_from: int | None = None) -> int:
+        """Rows (step, event) at the end, in one insertion; past ``max_rows`` the oldest go first, but not the
+        rows from ``keep_from`` on (those on screen) unless the log would hold twice its bound. Returns how
+        many rows were dropped."""
         if not rows:
-            return
-        drop = max(0, len(self.rows) + len(rows) - self.max_rows)
+            return 0
+        if len(rows) > self.max_rows:  # more at once than the log holds: the newest of them
+            self.dropped += len(rows) - self.max_rows
+            rows = rows[-self.max_rows:]
+        total = len(self.rows) + len(rows)
+        drop = max(0, total - self.max_rows)
+        if keep_from is not None and drop > keep_from:
+            drop = max(keep_from, total - 2 * self.max_rows)
+        drop = min(drop, len(self.rows))
         if drop:
             self.beginRemoveRows(QModelIndex(), 0, drop - 1)
             del self.rows[:drop]
             del self._texts[:drop]
             self.endRemoveRows()
+            self.dropped += drop
         n = len(self.rows)
         self.beginInsertRows(QModelIndex(), n, n + len(rows) - 1)
         self.rows.extend(rows)
         self._texts.extend([None] * len(rows))
         self.endInsertRows()
+        return drop
 
     def clear(self) -> None:
         self.beginResetModel()
         self.rows.clear()
         self._texts.clear()
+        self.dropped = 0
         self.endResetModel()
 
     def data(self, index, role=Qt.ItemDataRole.DisplayRole):

@@ -4,6 +4,8 @@
 shows every kind. ``set_max_step(step)`` shows events up to that step (the timeline), None: all.
 ``set_decode(fn)`` adds tokens' text next to their ids in the details. Events are added to the table a
 frame at a time (``append`` collects them; ``flush``, or a timer ~30 times a second, shows them).
+The log keeps the last ``kvscope.limits.LIMITS.event_log_rows`` events (the label beside the search box
+says so); the oldest go first, but never the rows on screen while the view is not following the end.
 """
 from __future__ import annotations
 
@@ -22,15 +24,16 @@ from PySide6.QtWidgets import (
 )
 
 from engine.inspect.events import EVENT_TYPES, Event
+from kvscope.limits import LIMITS, event_log_text
 from kvscope.ui.qt_models import EventFilterProxy, EventLogModel
 
 
 class EventLogView(QWidget):
     event_activated = Signal(object)  # Event
 
-    def __init__(self, decode=None) -> None:
+    def __init__(self, decode=None, max_rows: int = LIMITS.event_log_rows) -> None:
         super().__init__()
-        self.model = EventLogModel(decode=decode)
+        self.model = EventLogModel(max_rows, decode=decode)
         self.proxy = EventFilterProxy()
         self.proxy.setSourceModel(self.model)
         self.table = QTableView()
@@ -61,17 +64,22 @@ class EventLogView(QWidget):
         self.kinds_button.setMenu(self.kinds_menu)
         self.step_label = QLabel("")
         self.step_label.setStyleSheet("color: #8a93a5")
+        self.bound_label = QLabel("")  # the log's bound: "event log: last 100,000 events"
+        self.bound_label.setStyleSheet("color: #8a93a5")
+        self.bound_label.setMinimumWidth(1)  # shown whole where there is room; it never widens the window
         filters = QHBoxLayout()
         filters.setContentsMargins(0, 0, 0, 0)
         filters.addWidget(self.kinds_button)
         filters.addWidget(self.search, 1)
         filters.addWidget(self.step_label)
+        filters.addWidget(self.bound_label)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(filters)
         lay.addWidget(self.table, 1)
         self._follow = True
         self._label_kinds()
+        self._label_bound()
         self._pending: list[tuple[int, Event]] = []
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -97,13 +105,36 @@ class EventLogView(QWidget):
         rows, self._pending = self._pending, []
         bar = self.table.verticalScrollBar()
         self._follow = bar.value() >= bar.maximum() - 2
-        self.model.extend(rows)
+        # Looking back (scrolled up, or at a step of the timeline): the rows on screen stay, and stay in view.
+        top = None if self._follow and self.proxy.max_step is None else self.first_visible_row()
+        dropped = self.model.extend(rows, top)
         if self._follow:
             self.table.scrollToBottom()
+        elif top is not None and dropped:
+            idx = self.proxy.mapFromSource(self.model.index(top - dropped, 0))
+            if idx.isValid():
+                self.table.scrollTo(idx, QAbstractItemView.ScrollHint.PositionAtTop)
+        if dropped:
+            self._label_bound()
+
+    def first_visible_row(self) -> int | None:
+        """The model's row at the top of the view (None: no row shown)."""
+        r = self.table.rowAt(0)
+        if r < 0:
+            return None
+        return self.proxy.mapToSource(self.proxy.index(r, 0)).row()
 
     def clear(self) -> None:
         self._pending = []
         self.model.clear()
+        self._label_bound()
+
+    def _label_bound(self) -> None:
+        m = self.model
+        self.bound_label.setText(event_log_text(m.max_rows))
+        self.bound_label.setToolTip(
+            f"the log keeps the last {m.max_rows:,} events; older ones go first, never the rows on screen"
+            + (f" ({m.dropped:,} dropped so far)" if m.dropped else ""))
 
     def set_kinds(self, kinds: set[str]) -> None:
         self.flush()

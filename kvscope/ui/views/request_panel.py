@@ -1,4 +1,9 @@
-"""The requests table and, for the selected request, its block table (logical -> physical)."""
+"""The requests table and, for the selected request, its block table (logical -> physical).
+
+The table shows what the engine's snapshot carries: the requests in flight and the engine's last
+``engine.request_groups.MAX_FINISHED`` finished ones (its header's tooltip says so). A selected request
+stays selected while the rows change, and stays in the table, as it last was, after the engine lets it go.
+"""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
@@ -15,7 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.inspect.snapshot import KVSnapshot
+from engine.inspect.snapshot import KVSnapshot, RequestInfo
+from kvscope.limits import requests_text
 from kvscope.ui import palette
 from kvscope.ui.qt_models import RequestTableModel
 
@@ -60,7 +66,11 @@ class RequestPanel(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setToolTip(
+            f"{requests_text()}; a selected request stays in the table after the engine lets it go")
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
+        self._kept: dict[str, RequestInfo] = {}  # the selected requests, as they were last shown
+        self._restoring = False
         self.block_table = BlockTableView()
         self.caption = QLabel("block table: select a request")
         # why the selected request missed the prefix cache (MainWindow fills it from kvscope.diagnosis)
@@ -85,8 +95,25 @@ class RequestPanel(QWidget):
 
     def set_snapshot(self, snap: KVSnapshot) -> None:
         self.snapshot = snap
-        self.model.set_snapshot(snap)
+        for rid in self._kept:
+            r = snap.request(rid)
+            if r is not None:
+                self._kept[rid] = r
+        if self.model.set_snapshot(snap, self._kept) and self._kept:
+            self._restore_selection()
         self._show_block_table()
+
+    def _restore_selection(self) -> None:
+        """The rows changed (the model was reset): select the kept requests again, without a new selection."""
+        sm = self.table.selectionModel()
+        self._restoring = True
+        try:
+            for rid in self._kept:
+                row = self.model.row_of(rid)
+                if row >= 0:
+                    sm.select(self.model.index(row, 0), sm.SelectionFlag.Select | sm.SelectionFlag.Rows)
+        finally:
+            self._restoring = False
 
     def select(self, request_ids: list[str]) -> None:
         sm = self.table.selectionModel()
@@ -97,7 +124,10 @@ class RequestPanel(QWidget):
                 sm.select(self.model.index(row, 0), sm.SelectionFlag.Select | sm.SelectionFlag.Rows)
 
     def _on_selection(self, *_):
+        if self._restoring:
+            return
         rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        self._kept = {self.model.rows[r].request_id: self.model.rows[r] for r in rows if r < len(self.model.rows)}
         self.selected_id = self.model.rows[rows[0]].request_id if rows else ""
         self._show_block_table()
         self.request_selected.emit(self.selected_id)
