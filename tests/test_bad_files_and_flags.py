@@ -336,3 +336,52 @@ def test_headless_steps_count_replayed_steps(capsys, small_trace):
     assert code == 0 and out["steps"] == 2  # two replayed records: the trace's steps 1 and 2
     code = main(["--headless", "--json", "--replay", str(small_trace), "--steps", "500"])
     assert code == 0 and json.loads(capsys.readouterr().out)["steps"] == 4  # the whole trace, then it stops
+
+
+# -- the same refusal in the window and headless -----------------------------------------------------
+def _said(r) -> list[str]:
+    return [ln for ln in r.stderr.splitlines() if ln.startswith("kvscope:")]
+
+
+def test_a_refused_request_is_one_line_and_exit_2_in_the_window_as_headless(tiny_dir, tmp_path):
+    """A pool too small for the command line's requests: headless said it once with exit 2; the window said it
+    four times, exit 1, and saved a picture anyway."""
+    from tests.test_cli import kvscope
+    ids = ",".join(map(str, range(1, 30)))
+    common = ["--model", tiny_dir, "--num-gpu-blocks", "1", "--block-size", "4", "--inject-ids", ids,
+              "--inject-ids", ids]
+    headless = kvscope("--headless", *common)
+    shot = tmp_path / "never.png"
+    window = kvscope(*common, "--screenshot", str(shot), "--steps", "2", QT_QPA_PLATFORM="offscreen")
+    assert headless.returncode == window.returncode == 2
+    assert _said(headless) == _said(window) and len(_said(window)) == 1
+    assert "request refused: this request can never fit" in _said(window)[0]
+    assert not shot.exists()
+
+
+def test_select_names_a_request_or_a_block_that_is_there(tiny_dir, tmp_path):
+    from tests.test_cli import kvscope
+    shot = tmp_path / "x.png"
+    base = ["--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4", "--inject-ids", "1,2,3,4,5",
+            "--steps", "2", "--screenshot", str(shot)]
+    r = kvscope(*base, "--select", "99", QT_QPA_PLATFORM="offscreen")
+    assert r.returncode == 2 and not shot.exists()
+    assert _said(r) == ["kvscope: --select 99: no such request at step 2 (requests: 0)"]
+    r = kvscope(*base, "--select-block", "32", QT_QPA_PLATFORM="offscreen")
+    assert r.returncode == 2 and _said(r) == ["kvscope: --select-block 32: no such block (the pool has blocks 0-31)"]
+
+
+@pytest.mark.parametrize("name,says", [("screenshot.png", "is not a kvscope trace: it is not a text file"),
+                                       ("scenario", "is not a kvscope trace: it is a scenario file (run it with "
+                                                    "--scenario")])
+def test_a_replay_of_something_else_says_what_it_is(capsys, name, says):
+    path = "docs/screenshot.png" if name == "screenshot.png" else "resources/scenarios/four-score.json"
+    assert_one_line_exit_2(capsys, "--headless", "--replay", path, says=says)
+
+
+def test_a_model_path_that_does_not_exist_says_what_kvscope_tried(capsys):
+    code, lines = run_main(capsys, "--headless", "--model", "/no/such/model")
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith("kvscope: cannot find model '/no/such/model'; tried: local path '/no/such/model' "
+                               "(does not exist); short name")
+    assert "Repo id" not in lines[0] and "hub id" not in lines[0]  # a path is not looked up on the hub

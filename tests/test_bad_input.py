@@ -75,7 +75,7 @@ def test_unknown_model_lists_what_it_tried():
     with pytest.raises(ModelNotFoundError) as e:
         resolve_model("no-such-model-xyz")
     msg = str(e.value)
-    assert "cannot find model 'no-such-model-xyz'" in msg and "local path" in msg and "alias" in msg
+    assert "cannot find model 'no-such-model-xyz'" in msg and "local path" in msg and "short name" in msg
     assert "\n" not in msg
 
 

@@ -122,12 +122,14 @@ def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, 
     assert bad.value.code == 2 and "token ids must be integers" in capsys.readouterr().err
 
 
-def test_a_screenshot_selects_the_requests_of_select_and_ignores_unknown_ids(qtbot, window):
+def test_a_screenshot_selects_the_requests_of_select_and_refuses_unknown_ids(qtbot, window):
     from kvscope.ui.app import StartupDriver
     win = window()
     run(qtbot, win, [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]], 2)
     ids = [r.request_id for r in win.requests.model.rows]
-    assert StartupDriver(win, None, 0, [], 8, select=[ids[0], "nope", ids[1]]).select_for_shot() == ids[:2]
+    assert StartupDriver(win, None, 0, [], 8, select=[ids[0], ids[1]]).select_for_shot() == ids[:2]
+    with pytest.raises(ValueError, match="--select nope: no such request"):  # a picture of something else: no
+        StartupDriver(win, None, 0, [], 8, select=[ids[0], "nope"]).select_for_shot()
     win.requests.select([])
     most = max(win.requests.model.rows, key=lambda r: len(r.block_ids)).request_id
-    assert StartupDriver(win, None, 0, [], 8, select=["nope"]).select_for_shot() == [most]
+    assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [most]  # none asked: the one with the most blocks

@@ -33,6 +33,17 @@ def _info_dict(r: RequestInfo) -> dict:
     return dataclasses.asdict(r)
 
 
+def _what_it_is(path: str | Path) -> str:
+    """What a file that is not a trace seems to be, in the words of the flag that takes it."""
+    try:
+        whole = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "its first line is not JSON (a trace is JSON lines, written by --trace)"
+    if isinstance(whole, dict) and "requests" in whole and ("title" in whole or "config" in whole):
+        return f"it is a scenario file (run it with --scenario {path})"
+    return "it is one JSON document, not JSON lines (a trace is written by --trace)"
+
+
 def check_replayable(num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
     """The replay's limits, one rule for the writer and the reader: raises ``ValueError`` with one line."""
     for key, value, limit in (("num_blocks", num_blocks, MAX_TRACE_BLOCKS), ("num_cpu_blocks", num_cpu_blocks,
@@ -85,12 +96,15 @@ def read_header(path: str | Path) -> dict:
     try:
         with Path(path).open(encoding="utf-8") as f:
             first = f.readline()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(f"cannot read trace {path}: {e}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path} is not a kvscope trace: it is not a text file (a trace is JSON lines, written "
+                         f"by --trace)") from None
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
     try:
         header = json.loads(first)
     except json.JSONDecodeError:
-        raise TraceError(f"{path} is not a kvscope trace (its first line is not JSON)") from None
+        raise TraceError(f"{path} is not a kvscope trace: {_what_it_is(path)}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TraceError(f"{path} is not a kvscope trace (no '{FORMAT}' header)")
     version = header.get("version")

@@ -251,7 +251,7 @@ class EngineHost:
         try:
             result = fn(*args)
         except Exception as e:  # noqa: BLE001 - a refused command is a message, not a crash
-            self.emit(p.Error(f"{what}: {one_line(e)}"))
+            self.emit(p.Error(f"{what}: {one_line(e)}", refused=isinstance(e, ValueError)))
             return None
         self._send(self.source.current())
         if self.serving:

@@ -136,6 +136,7 @@ class Stepped:
 @dataclass(frozen=True, slots=True)
 class Error:
     message: str
+    refused: bool = False  # bad input (a request the engine refuses): exit 2 where a command line sent it
 
 
 @dataclass(frozen=True, slots=True)

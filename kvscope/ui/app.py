@@ -66,10 +66,12 @@ class StartupDriver(QObject):
         self._waiting = False
         self._received = 0
         self._saving = False
+        self._refused = False
         win.worker.loaded.connect(self.on_loaded)
         win.worker.load_failed.connect(self.on_failed)
         win.worker.stepped.connect(self.on_stepped)
         win.worker.error.connect(self.on_error)
+        win.worker.refused.connect(self.on_refused)
         win.worker.compared.connect(self.on_compared)
 
     @Slot(object)
@@ -115,8 +117,20 @@ class StartupDriver(QObject):
             self._schedule_save()
 
     @Slot(str)
+    def on_refused(self, msg: str) -> None:
+        """A request of the command line refused: bad input, as ``--headless`` says it (one line, exit 2), and no
+        picture of a run that did not happen."""
+        if not self.path or self._refused:
+            return
+        self._refused = True
+        print(f"kvscope: {msg}", file=sys.stderr)
+        self.exit_code = 2
+        self._saving = True  # no save after this
+        QTimer.singleShot(0, self.win.close)
+
+    @Slot(str)
     def on_error(self, msg: str) -> None:
-        if not self.path:
+        if not self.path or self._refused:
             return  # the window shows it in its banner
         print(f"kvscope: {msg}", file=sys.stderr)
         self.exit_code = self.exit_code or 1
@@ -141,12 +155,18 @@ class StartupDriver(QObject):
         QTimer.singleShot(delay_ms, self.save)
 
     def select_for_shot(self) -> list[str]:
-        """Select ``--select``'s requests (those that exist), else the one with the most blocks, so the
-        figure view, block table and path show up. Returns the selected ids."""
+        """Select ``--select``'s requests, else the one with the most blocks, so the figure view, block table and
+        path show up. Returns the selected ids; raises ``ValueError`` (one line) for a request that is not there."""
         model = self.win.requests.model
-        known = [rid for rid in self.select if model.row_of(rid) >= 0]
-        if known:
-            self.win.requests.select(known)
+        missing = [rid for rid in self.select if model.row_of(rid) < 0]
+        if missing:
+            there = ", ".join(r.request_id for r in model.rows) or "none"
+            raise ValueError(f"--select {','.join(missing)}: no such request at step {self.steps} (requests: {there})")
+        n = self.win.info.num_blocks if self.win.info is not None else 0
+        if self.select_block is not None and not 0 <= self.select_block < n:
+            raise ValueError(f"--select-block {self.select_block}: no such block (the pool has blocks 0-{n - 1})")
+        if self.select:
+            self.win.requests.select(list(self.select))
         elif model.rows and not self.win.requests.selected_id:
             best = max(model.rows, key=lambda r: len(r.block_ids))
             self.win.requests.select([best.request_id])
@@ -156,10 +176,15 @@ class StartupDriver(QObject):
         try:
             self.win.flush()
             self.select_for_shot()
-            if self.select_block is not None and self.win.info is not None \
-                    and 0 <= self.select_block < self.win.info.num_blocks:
+        except ValueError as e:  # bad input: no picture of something else
+            print(f"kvscope: {e}", file=sys.stderr)
+            self.exit_code = 2
+            self.win.close()
+            return
+        try:
+            if self.select_block is not None:
                 self.win.on_block_clicked(self.select_block)
-                self.win.docks["diagnosis"].raise_()
+                self.win.show_view("diagnosis")
             QApplication.processEvents()
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             ok = self.win.grab().save(self.path)

@@ -43,6 +43,7 @@ class EngineBackend(QObject):
     progress_fraction = Signal(object)  # a float in [0, 1], or None: indeterminate
     stepped = Signal(object)  # protocol.Stepped
     error = Signal(str)
+    refused = Signal(str)  # an error that is bad input (also emitted as ``error``): a refused request
     running_changed = Signal(bool)
     injected = Signal(str)  # request id
     died = Signal(str)  # the engine process ended or hung; the window keeps the last state
@@ -69,7 +70,9 @@ class EngineBackend(QObject):
                 self.progress_fraction.emit(fraction)
             case p.Stepped():
                 self.stepped.emit(res)
-            case p.Error(message):
+            case p.Error(message, refused):
+                if refused:  # first: a screenshot run ends on it, before ``error`` would save the window
+                    self.refused.emit(message)
                 self.error.emit(message)
             case p.RunningChanged(running):
                 self.running_changed.emit(running)

@@ -100,10 +100,12 @@ def resolve_model(name: str | None) -> ModelSource:
     tried.append(f"local path {str(p)!r} (does not exist)")
     hub_id = MODEL_ALIASES.get(name.lower())
     if hub_id is None:
-        tried.append(f"alias (known: {', '.join(sorted(MODEL_ALIASES))})")
+        tried.append(f"short name (known: {', '.join(sorted(MODEL_ALIASES))})")
         hub_id = name
     else:
-        tried.append(f"alias {name!r} -> {hub_id}")
+        tried.append(f"short name {name!r} -> {hub_id}")
+    if not _hub_id_shaped(hub_id):  # a path (or a typo of one): the hub would only say the id is malformed
+        raise ModelNotFoundError(f"cannot find model {name!r}; tried: " + "; ".join(tried)) from None
     try:
         from transformers import AutoConfig
         AutoConfig.from_pretrained(hub_id)
@@ -113,9 +115,26 @@ def resolve_model(name: str | None) -> ModelSource:
             raise ModelNotFoundError(
                 f"model {hub_id!r} is gated: accept its licence on the hub and log in "
                 f"(`hf auth login`) or pass a local folder with its weights") from None
-        tried.append(f"hub id {hub_id!r} ({msg[:200]})")
+        tried.append(f"hub id {hub_id!r} ({_hub_failure(msg)})")
         raise ModelNotFoundError(f"cannot find model {name!r}; tried: " + "; ".join(tried)) from None
     return ModelSource(hub_id, None, name)
+
+
+def _hub_id_shaped(name: str) -> bool:
+    """``name`` or ``org/name`` of letters, digits, ``-``, ``_`` and ``.``, as the hub's ids are."""
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(p and p[0] not in ".-" and all(c.isalnum() or c in "-_." for c in p)
+                                       for p in parts)
+
+
+def _hub_failure(msg: str) -> str:
+    """The hub's answer in kvscope's words (its own are long and name its internals)."""
+    low = msg.lower()
+    if "couldn't connect" in low or "offline" in low or "connection" in low:
+        return "not in the local cache, and the hub cannot be reached"
+    if "404" in msg or "not found" in low or "does not appear to have" in low or "is not a valid model" in low:
+        return "no such model on the hub"
+    return msg[:160]
 
 
 def cache_root() -> Path:
