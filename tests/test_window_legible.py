@@ -131,5 +131,6 @@ def test_a_screenshot_selects_the_requests_of_select_and_refuses_unknown_ids(qtb
     with pytest.raises(ValueError, match="--select nope: no such request"):  # a picture of something else: no
         StartupDriver(win, None, 0, [], 8, select=[ids[0], "nope"]).select_for_shot()
     win.requests.select([])
+    # none asked: the one with the most blocks
     most = max(win.requests.model.rows, key=lambda r: len(r.block_ids)).request_id
-    assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [most]  # none asked: the one with the most blocks
+    assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [most]
