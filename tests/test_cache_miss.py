@@ -73,11 +73,43 @@ def test_the_same_text_in_other_token_ids_is_a_different_tokenization():
     assert explain(prompt, 4, stored(0, cached)).reason == "differs_at"  # without text, only ids differ
 
 
-def test_the_view_at_admission_excludes_blocks_stored_in_the_same_step():
+def test_a_block_stored_earlier_in_the_same_step_is_in_the_view_at_admission():
+    """The pool publishes at scheduling, so a request admitted later in the step sees (and hits) it."""
     ex = CacheMissExplainer(BS)
-    ex.feed(1, [BlockAllocated(0, "a"), *stored(0, A), RequestAdmitted("b", len(A), 0)], {"b": A})
-    assert ex.misses["b"].reason == "no_cached_block"
+    b = A[:6] + (99,) + A[7:]
+    ex.feed(1, [BlockAllocated(0, "a"), *stored(0, A), RequestAdmitted("b", len(b), 4)], {"b": b})
+    assert (ex.misses["b"].reason, ex.misses["b"].token_position) == ("differs_at", 6)
     ex.feed(2, [BlockFreed(0, "a", 0)], {})
+
+
+def test_a_withdrawn_block_leaves_the_view_in_the_same_step():
+    from engine.inspect.events import BlockUnpublished
+    ex = CacheMissExplainer(BS)
+    events = stored(0, A)
+    withdrawn = [BlockUnpublished(e.block_id, e.block_hash, "step failed") for e in events]
+    ex.feed(1, [*events, *withdrawn, RequestAdmitted("b", len(A), 0)], {"b": A})
+    assert ex.misses["b"].reason == "no_cached_block"
+
+
+def test_tokens_put_in_front_of_a_cached_prompt_are_a_shift():
+    """A request id before a shared system prompt: the cached chain is there, k tokens later."""
+    m = explain((90, 91, 92) + A, 0, stored(0, A))
+    assert (m.reason, m.block_index, m.token_position) == ("shifted", 0, 0)
+    assert "a prefix of 3 token(s) shifted the rest: the cached chain starts at token 3" in m.detail
+    one = explain((90,) + A, 0, stored(0, A))  # the lab's one-token shift
+    assert one.reason == "shifted" and "prefix of 1 token(s)" in one.detail
+
+
+def test_tokens_put_in_after_a_hit_are_a_shift_at_that_token():
+    prompt = A[:4] + (90, 91) + A[4:]
+    m = explain(prompt, 4, stored(0, A))
+    assert (m.reason, m.block_index, m.token_position) == ("shifted", 1, 4)
+    assert "2 token(s) put in at token 4" in m.detail and "continues at token 6" in m.detail
+
+
+def test_a_changed_token_is_not_a_shift():
+    m = explain((99,) + A[1:], 0, stored(0, A))
+    assert (m.reason, m.token_position) == ("differs_at", 0)
 
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
@@ -117,3 +149,21 @@ def test_headless_json_carries_the_miss_of_every_request(capsys, tiny_dir):
     out = json.loads(capsys.readouterr().out)
     (r,) = out["requests"]
     assert r["prefix_cache_miss"]["reason"] == "no_cached_block" and r["prefix_cache_miss"]["block_index"] == 0
+
+
+def test_plain_headless_prints_the_hit_rate_and_each_first_miss(capsys, tiny_dir):
+    """Without --json the text says the hit rate and why each request missed, from the same summary."""
+    from kvscope.cli import main
+    shared = "1,2,3,4,5,6,7,8,9"
+    code = main(["--model", tiny_dir, "--headless", "--num-gpu-blocks", "32", "--block-size", "4",
+                 "--inject-ids", shared, "--inject-ids", "1,2,3,4,50,51,52,53,54", "--max-tokens", "2"])
+    assert code == 0
+    text = capsys.readouterr().out
+    # admitted in the same step, the second hits the first's block 0 (published as it was scheduled)
+    assert "first miss: no_cached_block: nothing cached continues the prompt at the start" in text
+    assert "(4 cached)" in text and "first miss: differs_at: a cached chain differs from the prompt at token 4" in text
+    line = next(ln for ln in text.splitlines() if "hit rate" in ln)
+    assert line.endswith("first misses: 1 no_cached_block, 1 differs_at") or line.endswith(
+        "first misses: 1 differs_at, 1 no_cached_block")
+    hits, queries = map(int, line.split("(")[1].split(" ")[0].split("/"))
+    assert queries == 18 and line.split("hit rate ")[1].startswith(f"{100 * hits / queries:.0f}%")

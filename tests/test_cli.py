@@ -73,7 +73,7 @@ def test_a_text_prompt_without_a_tokenizer_is_one_line(tiny_dir):
 
 @pytest.mark.slow
 def test_screenshot_mode_on_the_embedded_model(tmp_path):
-    path = tmp_path / "window.png"
+    path = tmp_path / "shots" / "today" / "window.png"  # folders that do not exist yet are made (docs/reliability)
     r = kvscope("--screenshot", str(path), "--steps", "4", "--num-gpu-blocks", "128", "--max-tokens", "8",
                 timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -102,3 +102,15 @@ def test_attach_gets_the_checks_every_window_has(monkeypatch, capsys):
     monkeypatch.delenv("QT_QPA_PLATFORM")
     assert main(["--attach", "tcp://127.0.0.1:5999"]) == 2
     assert "no display" in capsys.readouterr().err
+
+
+def test_a_long_prefill_says_its_progress_headless(tiny_dir):
+    """Headless prints the same progress line as the window's status bar, on stderr (stdout stays JSON)."""
+    r = kvscope("--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4",
+                "--max-num-batched-tokens", "8", "--inject-ids", ",".join(map(str, range(10, 30))),
+                "--max-tokens", "2")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "prefilling" in ln]
+    assert lines == ["kvscope: step 1: prefilling request 0: 8 of 20 prompt tokens (40%)",
+                     "kvscope: step 2: prefilling request 0: 16 of 20 prompt tokens (80%)"]
+    json.loads(r.stdout)

@@ -87,7 +87,8 @@ def test_requests_table_and_block_table_show_the_mapping(qtbot, make_window):
     step_and_wait(qtbot, win, 2)
     model = win.requests.model
     assert [r.request_id for r in model.rows] == ["0", "1"]
-    assert model.index(0, 2).data() == 22 and model.index(1, 2).data() == 21
+    prompt = model.HEADERS.index("prompt")
+    assert model.index(0, prompt).data() == 22 and model.index(1, prompt).data() == 21
     win.requests.select(["1"])
     snap = win.latest.snapshot
     ids = snap.block_tables["1"]
@@ -120,7 +121,8 @@ def test_run_pause_and_abort(qtbot, make_window):
     win.flush()
     assert win.latest.snapshot.request("1").block_ids == ()
     assert win.events.model.rows[-1][1].kind == "aborted"
-    assert win.requests.model.index(win.requests.model.row_of("1"), 1).data() == "finished_aborted"
+    model = win.requests.model
+    assert model.index(model.row_of("1"), model.HEADERS.index("state")).data() == "finished_aborted"
 
 
 def test_event_log_filters_and_selects(qtbot, make_window):
@@ -356,3 +358,15 @@ def test_closing_the_window_mid_step_shuts_down_cleanly(qtbot, make_window, tiny
     assert not win.worker.is_running
     assert engines[0].step_count < 5  # the rest of the Step(5) was not run
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_long_prefill_shows_its_progress_in_the_status_bar(qtbot, make_window):
+    """A prompt over the step's token budget is prefilled in chunks; the status bar says how far."""
+    win = loaded(qtbot, make_window(max_num_batched_tokens=8))
+    inject_and_wait(qtbot, win, [list(range(10, 30))])  # 20 tokens: chunks of 8, 8, 4
+    step_and_wait(qtbot, win)
+    assert win.status_label.text().startswith("prefilling request 0: 8 of 20 prompt tokens (40%) · step")
+    step_and_wait(qtbot, win)
+    assert "16 of 20 prompt tokens (80%)" in win.status_label.text()
+    step_and_wait(qtbot, win)
+    assert "prefilling" not in win.status_label.text()  # the prompt is in: decoding now

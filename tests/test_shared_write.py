@@ -34,6 +34,20 @@ def test_the_comparison_and_the_audit_find_the_in_place_shared_write(tiny_hf):
     assert "shared_write" in c.audit and f"request {d.request_id}" in c.audit
 
 
+def test_the_divergence_reads_as_text_and_says_whose_blocks_it_names(tiny_hf):
+    """A person reads the parting outputs as words, and the block ids are said to be the comparison's."""
+    said = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731 - a tokenizer stand-in
+    c = compare_caching(engines(tiny_hf, "shared-write"), PROMPTS, max_tokens=12, decode=said)
+    d = c.divergence
+    t = d.token_index
+    assert d.with_text == said(list(d.with_caching[t:t + 8]))
+    assert d.without_text == said(list(d.without_caching[t:t + 8]))
+    line = c.summary()
+    assert repr(d.with_text) in line and repr(d.without_text) in line
+    assert "comparison's own caching engine" in line and "\n" not in str(d)
+    assert d.to_dict()["with_caching_text"] == d.with_text
+
+
 def test_the_write_audit_names_the_block_and_the_request(tiny_hf):
     engine = engines(tiny_hf, "shared-write")(True)
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -25,6 +25,7 @@ from kvscope.ui.views.grid_cells import (
     DetailLevel,
     codes_for,
     downsample,
+    level_for,
     slots_px,
 )
 from kvscope.ui.views.inject_dialog import InjectDialog, parse_token_ids
@@ -100,25 +101,28 @@ def is_red(rgb) -> bool:
 
 def test_one_colour_per_meaning():
     shared = palette.STATE_COLOURS[BlockState.SHARED]
-    assert palette.ref_colour(2) == shared  # the grid's ref mode, the block table, the figure
-    assert palette.ref_colour(1) == palette.STATE_COLOURS[BlockState.USED]
+    assert palette.REF_COLOURS[2] == shared  # the grid's ref-count mode starts where state mode says shared
+    assert palette.REF_COLOURS[1] == palette.STATE_COLOURS[BlockState.USED]
     assert palette.SERIES_COLOURS["used"] == palette.STATE_COLOURS[BlockState.USED]
     assert palette.SERIES_COLOURS["cached"] == palette.STATE_COLOURS[BlockState.CACHED]
-    for ref in (2, 3, 4, 9, 100):
-        assert not is_red(palette.ref_colour(ref)), ref
+    assert not any(is_red(c) for c in palette.REF_COLOURS)
     assert is_red(palette.STATE_COLOURS[BlockState.LEAKED])
     assert not any(is_red(c) for c in palette.OWNER_PALETTE)
     assert "free but still hashed" in palette.STATES[BlockState.CACHED].meaning
 
 
-def test_block_table_uses_the_ref_colours(qtbot, busy_snapshot):
+def test_block_table_cells_take_the_grids_state_colours(qtbot, busy_snapshot):
+    """Used green, shared orange (any ref count above 1), audit-flagged red: the grid's state mode."""
     table = BlockTableView()
     qtbot.addWidget(table)
-    r = busy_snapshot.requests[0]
-    table.show_table(busy_snapshot, r.block_ids)
+    r = next(r for r in busy_snapshot.requests if any(busy_snapshot.ref_cnt[b] > 1 for b in r.block_ids))
+    flagged = {r.block_ids[-1]}
+    table.show_table(busy_snapshot, r.block_ids, flagged)
+    codes, lut = codes_for(busy_snapshot, "state", np.array(sorted(flagged), np.int64))
     for i, b in enumerate(r.block_ids):
-        want = palette.ref_colour(int(busy_snapshot.ref_cnt[b]))
-        assert table.item(0, i).background().color().getRgb()[:3] == want
+        assert table.item(0, i).background().color().getRgb()[:3] == tuple(int(v) for v in lut[codes[b]])
+    assert table.item(1, len(r.block_ids) - 1).background().color().getRgb()[:3] == palette.LEAKED
+    assert palette.SHARED in table.colours.values()
 
 
 # -- legend ---------------------------------------------------------------------------------------
@@ -133,7 +137,9 @@ def test_legend_classes_and_counts_equal_the_snapshot(qtbot, busy_snapshot):
     assert leg.counts() == {palette.STATES[st].name: int((codes == st).sum())
                             for st in (BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED,
                                        BlockState.LEAKED)}
-    assert sum(leg.counts().values()) == s.num_blocks and leg.counts()["leaked"] == 1
+    assert sum(leg.counts().values()) == s.num_blocks and leg.counts()["audit problem"] == 1
+    leg.set_snapshot(s, leaked, "written while shared")  # the audit's kinds name the red class
+    assert leg.counts()["written while shared"] == 1 and "audit problem" not in leg.counts()
     leg.set_mode("ref count")
     ref = np.minimum(s.ref_cnt, 4)
     assert list(leg.counts().values()) == [int((ref == k).sum()) for k in range(5)]
@@ -238,6 +244,13 @@ def test_selected_blocks_get_their_logical_index_when_big(qtbot, tiny_hf):
         assert grid.layer.texts[b][-1] == f"L{i}"
     others = set(snap.block_tables["1"])
     assert all(not t[-1].startswith("L") for b, t in grid.layer.texts.items() if b in others)
+
+
+def test_a_zoom_to_a_threshold_reaches_its_level_through_float_rounding():
+    """The view's transform gives 39.99999999999998 back for a zoom to 40 px (under an application style
+    sheet, as the window sets for its text size): that is still the labels' level."""
+    assert level_for(LABEL_PX * (1 - 1e-15), 16) == DetailLevel.LABELS
+    assert level_for(LABEL_PX * 0.99, 16) == DetailLevel.BORDERS
 
 
 def test_text_is_bounded_however_big_the_pool(qtbot):

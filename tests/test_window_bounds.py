@@ -241,6 +241,7 @@ def test_a_selected_request_stays_selected_and_in_the_table(qtbot):
     class Snap:
         def __init__(self, rows):
             self.requests, self.ref_cnt = tuple(rows), np.zeros(8, np.int32)
+            self.state = np.zeros(8, np.uint8)  # every block free: the block table colours by state
 
         def request(self, rid):
             return next((r for r in self.requests if r.request_id == rid), None)
@@ -258,7 +259,7 @@ def test_a_selected_request_stays_selected_and_in_the_table(qtbot):
     assert panel.selected_ids() == ["b"] and chosen == ["b"]
     panel.set_snapshot(Snap([row("c"), row("d")]))  # the engine let it go: it stays, as it last was
     assert panel.selected_ids() == ["b"] and [r.request_id for r in panel.model.rows] == ["c", "d", "b"]
-    assert panel.model.index(2, 1).data() == "finished_stopped (kept: selected)"
+    assert panel.model.index(2, panel.model.HEADERS.index("state")).data() == "finished_stopped (kept: selected)"
     panel.select([])
     panel.set_snapshot(Snap([row("e")]))
     assert [r.request_id for r in panel.model.rows] == ["e"] and chosen[-1] == ""

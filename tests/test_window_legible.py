@@ -134,3 +134,50 @@ def test_a_screenshot_selects_the_requests_of_select_and_refuses_unknown_ids(qtb
     # none asked: the one with the most blocks
     most = max(win.requests.model.rows, key=lambda r: len(r.block_ids)).request_id
     assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [most]
+
+
+def test_at_1280x720_the_figure_text_the_legend_and_the_cached_column_are_readable(qtbot, window):
+    """A projector at 1280x720: the paper figure's smallest text at least 10 px, every legend row inside
+    the legend's view without scrolling, and the request table's `cached` column inside its viewport."""
+    from PySide6.QtCore import QPoint
+
+    from kvscope.ui.views.figure_view import MIN_TEXT_PX
+    win = window()
+    win.resize(1280, 720)
+    run(qtbot, win, [list(range(1, 30)), list(range(1, 20)) + [99, 98]], 3)
+    win.requests.select([win.latest.snapshot.requests[0].request_id])
+    win.docks["figure"].raise_()
+    qtbot.wait(100)
+    win.flush()
+    assert win.figure.request_ids, "the figure draws the selected request"
+    assert win.figure.min_text_px() >= MIN_TEXT_PX >= 10
+    legend = win.grid.legend
+    scroll = legend.parentWidget().parentWidget()  # the scroll area's viewport, then the area
+    shown = [w for row in legend._widgets for w in row[1:2] if w.isVisible()]
+    assert len(shown) == len(legend.entries) == 5  # free, cached, used, shared, audit problem
+    view = scroll.viewport().rect()
+    for name in shown:
+        top_left = name.mapTo(scroll.viewport(), QPoint(0, 0))
+        assert view.contains(top_left) and view.contains(top_left + QPoint(0, name.height() - 1)), name.text()
+    table = win.requests.table
+    col = win.requests.model.HEADERS.index("cached")
+    right = table.columnViewportPosition(col) + table.columnWidth(col)
+    assert table.columnViewportPosition(col) >= 0 and right <= table.viewport().width()
+
+
+def test_at_1280x720_and_a_larger_text_size_the_cached_column_still_shows(qtbot, window):
+    from PySide6.QtWidgets import QApplication
+
+    from kvscope.ui.style import set_text_scale
+    win = window()
+    win.resize(1280, 720)
+    run(qtbot, win, [list(range(1, 30))], 2)
+    try:
+        set_text_scale(QApplication.instance(), 1.5)
+        qtbot.wait(100)
+        table = win.requests.table
+        col = win.requests.model.HEADERS.index("cached")
+        assert table.columnWidth(col) > table.fontMetrics().horizontalAdvance("cached")
+        assert table.columnViewportPosition(col) + table.columnWidth(col) <= table.viewport().width()
+    finally:
+        set_text_scale(QApplication.instance(), 1.0)

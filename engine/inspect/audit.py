@@ -22,6 +22,12 @@ class AuditProblem:
                 f"tables hold {self.expected_ref}{owner})")
 
 
+# What each kind of problem is called where a user reads it (the window's banner and legend, --headless).
+PROBLEM_NAMES = {"leaked": "leaked", "use_after_free": "used after its free", "ref_mismatch": "wrong ref count",
+                 "double_free": "freed twice", "not_in_free_queue": "missing from the free queue",
+                 "hash_map": "wrong in the hash map", "shared_write": "written while shared"}
+
+
 @dataclass(frozen=True, slots=True)
 class AuditReport:
     problems: tuple[AuditProblem, ...] = field(default_factory=tuple)
@@ -37,6 +43,20 @@ class AuditReport:
     @property
     def bad_blocks(self) -> list[int]:
         return sorted({p.block_id for p in self.problems})
+
+    def kinds_names(self) -> str:
+        """The kinds of problem alone ("written while shared", "leaked, freed twice"): the legend's red class."""
+        return ", ".join(dict.fromkeys(PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " "))
+                                       for p in self.problems))
+
+    def kinds_text(self) -> str:
+        """The problems by kind, in words: "1 block written while shared", "2 blocks leaked, 1 freed twice"."""
+        kinds: dict[str, set[int]] = {}
+        for p in self.problems:
+            kinds.setdefault(p.problem, set()).add(p.block_id)
+        parts = [f"{len(ids)} block{'s' if len(ids) > 1 else ''} {PROBLEM_NAMES.get(k, k.replace('_', ' '))}"
+                 for k, ids in kinds.items()]
+        return ", ".join(parts) if parts else "clean"
 
     def __str__(self) -> str:
         return "audit clean" if self.ok else "\n".join(map(str, self.problems))

@@ -11,12 +11,16 @@ and names the reason for the first block that missed:
   (a different cache salt, model or tokenizer): the hashes differ;
 - ``different_tokenization``: a cached chain continues where the prompt does, with the same text but
   other token ids (special tokens, a template change);
-- ``differs_at``: a cached chain continues there but its tokens differ from token position p on (the
-  classic cause: a timestamp or a session id in a system prompt);
+- ``shifted``: a cached chain's next block appears in the prompt k tokens later: k tokens put in front
+  (a request id or a timestamp before a shared system prompt, the commonest real cause of a low hit rate)
+  moved every block boundary, so no block hashes as before;
+- ``differs_at``: a cached chain continues there but its tokens differ from token position p on (a
+  timestamp or a session id inside a system prompt);
 - ``no_cached_block``: nothing cached continues the chain at that position.
 
-Blocks stored during a step become visible from the next step (publication happens after the step that
-wrote them finished), while evictions take effect at once, so admissions are judged against that view.
+The pool publishes a block when its step is scheduled (as vLLM does: a request admitted later in the
+same step hits it), and a failed step withdraws it, so each admission is judged against the cache as the
+events so far left it.
 
 What it remembers can be bounded (a window left open on a served engine): ``max_requests`` explanations
 (the oldest dropped first, never those in ``keep``) and ``max_evicted`` evicted blocks (the oldest
@@ -40,6 +44,7 @@ from .events import (
 
 Decode = Callable[[list[int]], "str | None"]
 CONTEXT = 12  # characters of text shown on each side of the differing position
+MAX_SHIFT = 512  # the longest run of tokens put in front of a cached chain that ``shifted`` looks for
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,29 +94,31 @@ class CacheMissExplainer:
     def feed(self, step: int, events: Iterable[Event],
              prompts: dict[str, tuple[int, ...]] | Callable[[], dict[str, tuple[int, ...]]]) -> None:
         """``prompts``: the mapping, or a callable that builds it (called only in a step that admits)."""
-        stored: list[_Cached] = []
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
+        mirror = self.mirror
+        own: dict[str, list[str]] = {}  # the hashes each request stored in this step, before its admission
         for e in events:
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
-            if change is CacheChange.STORED:
-                stored.append(_Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id))
+            if change is CacheChange.STORED:  # visible at once: a later admission in this step hits it
+                mirror[e.block_hash] = _Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id)
+                own.setdefault(e.request_id, []).append(e.block_hash)
             elif change is CacheChange.EVICTED:
-                gone = self.mirror.pop(e.block_hash, None)
+                gone = mirror.pop(e.block_hash, None)
                 if gone is not None:
                     self._remember_eviction(step, gone)
             elif change is CacheChange.WITHDRAWN:
-                self.mirror.pop(e.block_hash, None)
-                stored = [c for c in stored if c.block_hash != e.block_hash]
+                mirror.pop(e.block_hash, None)
             elif change is CacheChange.CLEARED:
-                self.mirror.clear()
-                stored.clear()
+                mirror.clear()
             elif isinstance(e, BlockAllocated):
                 self.ref[e.block_id] = 1
             elif isinstance(e, (BlockTouched, BlockFreed)):
                 self.ref[e.block_id] = e.ref_cnt
             elif isinstance(e, RequestAdmitted) and e.request_id not in self.misses:
-                admitted.append((e, dict(self.mirror)))
-        self.mirror.update((c.block_hash, c) for c in stored)  # visible from the next step on
+                view = dict(mirror)
+                for h in own.pop(e.request_id, ()):  # its own blocks, stored as it was scheduled, never hit it
+                    view.pop(h, None)
+                admitted.append((e, view))
         if admitted and callable(prompts):
             prompts = prompts()
         for e, view in admitted:
@@ -175,6 +182,12 @@ class CacheMissExplainer:
         if not nexts:
             where = "at the start" if i == 0 else f"after block {i - 1}"
             return CacheMiss(i, "no_cached_block", pos, f"nothing cached continues the prompt {where}")
+        k = self._shift(prompt, pos, nexts)
+        if k:
+            said = (f"a prefix of {k} token(s) shifted the rest: the cached chain starts at token {k}" if i == 0
+                    else f"{k} token(s) put in at token {pos} shifted the rest: the cached chain continues "
+                         f"at token {pos + k}")
+            return CacheMiss(i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)")
         best, common = max(((c, _common(c.tokens, block)) for c in nexts), key=lambda t: t[1])
         p = pos + common
         if self._same_text(prompt, pos, best, children):
@@ -184,6 +197,17 @@ class CacheMissExplainer:
         return CacheMiss(i, "differs_at", p, f"a cached chain differs from the prompt at token {p}: "
                                              f"prompt {self._around(prompt, p)} vs cached "
                                              f"{self._around(prompt[:pos] + best.tokens, p)}")
+
+    def _shift(self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached]) -> int:
+        """The smallest k > 0 at which one of the blocks that continue the cached chain appears in the
+        prompt ``k`` tokens after ``pos`` (0: none does)."""
+        bs = self.block_size
+        wanted = {c.tokens for c in nexts if len(set(c.tokens)) > 1}  # a run of one token matches anywhere
+        last = min(len(prompt) - bs, pos + MAX_SHIFT)
+        for start in range(pos + 1, last + 1):
+            if prompt[start:start + bs] in wanted:
+                return start - pos
+        return 0
 
     def _same_text(self, prompt, pos, cached: _Cached, children) -> bool:
         if self.decode is None:

@@ -21,19 +21,29 @@ class Divergence:
     with_caching: tuple[int, ...]
     without_caching: tuple[int, ...]
     num_cached_tokens: int  # prompt tokens the caching run took from the cache
-    block_ids: tuple[int, ...]  # the request's blocks in the caching run when it finished
+    # The request's blocks in the comparison's own caching engine when it finished: that engine is built
+    # for the comparison, so these ids are not the blocks of the engine the window or a run shows.
+    block_ids: tuple[int, ...]
+    with_text: str = ""  # the outputs from the first differing token on, as text (empty without a tokenizer)
+    without_text: str = ""
 
     def to_dict(self) -> dict:
         return {"request_index": self.request_index, "request_id": self.request_id,
                 "token_index": self.token_index, "num_cached_tokens": self.num_cached_tokens,
                 "block_ids": list(self.block_ids), "with_caching": list(self.with_caching),
-                "without_caching": list(self.without_caching)}
+                "without_caching": list(self.without_caching),
+                "with_caching_text": self.with_text, "without_caching_text": self.without_text}
 
     def __str__(self) -> str:
-        return (f"request {self.request_id} (#{self.request_index}) differs at output token {self.token_index}: "
-                f"{self.with_caching[self.token_index:self.token_index + 4]} with caching vs "
-                f"{self.without_caching[self.token_index:self.token_index + 4]} without; "
-                f"{self.num_cached_tokens} prompt tokens came from the cache, blocks {list(self.block_ids)}")
+        t = self.token_index
+        if self.with_text or self.without_text:
+            said = f"{self.with_text!r} with caching vs {self.without_text!r} without"
+        else:
+            said = (f"tokens {list(self.with_caching[t:t + 4])} with caching vs "
+                    f"{list(self.without_caching[t:t + 4])} without")
+        return (f"request #{self.request_index} differs from output token {t} on: {said}; "
+                f"{self.num_cached_tokens} of its prompt tokens came from the cache "
+                f"(blocks {list(self.block_ids)} of the comparison's own caching engine)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +78,10 @@ def _run_each(engine, prompts, params: SamplingParams):
     return outputs, meta, ids
 
 
-def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_tokens: int = 16) -> Comparison:
-    """``make_engine(enable_prefix_caching)`` builds each engine (share the weights between them)."""
+def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_tokens: int = 16,
+                    decode: Callable[[list[int]], str] | None = None) -> Comparison:
+    """``make_engine(enable_prefix_caching)`` builds each engine (share the weights between them);
+    ``decode`` (a tokenizer's) turns the parting outputs into text for a person."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     on, off = make_engine(True), make_engine(False)
     out_on, meta, ids = _run_each(on, prompts, params)
@@ -78,5 +90,15 @@ def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_to
     for i, (a, b) in enumerate(zip(out_on, out_off)):
         if a != b:
             t = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            return Comparison(out_on, out_off, Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1]), audit)
+            texts = (_text(decode, a[t:t + 8]), _text(decode, b[t:t + 8])) if decode else ("", "")
+            return Comparison(out_on, out_off,
+                              Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1], *texts), audit)
     return Comparison(out_on, out_off, None, audit)
+
+
+def _text(decode: Callable[[list[int]], str], tokens: tuple[int, ...]) -> str:
+    """A few tokens as text; a tokenizer that cannot say them leaves the ids to speak."""
+    try:
+        return decode(list(tokens))
+    except Exception:  # noqa: BLE001 - a token id beyond the tokenizer: the ids are in the line anyway
+        return ""

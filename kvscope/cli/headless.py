@@ -9,6 +9,7 @@ from engine import EngineConfig, SamplingParams
 from engine.inspect.block_story import BlockStory, format_story
 from kvscope.cli.parser import source_spec
 from kvscope.messages import one_line
+from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime.build import build_source
 from kvscope.sources.summary import Summary
 
@@ -64,6 +65,9 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         while session.has_work() and (limit is None or taken < limit):
             rec = session.step()
             summary.add(rec)
+            progress = prefill_progress(rec.snapshot)
+            if progress:  # a long prompt in chunks: say how far (stderr: --json's stdout stays JSON)
+                print(f"kvscope: step {rec.step}: {progress}", file=sys.stderr, flush=True)
             if story:
                 story.feed(rec.step, rec.events)
             taken += 1
@@ -87,18 +91,33 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
-          f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%")
-    for r in out["requests"]:
-        print(f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
-              f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
-    print(f"  prefix cache {out['prefix_cache_hits']}/{out['prefix_cache_queries']} tokens hit · "
-          f"{out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} preemptions "
-          f"· {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
-          f"· {out['leaked_blocks']} blocks flagged by the audit")
-    for problem in out["audit_problems"]:
-        print(f"  audit: {problem}")
+    print("\n".join(summary_lines(out)))
     return 0
+
+
+def summary_lines(out: dict) -> list[str]:
+    """The run's key lines in text, from the same summary ``--json`` prints: the pool, each request with
+    its first prefix-cache miss, the hit rate and the misses by reason, the counters, the audit."""
+    lines = [f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
+             f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%"]
+    reasons: dict[str, int] = {}
+    for r in out["requests"]:
+        lines.append(f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
+                     f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
+        miss = r.get("prefix_cache_miss")
+        if miss:
+            reasons[miss["reason"]] = reasons.get(miss["reason"], 0) + 1
+            lines.append(f"    first miss: {miss['reason']}: {miss['detail']}")
+    queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
+    rate = f"{100 * hits / queries:.0f}%" if queries else "no queries"
+    by_reason = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda t: -t[1]))
+    lines.append(f"  prefix cache hit rate {rate} ({hits}/{queries} tokens)"
+                 + (f"; first misses: {by_reason}" if by_reason else ""))
+    lines.append(f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
+                 f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
+                 f"· {out['leaked_blocks']} blocks flagged by the audit")
+    lines += [f"  audit: {problem}" for problem in out["audit_problems"]]
+    return lines
 
 
 def device_free(device: str) -> int | None:

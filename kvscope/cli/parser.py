@@ -30,7 +30,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 # The panels below the grid (MainWindow.docks) that --view can bring to the front.
-VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots")
+VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "welcome")  # welcome: the first screen
 
 def positive_int(text: str) -> int:
     try:
@@ -50,6 +50,16 @@ def window_size(text: str) -> tuple[int, int]:
     if w < 320 or h < 240:
         raise argparse.ArgumentTypeError(f"a window of {w}x{h} is too small (at least 320x240)")
     return w, h
+
+
+def font_scale(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, e.g. 1.5, got {text!r}") from None
+    if not 0.5 <= v <= 3.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.5 and 3, got {text}")
+    return v
 
 
 def token_ids(text: str) -> list[int]:
@@ -151,8 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "shows them side by side); default: the request with the most blocks")
     a.add_argument("--select-block", type=int, default=None, metavar="ID",
                    help="--screenshot: click this block first: its life story shows in the Why? tab")
+    a.add_argument("--font-scale", type=font_scale, default=None, metavar="X",
+                   help="every view's text at X times its size (1.25-2 for a projector; also View > Text size, "
+                        "kept in the settings)")
     a.add_argument("--view", default=None, choices=VIEWS,
-                   help="bring this panel to the front at start (with --screenshot: in the picture)")
+                   help="bring this panel to the front at start (with --screenshot: in the picture); welcome: "
+                        "the first screen, before any request")
     a.add_argument("--compare", action="store_true",
                    help="--screenshot: run the caching on/off comparison (the Why? tab) before saving")
     add_serve_args(p)

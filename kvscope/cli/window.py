@@ -19,16 +19,21 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    welcome = args.view == "welcome"
+    if welcome and (args.scenario or args.replay or args.inject or args.inject_ids or args.steps):
+        print("kvscope: --view welcome is the first screen, before any request: not with --scenario, --replay, "
+              "--inject or --steps", file=sys.stderr)
+        return 2
     early = spawn_early(config, args)
     from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
     prompts = args.inject + args.inject_ids or (
-        demo_prompts() if args.screenshot and not (args.scenario or args.replay) else [])
+        demo_prompts() if args.screenshot and not (args.scenario or args.replay or welcome) else [])
     opts = WindowOptions(
         source_spec(config, args), serve_options(args) if args.serve else None, args.engine_thread, args.screenshot,
-        args.window_size, args.steps or 8, tuple(prompts), args.max_tokens,
+        args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,
         count_steps(args.replay) if args.replay else None,
         tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
-        args.view, args.audit)
+        args.view, args.audit, args.font_scale)
     return run_app(opts, early)
 
 

@@ -136,7 +136,9 @@ class LiveSource:
 
         def make(caching: bool) -> LLMEngine:
             return LLMEngine(dataclasses.replace(engine.config, enable_prefix_caching=caching), weights=engine.weights)
-        return compare_caching(make, prompts, max_tokens)
+        tok = engine.tokenizer
+        decode = (lambda ids: tok.decode(ids, skip_special_tokens=False)) if tok is not None else None
+        return compare_caching(make, prompts, max_tokens, decode)
 
     def decode(self, token_ids: list[int]) -> str | None:
         tok = self.engine.tokenizer

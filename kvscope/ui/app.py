@@ -40,6 +40,7 @@ class WindowOptions:
     compare: bool = False
     view: str | None = None
     audit: bool = False
+    font_scale: float | None = None  # every view's text (None: as kept in the settings)
 
 
 class StartupDriver(QObject):
@@ -85,6 +86,9 @@ class StartupDriver(QObject):
         if not self.path:
             return
         self._waiting = True
+        if self.steps == 0:  # the first screen (--view welcome): nothing to run
+            self._schedule_save()
+            return
         if info.read_only:
             self._target = min(self.steps, self.replay_steps if self.replay_steps is not None else self.steps)
             if self._target == 0:
@@ -229,6 +233,8 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
     win = MainWindow(backend, settings)
     if opts.window_size or opts.screenshot:
         win.resize(*(opts.window_size or (1600, 1000)))
+    if opts.font_scale is not None:
+        win.set_text_scale(opts.font_scale)
     if opts.audit:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, opts.screenshot, opts.steps, list(opts.prompts), opts.max_tokens, opts.replay_steps,

@@ -8,8 +8,9 @@ import time
 
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
     QComboBox,
     QDockWidget,
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSlider,
     QSpinBox,
+    QSplitter,
     QStackedLayout,
     QToolBar,
     QVBoxLayout,
@@ -29,10 +31,12 @@ from PySide6.QtWidgets import (
 from engine.inspect.snapshot import StepDigest
 from kvscope.diagnosis import Diagnosis, comparison_prompts
 from kvscope.history import RunHistory
+from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime import protocol as cmd
 from kvscope.scenario import available, load_scenario
 from kvscope.sources.base import InjectSpec, SourceInfo
 from kvscope.state import ViewState, status_text
+from kvscope.ui.style import TEXT_SCALES, set_text_scale
 from kvscope.ui.views.banner import Banner
 from kvscope.ui.views.block_grid import BlockGridView
 from kvscope.ui.views.diagnosis_panel import DiagnosisPanel
@@ -87,7 +91,6 @@ class MainWindow(QMainWindow):
     def _build_views(self) -> None:
         self.grid = BlockGridView("GPU block pool")
         self.cpu_grid = BlockGridView("CPU swap pool", cpu=True)
-        self.cpu_grid.setMaximumHeight(200)
         self.cpu_grid.hide()
         self.grid.mode_box.currentTextChanged.connect(self.cpu_grid.set_mode)
         self.requests = RequestPanel()
@@ -116,11 +119,14 @@ class MainWindow(QMainWindow):
         tl.addWidget(self.timeline, 1)
         tl.addWidget(self.timeline_label)
         tl.addWidget(self.live_button)
-        pool = QWidget()
-        pl = QVBoxLayout(pool)
-        pl.setContentsMargins(0, 0, 0, 0)
-        pl.addWidget(self.grid, 1)
-        pl.addWidget(self.cpu_grid)
+        # The CPU swap pool beside the GPU pool, not under it: the grid area is wide and short, and stacked the
+        # two grids each got a strip too thin to read (issue 25's pool-exhaustion at 1280x720).
+        pool = QSplitter(Qt.Orientation.Horizontal)
+        pool.setChildrenCollapsible(False)
+        pool.addWidget(self.grid)
+        pool.addWidget(self.cpu_grid)
+        pool.setStretchFactor(0, 3)
+        pool.setStretchFactor(1, 2)
         # The first screen lies over the (empty) pool until the first request, step or scenario.
         area = QWidget()
         self.pages = QStackedLayout(area)
@@ -228,6 +234,15 @@ class MainWindow(QMainWindow):
         act = QAction("Welcome: what to do first", self)
         act.triggered.connect(lambda: self.show_welcome(True))
         view.addAction(act)
+        size_menu = view.addMenu("Text size (for a projector)")
+        self.text_size_actions: dict[float, QAction] = {}
+        group = QActionGroup(self)
+        for scale in TEXT_SCALES:
+            act = QAction(f"{scale:.0%}", self, checkable=True)
+            act.setActionGroup(group)
+            act.triggered.connect(lambda _checked=False, s=scale: self.set_text_scale(s))
+            size_menu.addAction(act)
+            self.text_size_actions[scale] = act
         view.addSeparator()
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
@@ -311,8 +326,22 @@ class MainWindow(QMainWindow):
         for rid in self.requests.selected_ids():
             self.worker.send(cmd.Abort(rid))
 
+    def set_text_scale(self, scale: float) -> None:
+        """Every view's text at ``scale`` (the View menu's Text size, ``--font-scale``); kept in the settings."""
+        set_text_scale(QApplication.instance(), scale)
+        for s, act in self.text_size_actions.items():
+            act.setChecked(abs(s - scale) < 1e-6)
+        self.settings.setValue("text_scale", scale)
+        self.grid.redraw(force=True)
+        self.cpu_grid.redraw(force=True)
+        self.figure.set_snapshot(self.figure.snapshot)  # laid out again at the new size
+
     def show_view(self, name: str) -> None:
-        """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them)."""
+        """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the
+        first screen, shown until the first request)."""
+        if name == "welcome":
+            self.show_welcome(True)
+            return
         self.docks[name].raise_()
 
     def show_welcome(self, on: bool) -> None:
@@ -481,24 +510,25 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None, events=()) -> None:
         """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
-        self.grid.set_snapshot(snap, leaked)
+        self.grid.set_snapshot(snap, leaked, audit.kinds_names() if leaked is not None else None)
         if self.cpu_grid.isVisible():
             self.cpu_grid.set_snapshot(snap)
         if leaked is not None:
             worst = "; ".join(str(p) for p in audit.problems[:3])
-            self.banner.show_message(f"audit: {len(leaked)} block(s) with wrong ref counts (red in the grid). "
-                                     f"{worst}", "audit")
+            self.banner.show_message(f"audit: {audit.kinds_text()} (red in the grid). {worst}", "audit")
         elif self.banner.kind == "audit":
             self.banner.clear()
-        self.requests.set_snapshot(snap)
+        self.requests.set_snapshot(snap, leaked if leaked is not None else ())
         self.requests.set_miss_text(self.diagnosis.miss_text(snap, self.requests.selected_id))
-        self.figure.set_snapshot(snap)
+        self.figure.set_snapshot(snap, leaked)
         self.figure.set_events(list(events))
         self.fragmentation.set_snapshot(snap)
         if self.requests.selected_id:
             self.grid.set_highlight(list(self.requests.selected_block_ids()))
         self.notes.set_step(snap.step)
-        self.status_label.setText(status_text(snap, self.info, self.state.live))
+        progress = prefill_progress(snap)  # a long prompt's chunks: the one thing moving for a minute
+        status = status_text(snap, self.info, self.state.live)
+        self.status_label.setText(f"{progress} · {status}" if progress else status)
 
     def _on_timeline(self, pos: int) -> None:
         steps = self.history.steps
@@ -579,7 +609,7 @@ class MainWindow(QMainWindow):
         w, h = self.width(), self.height()
         self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
-        self.resizeDocks([self.docks["scenario"], self.docks["requests"]], [int(h * 0.4), int(h * 0.6)],
+        self.resizeDocks([self.docks["scenario"], self.docks["requests"]], [int(h * 0.46), int(h * 0.54)],
                          Qt.Orientation.Vertical)
 
     def _restore_settings(self) -> None:
@@ -595,6 +625,10 @@ class MainWindow(QMainWindow):
                 box.setCurrentText(str(v))
         if s.value("step_n") is not None:
             self.step_n.setValue(int(s.value("step_n")))
+        try:
+            self.set_text_scale(float(s.value("text_scale", 1.0)))
+        except (TypeError, ValueError):  # a settings file written by hand
+            self.set_text_scale(1.0)
         self.worker.send(cmd.SetInterval(SPEEDS[self.speed.currentText()]))
 
     def save_settings(self) -> None:

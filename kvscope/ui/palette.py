@@ -38,16 +38,20 @@ STATES: dict[BlockState, ColourClass] = {
     BlockState.SHARED: ColourClass("shared", (251, 140, 0), "held by several requests (ref count > 1)"),
     BlockState.SWAPPED: ColourClass("swapped", (156, 39, 176), "a CPU block holding a swapped-out request's KV",
                                     line=(186, 104, 200)),
-    BlockState.LEAKED: ColourClass("leaked", (229, 57, 53), "wrong ref count, found by the audit"),
+    BlockState.LEAKED: ColourClass("audit problem", (229, 57, 53),
+                                   "found wrong by the audit: leaked, a wrong ref count, written while shared... "
+                                   "(the banner says which)"),
 }
 STATE_COLOURS: dict[BlockState, RGB] = {s: c.colour for s, c in STATES.items()}
 
-# the fragmentation figure's slot classes (the textbook's colours: used, internal waste, reservation)
+# the fragmentation figure's slot classes: every one is held by a request, so every one is a green (the grid's
+# "used"): written (the grid's green itself), the empty rest of its last block (dark), reserved ahead (pale).
+# No orange (the grid's "shared") and no grey (the grid's "free"): a slot held by a request is neither.
 FRAGMENTS: dict[str, ColourClass] = {
     "used": ColourClass("used", (52, 168, 83), "holds the KV of a computed token"),
-    "wasted": ColourClass("wasted inside a block", (255, 112, 67),
+    "wasted": ColourClass("wasted inside a block", (24, 92, 46),
                           "the rest of a request's last block: internal fragmentation, under one block a request"),
-    "reserved": ColourClass("reserved, empty", (120, 134, 160),
+    "reserved": ColourClass("reserved, empty", (168, 218, 176),
                             "held for tokens the request may still produce: the max-length reservation"),
 }
 
@@ -61,10 +65,6 @@ LEAKED = STATE_COLOURS[BlockState.LEAKED]
 # Ref count 0, 1, 2, 3, 4+: free grey, used green, then ever lighter oranges (shared), never red.
 REF_COLOURS: list[RGB] = [FREE, USED, SHARED, (255, 183, 77), (255, 224, 130)]
 REF_NAMES = ["ref 0 (free or cached)", "ref 1", "ref 2", "ref 3", "ref ≥ 4"]
-
-
-def ref_colour(ref: int) -> RGB:
-    return REF_COLOURS[min(max(int(ref), 0), len(REF_COLOURS) - 1)]
 
 
 # One colour per request (by its index, modulo the palette). No reds (leaked), and the first ones
@@ -144,6 +144,14 @@ class LegendEntry:
     meaning: str = ""
 
 
+def block_state(snap: KVSnapshot, block_id: int, flagged=()) -> ColourClass:
+    """Block ``block_id``'s colour class as the grid draws it in state mode: the audit's where the audit
+    flagged it, else its state's. Every view that colours one block by its state asks here."""
+    if block_id in flagged:
+        return STATES[BlockState.LEAKED]
+    return STATES[BlockState(int(snap.state[block_id]))]
+
+
 def state_codes(snap: KVSnapshot, leaked: np.ndarray | None = None) -> np.ndarray:
     codes = snap.state.copy()
     if leaked is not None and len(leaked):
@@ -152,8 +160,9 @@ def state_codes(snap: KVSnapshot, leaked: np.ndarray | None = None) -> np.ndarra
 
 
 def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None,
-                   cpu: bool = False) -> list[LegendEntry]:
-    """Every class of ``mode`` with its colour(s) and its count of blocks in ``snap``."""
+                   cpu: bool = False, flag_name: str | None = None) -> list[LegendEntry]:
+    """Every class of ``mode`` with its colour(s) and its count of blocks in ``snap``. ``flag_name``: what the
+    audit's flagged blocks are (its kinds, e.g. "written while shared"), the red class's name when there are any."""
     state, owner = (snap.cpu_state, snap.cpu_owner) if cpu else (snap.state, snap.owner)
     if mode == "state":
         counts = np.bincount(state, minlength=len(BlockState))
@@ -163,7 +172,9 @@ def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None
             counts[BlockState.LEAKED] += len(ids)
         shown = [BlockState.FREE, BlockState.SWAPPED] if cpu else \
             [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED]
-        return [LegendEntry(STATES[s].name, (STATES[s].colour,), int(counts[s]), STATES[s].meaning) for s in shown]
+        def name(s: BlockState) -> str:
+            return flag_name if s is BlockState.LEAKED and flag_name and counts[s] else STATES[s].name
+        return [LegendEntry(name(s), (STATES[s].colour,), int(counts[s]), STATES[s].meaning) for s in shown]
     if mode == "owner":
         by_index = {r.index: r.request_id for r in snap.requests}
         owned = owner[owner >= 0]

@@ -34,7 +34,9 @@ class RequestTableModel(_FlatTableModel):
     """The snapshot's requests (those in flight and the engine's last finished ones: the engine bounds
     them), and after them any ``keep`` row the snapshot no longer has (a selected request stays)."""
 
-    HEADERS = ("id", "state", "prompt", "output", "cached", "blocks", "client", "text")
+    # The key columns first (a narrow panel at 1280x720 shows them without scrolling): what a lesson watches
+    # is how many prompt tokens came from the cache.
+    HEADERS = ("id", "prompt", "cached", "output", "blocks", "state", "client", "text")
 
     def __init__(self) -> None:
         super().__init__()
@@ -67,8 +69,8 @@ class RequestTableModel(_FlatTableModel):
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
             state = r.status.lower() + (" (kept: selected)" if r.request_id in self.kept else "")
-            return (r.request_id, state, r.num_prompt_tokens, r.num_output_tokens,
-                    r.num_cached_tokens, len(r.block_ids), r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
+            return (r.request_id, r.num_prompt_tokens, r.num_cached_tokens, r.num_output_tokens, len(r.block_ids),
+                    state, r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
             return r.error or r.text
         if role == Qt.ItemDataRole.UserRole:

@@ -25,5 +25,35 @@ QMenu::item:disabled { color: #5c6370; }
 
 def apply_style(app: QApplication) -> None:
     app.setStyle("Fusion")
-    app.setStyleSheet(STYLE)
+    app.setStyleSheet(_sheet(app))
     pg.setConfigOptions(antialias=False, background="#15171b", foreground="#d8dee9")
+
+
+# -- the presentation scale: every view's text, together (a projector wants 125-150%) ----------------
+_TEXT_SCALE = [1.0]
+TEXT_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
+
+
+def text_scale() -> float:
+    """The presentation scale now (1.0: the platform's sizes)."""
+    return _TEXT_SCALE[0]
+
+
+def set_text_scale(app: QApplication, scale: float) -> None:
+    """Scale the application's font (what every label, table and menu draws with) and remember the scale for the
+    views that draw their own text (the grid's labels, the paper's figure, the plots' axes)."""
+    base = app.property("kvscope_base_font_pt")
+    if base is None:
+        base = app.font().pointSizeF() or 10.0
+        app.setProperty("kvscope_base_font_pt", base)
+    _TEXT_SCALE[0] = scale
+    f = app.font()
+    f.setPointSizeF(float(base) * scale)
+    app.setFont(f)
+    # Under a style sheet a new application font does not reach widgets already polished: the sheet says it.
+    app.setStyleSheet(_sheet(app))
+
+
+def _sheet(app: QApplication) -> str:
+    base = app.property("kvscope_base_font_pt") or app.font().pointSizeF() or 10.0
+    return f"* {{ font-size: {float(base) * text_scale():.2f}pt; }}\n" + STYLE

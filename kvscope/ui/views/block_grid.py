@@ -60,6 +60,33 @@ class _KeyForwarder(QObject):
         return False
 
 
+class _LegendScroll(QScrollArea):
+    """The legend's scroll area: as the side panel's height changes, the overview gives up height first (down to
+    a small map) and then the legend drops the grey line under each state (kept as the row's tooltip), so that
+    every row shows without scrolling where it can."""
+
+    def __init__(self, legend: LegendView, overview: OverviewView) -> None:
+        super().__init__()
+        self.legend, self.overview = legend, overview
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self.fit()
+
+    def fit(self) -> None:
+        side = self.parentWidget()
+        if side is None:
+            return
+        total = side.height()
+        mapped = self.overview.isVisible()
+        full = self.legend.height_needed(meanings=True)
+        meanings = full <= total - (70 if mapped else 0)  # the map keeps at least 70 px
+        self.legend.set_meanings_shown(meanings)
+        if mapped:  # at most 150 px, and whatever the legend leaves
+            need = full if meanings else self.legend.height_needed(meanings=False)
+            self.overview.setMaximumHeight(max(70, min(150, total - need)))
+
+
 class BlockGridView(GridNavigation, QWidget):
     """The block grid. API: ``set_snapshot(snap, leaked)``, ``set_mode(mode)``, ``set_highlight(ids)``,
     ``fit_used()``, ``fit_all()``, ``zoom_by(f)``, ``zoom_to(px_per_cell, centre)``, ``pan_by(dx, dy)``,
@@ -77,6 +104,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.cpu = cpu  # draw the CPU swap pool of the snapshot instead of the device pool
         self.snapshot: KVSnapshot | None = None
         self.leaked: np.ndarray | None = None
+        self.flag_name: str | None = None  # what the audit found wrong with the red blocks (the legend says it)
         self.leaked_set: set[int] = set()
         self.mode = "state"
         self.highlight: list[int] = []
@@ -153,13 +181,14 @@ class BlockGridView(GridNavigation, QWidget):
         top.addWidget(self.title, 1)
         top.addWidget(self.zoom_label)
         top.addWidget(self.fit_button)
-        top.addWidget(QLabel("colour by"))
-        top.addWidget(self.mode_box)
+        if not cpu:  # the CPU pool follows the GPU grid's colour mode: its own box only took its title's room
+            top.addWidget(QLabel("colour by"))
+            top.addWidget(self.mode_box)
         side = QWidget()
         side_lay = QVBoxLayout(side)
         side_lay.setContentsMargins(0, 0, 0, 0)
         side_lay.addWidget(self.overview, 0)
-        legend_scroll = QScrollArea()
+        legend_scroll = _LegendScroll(self.legend, self.overview)
         legend_scroll.setWidget(self.legend)
         legend_scroll.setWidgetResizable(True)
         legend_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -201,8 +230,9 @@ class BlockGridView(GridNavigation, QWidget):
         """The line above the grid (the model, the pool's size, the block's bytes)."""
         self.title.setText(text)
 
-    def set_snapshot(self, snap: KVSnapshot, leaked: np.ndarray | None = None) -> None:
-        self.snapshot, self.leaked = snap, leaked
+    def set_snapshot(self, snap: KVSnapshot, leaked: np.ndarray | None = None, flag_name: str | None = None) -> None:
+        """``leaked``: the blocks the audit flagged (red); ``flag_name``: what is wrong with them, for the legend."""
+        self.snapshot, self.leaked, self.flag_name = snap, leaked, flag_name
         self.leaked_set = set(np.asarray(leaked).tolist()) if leaked is not None and len(leaked) else set()
         self._block_tokens = None
         self.redraw()
@@ -243,7 +273,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.image.setImage(self.grid, lut=lut, levels=(0, k + 1), autoLevels=False, autoDownsample=False)
         if self.show_overview:
             self.overview.set_grid(self.grid, lut, "min" if self.mode == "age" else "max")
-        self.legend.set_snapshot(snap, self.leaked)
+        self.legend.set_snapshot(snap, self.leaked, self.flag_name)
         self._draw_highlight()
         self._frame_view()
         self.layer.update()

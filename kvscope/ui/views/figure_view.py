@@ -27,20 +27,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.inspect.snapshot import BlockState, KVSnapshot, RequestInfo
+from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from kvscope.ui import palette
+from kvscope.ui.style import text_scale
 from kvscope.ui.views.token_text import BlockTokens, TokenDecoder, request_block_tokens, request_filled
 
 MAX_FIGURE_BLOCKS = 24  # logical blocks drawn per request (the first 2 and the last ones)
 MAX_PHYSICAL_SPAN = 20  # show every block between the lowest and highest mapped one up to this span
 MIN_PHYSICAL_ROWS = 8  # and at least this many, so the pool looks like a pool
-SLOT_W, SLOT_H = 76.0, 26.0
-SLOTS_PER_LINE = 8  # a block of 16 is drawn as two lines of 8 slots
-LABEL_W = 60.0
+SLOT_W, SLOT_H = 72.0, 26.0
+SLOTS_PER_LINE = 8  # a block of 16 is drawn as two lines of 8 slots (or four of 4 where the panel is narrow)
+MIN_TEXT_PX = 10.0  # the smallest text on screen: the figure scrolls rather than shrink below it
+LABEL_W = 56.0
 TABLE_COLS = (("logical", 48.0), ("physical", 60.0), ("# filled", 58.0), ("ref", 34.0))
-GAP = 58.0  # between columns (room for the arrows)
+GAP = 46.0  # between columns (room for the arrows)
 HEAD_H = 62.0
-PHYS_LABEL_W = 96.0
+PHYS_LABEL_W = 90.0
 ROW_GAP = 8.0
 INK = QColor(216, 222, 233)
 DIM = QColor(138, 147, 165)
@@ -54,14 +56,21 @@ def _qc(rgb, alpha: int = 255) -> QColor:
     return c
 
 
-def slot_offset(j: int) -> tuple[float, float]:
-    """(dx, dy) of slot ``j`` inside a block drawn as lines of SLOTS_PER_LINE slots."""
-    return (j % SLOTS_PER_LINE) * SLOT_W, (j // SLOTS_PER_LINE) * SLOT_H
+def slot_offset(j: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
+    """(dx, dy) of slot ``j`` inside a block drawn as lines of ``per_line`` slots."""
+    return (j % per_line) * SLOT_W, (j // per_line) * SLOT_H
 
 
-def block_size_px(block_size: int) -> tuple[float, float]:
+def block_size_px(block_size: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
     """(width, height) of a block's slots."""
-    return min(block_size, SLOTS_PER_LINE) * SLOT_W, math.ceil(block_size / SLOTS_PER_LINE) * SLOT_H
+    return min(block_size, per_line) * SLOT_W, math.ceil(block_size / per_line) * SLOT_H
+
+
+def figure_width(block_size: int, two: bool, per_line: int) -> float:
+    """The scene's width: [A logical][A table] [physical] ([B table][B logical])."""
+    blk = block_size_px(block_size, per_line)[0]
+    one = LABEL_W + blk + 16 + sum(w for _, w in TABLE_COLS) + GAP + PHYS_LABEL_W + blk
+    return one + (GAP + sum(w for _, w in TABLE_COLS) + 16 + LABEL_W + blk if two else 0.0)
 
 
 def _soft(rgb, t: float) -> QColor:
@@ -84,6 +93,8 @@ class FigureView(QWidget):
         super().__init__(parent)
         self.snapshot: KVSnapshot | None = None
         self.request_ids: list[str] = []
+        self.flagged: set[int] = set()
+        self.per_line = SLOTS_PER_LINE  # slots a line of a block, chosen for the panel's width (``_layout``)
         self.decoder = TokenDecoder()
         self.events: list = []
         self._cells: dict = {"requests": {}, "physical": {}, "arrows": []}
@@ -109,9 +120,16 @@ class FigureView(QWidget):
         return QSize(900, 420)
 
     # -- API ----------------------------------------------------------------------------
-    def set_snapshot(self, snap: KVSnapshot | None) -> None:
+    def set_snapshot(self, snap: KVSnapshot | None, flagged=None) -> None:
+        """``flagged``: blocks the audit found wrong (drawn red, as in the grid)."""
         self.snapshot = snap
+        self.flagged = set(int(b) for b in flagged) if flagged is not None else set()
         self._redraw()
+
+    def _state(self, b: int):
+        """Block ``b``'s colour class: its state's, or the audit's where the audit flagged it (one colour
+        language with the grid: ``palette.STATES``)."""
+        return palette.block_state(self.snapshot, b, self.flagged)
 
     def set_requests(self, request_ids: list[str]) -> None:
         """Draw these requests (the first two: a third would not fit the paper's layout)."""
@@ -130,7 +148,8 @@ class FigureView(QWidget):
     def cells(self) -> dict:
         """What is drawn: ``requests[id]`` = {"logical": [(i, [slot labels])], "table": [(i, physical,
         filled, ref)], "pending": (i, slot, label) | None}; ``physical`` = {block: [slot labels]};
-        ``arrows`` = [(request id, logical, physical)]."""
+        ``arrows`` = [(request id, logical, physical)]; ``state_colours`` = {block: the RGB its ref cell is
+        filled with, its state's}."""
         return self._cells
 
     # -- drawing --------------------------------------------------------------------------
@@ -229,9 +248,10 @@ class FigureView(QWidget):
             self.caption.setText("")
             return
         bs = s.block_size
+        self.per_line = self._layout(bs, len(reqs) == 2)
         tokens = BlockTokens(s)
         table_w = sum(w for _, w in TABLE_COLS)
-        blk_w = block_size_px(bs)[0]
+        blk_w = block_size_px(bs, self.per_line)[0]
         logical_w = LABEL_W + blk_w
         phys_w = PHYS_LABEL_W + blk_w
         two = len(reqs) == 2
@@ -267,7 +287,11 @@ class FigureView(QWidget):
                     self._arrow(a, QPointF(x_phys + phys_w + 10, yb), colour)
                 self._cells["arrows"].append((r.request_id, i, b))
         # what to notice
-        shared = [b for b in mapped if s.ref_cnt[b] > 1]
+        flagged = sorted(b for b in mapped if b in self.flagged)
+        if flagged:
+            notes.append(f"physical block{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))}: flagged by "
+                         f"the audit (red, as in the grid): the banner above the grid says what is wrong")
+        shared = [b for b in mapped if s.ref_cnt[b] > 1 and b not in self.flagged]
         if shared:
             notes.append(f"physical block{'s' if len(shared) > 1 else ''} {', '.join(map(str, sorted(shared)))} "
                          f"{'are' if len(shared) > 1 else 'is'} shared (ref count > 1): one copy of the KV, "
@@ -313,7 +337,7 @@ class FigureView(QWidget):
         self._text(f"request {r.request_id} · {status}", x_log, 0, colour, size=14, bold=True)
         line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
         it = self._text(line, x_log, 18, DIM, size=11)
-        max_w = LABEL_W + block_size_px(bs)[0] + 16 + sum(w for _, w in TABLE_COLS)
+        max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in TABLE_COLS)
         if it.boundingRect().width() > max_w:
             t = line
             while t and it.boundingRect().width() > max_w:
@@ -348,7 +372,7 @@ class FigureView(QWidget):
             toks = request_block_tokens(r, i, bs)
             labels = [self.decoder.label(t) for t in toks]
             for j in range(bs):
-                dx, dy = slot_offset(j)
+                dx, dy = slot_offset(j, self.per_line)
                 xs, ys = x_log + LABEL_W + dx, y + dy
                 if j < len(labels):
                     self._slot(xs, ys, labels[j], _soft(colour.getRgb()[:3], 0.45), border=colour.darker(130))
@@ -360,16 +384,17 @@ class FigureView(QWidget):
             b = r.block_ids[i]
             filled, ref = request_filled(r, i, bs), int(s.ref_cnt[b])
             cell["table"].append((i, b, filled, ref))
+            self._cells.setdefault("state_colours", {})[b] = self._state(b).colour
             self._table_y[r.request_id][i] = y
             x = x_tab
-            ref_fill = _qc(palette.ref_colour(ref))
+            ref_fill = _qc(self._state(b).colour)  # the block's state colour, as in the grid (shared: orange)
             for (_, w), (v, fill) in zip(TABLE_COLS, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY),
                                                       (str(ref), ref_fill))):
                 self.scene.addRect(QRectF(x, y, w, SLOT_H), QPen(QColor(90, 96, 110)), QBrush(fill))
                 ink = QColor(*palette.text_on(fill.getRgb()[:3])) if fill is not EMPTY else light
                 self._text(v, x, y + 5, ink, align="centre", width=w, bold=(w == TABLE_COLS[1][1]))
                 x += w
-            y += block_size_px(bs)[1] + ROW_GAP
+            y += block_size_px(bs, self.per_line)[1] + ROW_GAP
         if pend is not None and pend[0] >= len(r.block_ids):
             # The last block is full: the next token needs a new physical block (allocated next step).
             self._text(f"block {pend[0]}", x_log, y + 5, DIM, italic=True)
@@ -389,16 +414,18 @@ class FigureView(QWidget):
                 self._text("⋮", x0 + PHYS_LABEL_W + 10, y, DIM, size=14)
                 y += SLOT_H * 0.8
                 continue
-            state = palette.STATES[BlockState(int(s.state[b]))]
+            state = self._state(b)
             holders = [k for k, r in enumerate(reqs) if b in r.block_ids]
             ref = int(s.ref_cnt[b])
             self._text(f"block {b}", x0, y + 5, INK if holders else DIM, bold=bool(holders))
-            self._text(f"ref {ref}" if ref else state.name, x0, y + 6, _qc(palette.ref_colour(ref)) if ref else DIM,
-                       size=10, align="right", width=PHYS_LABEL_W - 8)
+            self._text(f"ref {ref}" if ref else state.name, x0, y + 6, _qc(state.line_colour) if ref else DIM,
+                       size=11, align="right", width=PHYS_LABEL_W - 8)
             toks = tokens.of(b)
             labels = [self.decoder.label(t) for t in toks]
             self._cells["physical"][b] = labels
-            if ref > 1:  # shared: orange, as everywhere
+            if b in self.flagged:  # flagged by the audit: red, as in the grid and its legend
+                fill, border = _soft(palette.LEAKED, 0.45), _qc(palette.LEAKED)
+            elif ref > 1:  # shared: orange, as everywhere
                 fill, border = _soft(palette.SHARED, 0.45), _qc(palette.SHARED)
             elif holders:  # this request's block: its colour, as in the paper's figures
                 rc = palette.owner_colour(reqs[holders[0]].index)
@@ -406,7 +433,7 @@ class FigureView(QWidget):
             else:  # someone else's, or cached, or free: its state's colour, dimmed
                 fill, border = _soft(state.colour, 0.0).darker(170), _qc(state.colour).darker(150)
             for j in range(bs):
-                dx, dy = slot_offset(j)
+                dx, dy = slot_offset(j, self.per_line)
                 xs, ys = x0 + PHYS_LABEL_W + dx, y + dy
                 if j < len(labels):
                     self._slot(xs, ys, labels[j], fill, ink=QColor(0, 0, 0) if holders else INK, border=border)
@@ -414,19 +441,43 @@ class FigureView(QWidget):
                     self._slot(xs, ys, None, EMPTY, border=border.darker(140))
             # who maps it: a bar in the request's colour, on the side its arrows come from
             for k in holders:
-                bx = x0 - 8 if k == 0 else x0 + PHYS_LABEL_W + block_size_px(bs)[0] + 3
-                self.scene.addRect(QRectF(bx, y, 5, block_size_px(bs)[1]), QPen(Qt.PenStyle.NoPen),
+                bx = x0 - 8 if k == 0 else x0 + PHYS_LABEL_W + block_size_px(bs, self.per_line)[0] + 3
+                self.scene.addRect(QRectF(bx, y, 5, block_size_px(bs, self.per_line)[1]), QPen(Qt.PenStyle.NoPen),
                                    QBrush(_qc(palette.owner_colour(reqs[k].index))))
             self._phys_y[b] = y
-            y += block_size_px(bs)[1] + ROW_GAP
+            y += block_size_px(bs, self.per_line)[1] + ROW_GAP
         if not mapped:
             self._text("(no blocks mapped)", x0 + PHYS_LABEL_W, y0 + 4, DIM)
 
-    def _fit(self) -> None:
+    def _layout(self, block_size: int, two: bool) -> int:
+        """Slots a line: the one whose figure, fitted to the panel's width, draws the largest text."""
+        vw = max(1, self.view.viewport().width())
+        return max((8, 4), key=lambda n: (min(1.3 * text_scale(), vw / figure_width(block_size, two, n)), n))
+
+    def scale(self) -> float:
+        """The figure's zoom: it fills the panel's width (up to 1.3x the presentation scale), the height scrolls
+        where it must, and its smallest text (11 px in the scene) never shows below ``MIN_TEXT_PX`` times the
+        presentation scale: then the figure scrolls sideways too."""
         rect = self.scene.sceneRect()
         vw, vh = max(1, self.view.viewport().width()), max(1, self.view.viewport().height())
-        scale = min(vw / max(rect.width(), 1), vh / max(rect.height(), 1))
-        scale = max(0.45, min(1.3, scale))
+        top = 1.3 * text_scale()
+        fit = min(vw / max(rect.width(), 1), top)
+        if rect.height() * fit <= vh:  # it all fits: as large as both sides allow
+            fit = min(top, vw / max(rect.width(), 1), vh / max(rect.height(), 1))
+        return max(fit, MIN_TEXT_PX * text_scale() / 11)
+
+    def min_text_px(self) -> float:
+        """The smallest text drawn, in screen pixels (a test keeps it readable at 1280x720)."""
+        sizes = [it.font().pixelSize() for it in self.scene.items() if isinstance(it, QGraphicsSimpleTextItem)]
+        return min(sizes, default=0) * self.view.transform().m11()
+
+    def _fit(self) -> None:
+        if self.snapshot is not None and self.request_ids:
+            want = self._layout(self.snapshot.block_size, len(self.request_ids) == 2)
+            if want != self.per_line:  # the panel's width changed enough to draw the blocks another way
+                self._redraw()
+                return
+        s = self.scale()
         self.view.resetTransform()
-        self.view.scale(scale, scale)
+        self.view.scale(s, s)
 

@@ -57,16 +57,17 @@ class FragmentationCanvas(QWidget):
         font.setBold(True)
         qp.setFont(font)
         mark = "  ← this run's engine" if layout.name == self.running else ""
-        qp.drawText(QRectF(area.x(), area.y() + 2, area.width(), 18), Qt.AlignmentFlag.AlignLeft,
+        line = qp.fontMetrics().height() + 2  # the font's own height: a fixed 18 px cut larger text top and bottom
+        qp.drawText(QRectF(area.x(), area.y() + 2, area.width(), line), Qt.AlignmentFlag.AlignLeft,
                     f"{layout.name}{mark}")
         font.setBold(False)
         qp.setFont(font)
         h = layout.held or 1
-        qp.drawText(QRectF(area.x(), area.y() + 20, area.width(), 18), Qt.AlignmentFlag.AlignLeft,
+        qp.drawText(QRectF(area.x(), area.y() + 2 + line, area.width(), line), Qt.AlignmentFlag.AlignLeft,
                     f"{layout.used:,} used · {layout.wasted:,} wasted ({layout.wasted / h:.0%}) · "
                     f"{layout.reserved:,} reserved ({layout.reserved / h:.0%}) of {layout.held:,} slots")
         rows = layout.rows[:MAX_ROWS]
-        top = area.y() + 42
+        top = area.y() + 6 + 2 * line
         row_h = max(6.0, min(22.0, (area.height() - top - 4) / max(len(rows), 1) - 3))
         scale = (area.width() - label_w - 4) / max(self.max_model_len, 1)  # one scale for both panels
         for i, r in enumerate(rows):

@@ -50,6 +50,8 @@ def slots_px(block_size: int) -> float:
 
 
 def level_for(px_per_cell: float, block_size: int) -> DetailLevel:
+    # a zoom to a threshold comes back through the view's transform as 39.99999999999998 for 40: round first
+    px_per_cell = round(px_per_cell, 6)
     if px_per_cell >= slots_px(block_size):
         return DetailLevel.SLOTS
     if px_per_cell >= LABEL_PX:

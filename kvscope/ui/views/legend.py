@@ -42,6 +42,7 @@ class LegendView(QWidget):
         self.mode = "state"
         self.snapshot: KVSnapshot | None = None
         self.leaked: np.ndarray | None = None
+        self.flag_name: str | None = None
         self.entries: list[LegendEntry] = []
         self.title = QLabel(TITLES["state"])
         self.title.setStyleSheet("font-weight: bold")
@@ -65,13 +66,29 @@ class LegendView(QWidget):
         self._names: list[tuple] = []  # what each row shows now
 
 
+    def set_meanings_shown(self, on: bool) -> None:
+        """The grey line under each state (the side panel turns it off where the rows would not all fit)."""
+        if on != self.show_meanings:
+            self.show_meanings = on
+            self._show_rows()
+
+    def height_needed(self, meanings: bool) -> int:
+        """The legend's height with or without the meaning lines (estimated from the font: no layout pass)."""
+        fm = self.fontMetrics()
+        line = fm.lineSpacing() + 2
+        rows = max(len(self.entries), 6 if self.mode == "state" else len(self.entries))
+        extra = 2.2 * line * 0.85 if meanings and self.mode == "state" else 0
+        return int(2 * line + rows * (line + extra) + line + 12)  # title (two lines at most), rows, step line
+
     def set_mode(self, mode: str) -> None:
         self.mode = mode
         self.title.setText(TITLES.get(mode, mode))
         self._refresh()
 
-    def set_snapshot(self, snap: KVSnapshot | None, leaked: np.ndarray | None = None) -> None:
-        self.snapshot, self.leaked = snap, leaked
+    def set_snapshot(self, snap: KVSnapshot | None, leaked: np.ndarray | None = None,
+                     flag_name: str | None = None) -> None:
+        """``leaked``: the blocks the audit flagged; ``flag_name``: what is wrong with them (their kinds)."""
+        self.snapshot, self.leaked, self.flag_name = snap, leaked, flag_name
         self._refresh()
 
     def counts(self) -> dict[str, int]:
@@ -83,7 +100,8 @@ class LegendView(QWidget):
             self.entries = []
             self.step_label.setText("")
         else:
-            self.entries = legend_entries(self.snapshot, self.mode, self.leaked, cpu=self.cpu)
+            self.entries = legend_entries(self.snapshot, self.mode, self.leaked, cpu=self.cpu,
+                                          flag_name=self.flag_name)
             n = len(self.snapshot.cpu_state) if self.cpu else self.snapshot.num_blocks
             self.step_label.setText(f"step {self.snapshot.step} · {n:,} blocks")
         self._show_rows()
@@ -96,7 +114,7 @@ class LegendView(QWidget):
             name.setWordWrap(True)
             count.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             meaning.setWordWrap(True)
-            meaning.setStyleSheet("color: #8a93a5; font-size: 8pt")
+            meaning.setTextFormat(Qt.TextFormat.RichText)  # <small>: smaller than the rows, at any text size
             self.rows.addWidget(sw, 2 * k, 0)
             self.rows.addWidget(name, 2 * k, 1)
             self.rows.addWidget(count, 2 * k, 2)
@@ -112,7 +130,7 @@ class LegendView(QWidget):
             if self._names[i:i + 1] != [key]:
                 sw.setPixmap(swatch(e.colours))
                 name.setText(e.name)
-                meaning.setText(e.meaning)
+                meaning.setText(f"<small style='color:#8a93a5'>{e.meaning}</small>")
                 for w in (sw, name, count):
                     w.setToolTip(e.meaning)
                 if i < len(self._names):

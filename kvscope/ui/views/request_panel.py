@@ -6,7 +6,7 @@ stays selected while the rows change, and stays in the table, as it last was, af
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -27,7 +27,8 @@ from kvscope.ui.qt_models import RequestTableModel
 
 
 class BlockTableView(QTableWidget):
-    """One column per logical block: the physical id and its ref count."""
+    """One column per logical block: the physical id and its ref count, in the block's colour in the grid
+    (``palette.block_state``: green used, orange shared, red where the audit flagged it)."""
 
     def __init__(self) -> None:
         super().__init__(2, 0)
@@ -36,14 +37,15 @@ class BlockTableView(QTableWidget):
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.setMaximumHeight(90)
 
-    def show_table(self, snap: KVSnapshot | None, block_ids: tuple[int, ...]) -> None:
+    def show_table(self, snap: KVSnapshot | None, block_ids: tuple[int, ...], flagged=()) -> None:
         self.setColumnCount(len(block_ids))
         self.setHorizontalHeaderLabels([str(i) for i in range(len(block_ids))])
+        self.colours: dict[int, tuple[int, int, int]] = {}
         for i, b in enumerate(block_ids):
             ref = int(snap.ref_cnt[b]) if snap is not None else 0
             phys, refc = QTableWidgetItem(str(b)), QTableWidgetItem(str(ref))
-            if ref > 0:  # the grid's ref-count colours: green used, oranges shared
-                rgb = palette.ref_colour(ref)
+            if snap is not None:
+                rgb = self.colours[b] = palette.block_state(snap, b, flagged).colour
                 for it in (phys, refc):
                     it.setBackground(QBrush(QColor(*rgb)))
                     it.setForeground(QBrush(QColor(*palette.text_on(rgb))))
@@ -65,6 +67,7 @@ class RequestPanel(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self._size_columns()
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setToolTip(
             f"{requests_text()}; a selected request stays in the table after the engine lets it go")
@@ -78,6 +81,7 @@ class RequestPanel(QWidget):
         self.miss_label.setWordWrap(True)
         self.miss_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.snapshot: KVSnapshot | None = None
+        self.flagged: frozenset[int] = frozenset()
         self.selected_id = ""
         lower = QWidget()
         ll = QVBoxLayout(lower)
@@ -93,8 +97,25 @@ class RequestPanel(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)
 
-    def set_snapshot(self, snap: KVSnapshot) -> None:
+    def _size_columns(self) -> None:
+        """Each column as wide as its header or its widest likely value, at the current text size (Qt's
+        100 px a column pushed `cached` out of a 1280x720 window's panel)."""
+        fm = self.table.fontMetrics()
+        likely = {"id": "000000", "prompt": "00000", "cached": "00000", "output": "00000", "blocks": "0000",
+                  "state": "finished_length", "client": "client 00"}
+        for i, name in enumerate(self.model.HEADERS[:-1]):
+            text = max(name, likely.get(name, name), key=fm.horizontalAdvance)
+            self.table.setColumnWidth(i, fm.horizontalAdvance(text) + 14)
+
+    def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(ev)
+        if ev.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # a new presentation text size
+            self._size_columns()
+
+    def set_snapshot(self, snap: KVSnapshot, flagged=()) -> None:
+        """``flagged``: the blocks the audit flagged (red in the grid, so red in the block table)."""
         self.snapshot = snap
+        self.flagged = frozenset(int(b) for b in flagged)
         for rid in self._kept:
             r = snap.request(rid)
             if r is not None:
@@ -145,7 +166,7 @@ class RequestPanel(QWidget):
         ids = self.selected_block_ids()
         self.caption.setText(f"block table of request {self.selected_id}: logical -> physical"
                              if self.selected_id else "block table: select a request")
-        self.block_table.show_table(self.snapshot, ids)
+        self.block_table.show_table(self.snapshot, ids, self.flagged)
 
     def set_miss_text(self, text: str) -> None:
         """The selected request's prefix-cache line (its first missed block and why), under its block table."""

@@ -15,7 +15,7 @@ class ScenarioNotesPanel(QWidget):
         self.notes: list[tuple[int, str]] = []
         self.step: int | None = None
         self.title = QLabel("No scenario running")
-        self.title.setStyleSheet("font-weight: bold; font-size: 11pt")
+        self.title.setStyleSheet("font-weight: bold")
         self.title.setWordWrap(True)
         self.watch_label = QLabel("Pick one from the Scenario menu: each says what to watch, step by step.")
         self.watch_label.setWordWrap(True)
@@ -29,8 +29,14 @@ class ScenarioNotesPanel(QWidget):
         self.list = QListWidget()
         self.list.setWordWrap(True)
         self.list.setSelectionMode(QListWidget.SelectionMode.NoSelection)
-        for w in (self.watch_label, self.now):
-            w.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        for w in (self.title, self.watch_label, self.now):
+            # Preferred (not Ignored) width, so that the layout asks a wrapped label its height for the width it
+            # gets: with Ignored it got one line's height and the text was cut. A small minimum keeps the dock narrow.
+            w.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+            w.setMinimumWidth(60)
+        self.list.setMinimumHeight(40)
+        # the list of every note takes what the title, the text and the current note leave, never more
+        self.list.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.title)

@@ -61,8 +61,9 @@ class WelcomeView(QWidget):
         inner = QWidget()
         lay = QVBoxLayout(inner)
         lay.setContentsMargins(18, 14, 18, 14)
-        title = QLabel("kvscope: watch a paged KV cache at work")
-        title.setStyleSheet("font-size: 16pt; font-weight: bold")
+        # sizes relative to the text size (the presentation scale): rich text's x-large, not points
+        title = QLabel("<span style='font-size:x-large; font-weight:bold'>kvscope: watch a paged KV cache at "
+                       "work</span>")
         intro = QLabel("A real model runs step by step. Each request's KV cache lives in fixed-size <b>blocks</b> "
                        "of a shared pool, mapped by its <b>block table</b>, as in the PagedAttention paper. "
                        "The grid shows the pool (one cell per block; the legend says what each colour means), "
@@ -115,7 +116,7 @@ class WelcomeView(QWidget):
 
     @staticmethod
     def _heading(text: str) -> QLabel:
-        h = QLabel(text)
-        h.setStyleSheet("font-weight: bold; color: #eceff4; font-size: 11pt")
+        h = QLabel(f"<span style='font-size:large'>{text}</span>")
+        h.setStyleSheet("font-weight: bold; color: #eceff4")
         return h
 
