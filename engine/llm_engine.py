@@ -12,26 +12,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from operator import attrgetter
-
-import torch
 
 from .config import EngineConfig, RequestOutputKind, SamplingParams
-from .core.block_pool import BlockPool
-from .core.cpu_pool import CpuBlockPool
-from .core.kv_cache_manager import KVCacheManager, cdiv
+from .core.kv_cache_manager import cdiv
 from .core.request import Request, RequestStatus
-from .core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from .core.scheduler import ScheduledRequest, SchedulerOutput
+from .engine_inspection import EngineInspection
+from .engine_loading import EngineLoading
 from .inputs import PromptType, to_token_ids
-from .inspect.audit import AuditProblem, AuditReport, audit_pool
-from .inspect.events import LeakFound
-from .inspect.snapshot import KVSnapshot, LiveRow, LiveState, PoolState, RequestInfo, pool_state, request_info
-from .output_processor import OutputProcessor
 from .outputs import RequestOutput, StepOutput
-from .request_groups import MAX_FINISHED, RequestGroups, check_user_request_id, make_generator
+from .request_groups import check_user_request_id, make_generator
 from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
-from .runner.model_runner import DeviceCopyError, ModelRunner
-from .runner.models.loader import LoadedWeights, ModelSource, Progress, load_model, load_tokenizer, resolve_model
+from .runner.model_runner import DeviceCopyError
+from .runner.models.loader import LoadedWeights, Progress, load_model, resolve_model
 
 logger = logging.getLogger("engine")
 
@@ -41,7 +34,9 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-class LLMEngine:
+class LLMEngine(EngineLoading, EngineInspection):
+    """The step loop; its constructors are ``engine_loading``'s, its inspection ``engine_inspection``'s."""
+
     def __init__(self, config: EngineConfig | None = None, weights: LoadedWeights | None = None,
                  progress: Progress | None = None, **kwargs) -> None:
         """``weights``: an earlier engine's (``engine.weights``), reused when they are the same model,
@@ -63,117 +58,6 @@ class LLMEngine:
         self.weights = LoadedWeights(key, self.runner.model, self.tokenizer)
         self.load_seconds = time.perf_counter() - t0
         report("ready", 1.0)
-
-    @classmethod
-    def from_hf_model(cls, hf_model, tokenizer=None, config: EngineConfig | None = None,
-                      name: str = "in-memory model", **kwargs) -> LLMEngine:
-        """Serve a transformers model that is already loaded (a notebook's, a test's).
-
-        The engine reads its weights (fusing q/k/v and gate/up into new tensors) and
-        leaves the model itself untouched. Without a ``tokenizer``, ``config.tokenizer``
-        (a hub id or folder) is loaded, if set.
-        """
-        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
-        config.validate()
-        if tokenizer is None and config.tokenizer:
-            tokenizer = load_tokenizer(config.tokenizer)
-        self = cls.__new__(cls)
-        device = next(hf_model.parameters()).device
-        self._setup(config, device, ModelSource(name, None, name), hf_model, tokenizer)
-        self.weights = None  # a caller's model: its weights are the caller's to reuse
-        self.load_seconds = 0.0
-        return self
-
-    @classmethod
-    def from_model(cls, model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model",
-                   **kwargs) -> LLMEngine:
-        """An engine over an engine-native ``LlamaForCausalLM`` already built (a benchmark's random weights):
-        several engines may share one model's weights, each with its own pool."""
-        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
-        config.validate()
-        self = cls.__new__(cls)
-        device = next(model.parameters()).device
-        self._setup(config, device, ModelSource(name, None, name), None, tokenizer, model=model)
-        self.weights = None
-        self.load_seconds = 0.0
-        return self
-
-    @classmethod
-    def from_runner(cls, runner, config: EngineConfig | None = None, tokenizer=None, name: str = "simulated model",
-                    **kwargs) -> LLMEngine:
-        """An engine over a runner without weights (``engine.workload.SimRunner``): the real scheduler, block
-        pool, prefix cache, preemption and events run, and only the forward pass is the runner's.
-
-        The runner offers what the engine asks of ``ModelRunner``: ``execute``, ``apply_device_work``,
-        ``num_blocks``, ``block_bytes``, ``num_cpu_blocks``, ``vocab_size``, and a ``model_config`` that
-        answers ``max_position_embeddings`` and ``eos_token_id`` in place of a checkpoint's config.
-        """
-        config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
-        config.validate()
-        self = cls.__new__(cls)
-        self._setup(config, torch.device("cpu"), ModelSource(name, None, name), None, tokenizer, runner=runner)
-        self.weights = None
-        self.load_seconds = 0.0
-        return self
-
-    def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
-               model=None, report: Progress | None = None, runner=None) -> None:
-        """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``;
-        ``runner``: a runner without weights instead of both (``from_runner``)."""
-        self.config = config
-        self.device = device
-        self.source = source
-        self.tokenizer = tokenizer
-        if runner is not None:
-            hf_config = runner.model_config
-        else:
-            hf_config = model.config if model is not None else hf_model.config
-        ctx = getattr(hf_config, "max_position_embeddings", None) or 2048
-        self.max_model_len = min(ctx, config.max_model_len or ctx)
-        if report is not None:
-            report("sizing and building the KV pool", 0.85)
-        self.runner = runner if runner is not None else ModelRunner(config, hf_model, device, self.max_model_len,
-                                                                     model=model)
-        self.eos_token_ids = self._eos_ids(hf_config)
-        self.vocab_size = self.runner.vocab_size
-        if tokenizer is not None and len(tokenizer) > self.vocab_size:
-            logger.warning("the tokenizer has %d tokens, the model %d: prompts with ids beyond the model's are "
-                           "refused", len(tokenizer), self.vocab_size)
-        contiguous = config.kv_layout == "contiguous"
-        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous,
-                              config.eviction_policy)
-        tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
-        self.kv = KVCacheManager(self.pool, config.block_size,
-                                 extra_keys=(source.identity, tok_id, self.vocab_size),
-                                 hash_algo=config.hash_algo, cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
-                                 fault=config.fault, reserve_tokens=self.max_model_len if contiguous else 0)
-        self.scheduler = Scheduler(config, self.kv)
-        self.output = OutputProcessor(tokenizer, self.max_model_len)
-        self.request_groups = RequestGroups(self.scheduler, self.kv, self.output)
-        self.reported_problems: set[tuple[int, str]] = set()
-        self.write_problems: dict[tuple[int, str], AuditProblem] = {}  # see enable_write_audit
-        if config.fault:  # a practice fault: the audit is on, writes included
-            self.enable_write_audit()
-        self.step_count = 0
-        self.num_prompt_tokens_computed = 0
-        self.num_failed_steps = 0
-        # each running request's one LiveRow (live_state), kept here: one more attribute on every
-        # Request cost its instances their shared-key dicts, and the step ~6% at 256 requests
-        self._live_rows: dict[str, LiveRow] = {}
-
-    @property
-    def model_name(self) -> str:
-        return self.source.name
-
-    def _eos_ids(self, hf_config) -> frozenset[int]:
-        ids: set[int] = set()
-        for src in (hf_config, getattr(self, "tokenizer", None)):
-            v = getattr(src, "eos_token_id", None)
-            if isinstance(v, int):
-                ids.add(v)
-            elif isinstance(v, (list, tuple)):
-                ids.update(v)
-        return frozenset(ids)
 
     # -- what the groups hold (the names tests and tools read) ----------------------------
     @property
@@ -385,111 +269,6 @@ class LLMEngine:
                         r, f"its swap-out in step {self.step_count} never completed ({error}); recomputing")
         victims = [s.request for s in sched.scheduled] + list(self.request_groups.created)
         return self.request_groups.fail(victims, error)
-
-    # -- inspection ------------------------------------------------------------------
-    def metrics(self) -> dict[str, float]:
-        kv = self.kv
-        return {
-            "kv_cache_usage_perc": self.pool.usage(),
-            "prefix_cache_queries": kv.prefix_cache_queries,
-            "prefix_cache_hits": kv.prefix_cache_hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_requests_running": len(self.scheduler.running),
-            "num_requests_waiting": len(self.scheduler.waiting),
-            "num_free_blocks": self.pool.num_free_blocks,
-            "num_cached_blocks": len(self.pool.cached),
-            "num_blocks": self.pool.num_blocks,
-            "evictions": self.pool.num_evictions,
-            "cow_copies": kv.num_cow_copies,
-            "swap_outs": kv.num_swap_outs,
-            "swap_ins": kv.num_swap_ins,
-            "num_requests_swapped": len(self.scheduler.swapped),
-            "num_cpu_blocks": kv.cpu_pool.num_blocks,
-            "num_free_cpu_blocks": kv.cpu_pool.num_free_blocks,
-            "generation_tokens": self.num_generated_tokens,
-            "prompt_tokens": self.num_prompt_tokens_computed,
-            "num_requests_finished": sum(self.request_groups.num_finished.values()),
-            "num_failed_steps": self.num_failed_steps,
-            "step": self.step_count,
-        }
-
-    def enable_write_audit(self) -> None:
-        """Check every block a step writes before the forward: a write into a block with ref count > 1
-        or with a hash published by an earlier step corrupts KV that others read (``audit`` reports it)."""
-        self.runner.write_observer = self._check_writes
-
-    def _check_writes(self, writes: list[tuple[str, int]]) -> None:
-        # Blocks published by this very step are being filled by it (requests admitted in the same step
-        # may already hold them: the forward writes every slot before any attention reads it).
-        publishing = {id(b) for b, _ in self.pool.tentative}
-        for rid, bid in writes:
-            b = self.pool.blocks[bid]
-            if id(b) in publishing:
-                continue
-            if b.ref_cnt > 1 or b.block_hash is not None:
-                why = f"ref count {b.ref_cnt}" if b.ref_cnt > 1 else "published hash"
-                self.write_problems.setdefault((bid, rid), AuditProblem(
-                    bid, "shared_write", 1, b.ref_cnt, f"{rid}, step {self.step_count}: write into a block with {why}"))
-
-    def audit(self, emit_events: bool = False) -> AuditReport:
-        """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event.
-
-        With ``enable_write_audit``, writes into shared or published blocks are problems too."""
-        report = audit_pool(self.pool, self.kv.req_to_blocks)
-        if self.write_problems:
-            report = AuditReport(report.problems + tuple(self.write_problems.values()))
-        if emit_events:
-            for p in report.problems:
-                key = (p.block_id, p.problem)
-                if key not in self.reported_problems:
-                    self.reported_problems.add(key)
-                    self.pool.events.append(LeakFound(p.block_id, str(p)))
-        return report
-
-    def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
-        """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
-        return self.pool_state(max_finished).assemble()
-
-    def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
-        """What ``snapshot`` is derived from, without the derived views, copied."""
-        return pool_state(self.step_count, self.config.block_size, self.pool,
-                          [self._snapshot_row(r) for r in self._shown(max_finished)], self.metrics(),
-                          self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
-                          model_name=self.model_name)
-
-    def live_state(self, max_finished: int = MAX_FINISHED) -> LiveState:
-        """The state now, not copied (what an engine process sends): the live requests' rows as ``LiveRow``s
-        (the wire sends their changes), the pool's blocks per state as it counts them, the pool itself."""
-        live, rows = self._live_rows, []
-        for r in self._shown(max_finished):
-            if r.snapshot_row is None and not r.status.finished:
-                row = live.get(r.request_id)
-                if row is None or row.request is not r:
-                    row = live[r.request_id] = LiveRow(r, self.kv)
-                rows.append(row)
-            else:
-                rows.append(self._snapshot_row(r))
-        if len(live) > 2 * len(self.requests) + 64:  # rows of requests that ended, dropped now and then
-            self._live_rows = {rid: row for rid, row in live.items() if rid in self.requests}
-        rows.sort(key=attrgetter("index"))
-        return LiveState(self.step_count, self.config.block_size, tuple(rows), self.metrics(),
-                         self.pool.state_counts(), self.kv.cpu_pool.num_blocks, self.runner.block_bytes,
-                         self.model_name, self.pool)
-
-    def _shown(self, max_finished: int) -> list[Request]:
-        """The requests a snapshot shows: the live ones, then the last ``max_finished`` finished."""
-        finished = list(self.finished_log)
-        return list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
-
-    def _snapshot_row(self, r: Request) -> RequestInfo:
-        """A finished request's row never changes again: it is built once, not at every snapshot."""
-        row = r.snapshot_row
-        if row is not None:
-            return row
-        row = request_info(r, self.kv.block_ids_view(r.request_id))  # request_info copies it
-        if r.status.finished:
-            r.snapshot_row = row
-        return row
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
