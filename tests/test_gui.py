@@ -285,6 +285,9 @@ def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
     leaked = win.latest.audit.bad_blocks
     assert (win.grid.grid.ravel()[leaked] == 5).all()  # BlockState.LEAKED
     assert any(e.kind == "leak" for _, e in win.events.model.rows)
+    kinds = win.latest.audit.block_kinds()
+    assert kinds and all(f"audit: {kinds[b]}" in win.grid.describe(b) for b in leaked)  # its own kind, in words
+    assert "leaked" in win.grid.legend.counts() or any("leaked" in name for name in win.grid.legend.counts())
 
 
 def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):

@@ -49,6 +49,13 @@ class AuditReport:
         return ", ".join(dict.fromkeys(PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " "))
                                        for p in self.problems))
 
+    def block_kinds(self) -> dict[int, str]:
+        """Each flagged block's kinds of problem in words (what the grid writes on a red block)."""
+        kinds: dict[int, dict[str, None]] = {}
+        for p in self.problems:
+            kinds.setdefault(p.block_id, {})[PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " "))] = None
+        return {b: ", ".join(k) for b, k in kinds.items()}
+
     def kinds_text(self) -> str:
         """The problems by kind, in words: "1 block written while shared", "2 blocks leaked, 1 freed twice"."""
         kinds: dict[str, set[int]] = {}

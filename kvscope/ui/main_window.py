@@ -510,7 +510,8 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None, events=()) -> None:
         """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
-        self.grid.set_snapshot(snap, leaked, audit.kinds_names() if leaked is not None else None)
+        self.grid.set_snapshot(snap, leaked, *((audit.kinds_names(), audit.block_kinds()) if leaked is not None
+                                                 else (None, None)))
         if self.cpu_grid.isVisible():
             self.cpu_grid.set_snapshot(snap)
         if leaked is not None:

@@ -105,6 +105,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.snapshot: KVSnapshot | None = None
         self.leaked: np.ndarray | None = None
         self.flag_name: str | None = None  # what the audit found wrong with the red blocks (the legend says it)
+        self.flag_kinds: dict[int, str] = {}  # each red block's own problem
         self.leaked_set: set[int] = set()
         self.mode = "state"
         self.highlight: list[int] = []
@@ -230,9 +231,16 @@ class BlockGridView(GridNavigation, QWidget):
         """The line above the grid (the model, the pool's size, the block's bytes)."""
         self.title.setText(text)
 
-    def set_snapshot(self, snap: KVSnapshot, leaked: np.ndarray | None = None, flag_name: str | None = None) -> None:
-        """``leaked``: the blocks the audit flagged (red); ``flag_name``: what is wrong with them, for the legend."""
+    def flagged_as(self, b: int) -> str:
+        """What the audit found wrong with block ``b`` (its own kind, else the legend's name for the red class)."""
+        return self.flag_kinds.get(b) or self.flag_name or palette.STATES[BlockState.LEAKED].name
+
+    def set_snapshot(self, snap: KVSnapshot, leaked: np.ndarray | None = None, flag_name: str | None = None,
+                     flag_kinds: dict[int, str] | None = None) -> None:
+        """``leaked``: the blocks the audit flagged (red); ``flag_name``: what is wrong with them, for the legend;
+        ``flag_kinds``: each flagged block's own problem (``AuditReport.block_kinds``), written on it."""
         self.snapshot, self.leaked, self.flag_name = snap, leaked, flag_name
+        self.flag_kinds = flag_kinds or {}
         self.leaked_set = set(np.asarray(leaked).tolist()) if leaked is not None and len(leaked) else set()
         self._block_tokens = None
         self.redraw()
@@ -336,7 +344,7 @@ class BlockGridView(GridNavigation, QWidget):
         parts = [f"block {b}", palette.STATES[state].name, f"ref {int(s.ref_cnt[b])}",
                  f"filled {int(s.filled[b])}/{s.block_size}"]
         if b in self.leaked_set:
-            parts.append("LEAKED")
+            parts.append(f"audit: {self.flagged_as(b)}")
         if owners:
             parts.append("owners " + ",".join(owners))
         if b in s.block_hashes:

@@ -8,6 +8,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QPen
 from engine.inspect.snapshot import BlockState
 from kvscope.ui import palette
 from kvscope.ui.palette import BACKGROUND, text_on
+from kvscope.ui.style import text_scale
 from kvscope.ui.views.grid_cells import DetailLevel, slot_layout
 
 _ELIDE = Qt.TextElideMode.ElideRight  # enum lookups are slow in PySide: look them up once
@@ -97,7 +98,7 @@ class _DetailLayer(pg.GraphicsObject):
         p.drawRect(rect)
         badge = f"L{self.view.logical_index[b]}"
         font = QFont()
-        font.setPixelSize(int(max(8, min(12, rect.height() * 0.15))))
+        font.setPixelSize(int(max(8, min(12 * text_scale(), rect.height() * 0.15))))
         font.setBold(True)
         p.setFont(font)
         fm = QFontMetrics(font)
@@ -112,7 +113,7 @@ class _DetailLayer(pg.GraphicsObject):
     def _label_style(self, p, rect: QRectF) -> None:
         """Font, metrics and per-colour pens for this paint (every cell has the same size): made once."""
         font = QFont()
-        font.setPixelSize(int(max(8, min(14, rect.height() * 0.22))))
+        font.setPixelSize(int(max(8, min(14 * text_scale(), rect.height() * 0.22))))  # the cell's room
         p.setFont(font)
         fm = QFontMetrics(font)
         pad = max(2.0, rect.width() * 0.06)
@@ -180,14 +181,14 @@ class _DetailLayer(pg.GraphicsObject):
         row_h = rect.height() / (rows + 1)
         if self._style is None:  # once per paint: every cell has this size
             font = QFont()
-            font.setPixelSize(int(max(8, min(15, row_h * 0.62))))
+            font.setPixelSize(int(max(8, min(15 * text_scale(), row_h * 0.62))))
             p.setFont(font)
             self._style = QFontMetrics(font)
         fm = self._style
         p.setPen(QColor(*text_on(colour)))
         ref = int(s.ref_cnt[b])
         if v.leaked_set and b in v.leaked_set:
-            right = "LEAKED"
+            right = v.flagged_as(b)  # the audit's word for it: a shared write is not a leak
         else:
             right = f"ref {ref}" if ref else palette.STATES[BlockState(int(s.state[b]))].name
         header = QRectF(rect.left() + 3, rect.top(), rect.width() - 6, row_h)
