@@ -268,6 +268,18 @@ def test_text_is_bounded_however_big_the_pool(qtbot):
         assert grid.layer.painted_cells == (r1 - r0) * (c1 - c0) < 1000
 
 
+def test_a_pool_readable_whole_is_framed_whole(qtbot, tiny_hf):
+    """24 blocks at labels' size fit a small panel: no row is cut off at the bottom (pool-exhaustion at 720p)."""
+    eng = engine(tiny_hf, num_gpu_blocks=24)
+    eng.add_request(list(range(1, 10)), GREEDY)
+    grid = show(qtbot, BlockGridView("GPU"), 560, 330)
+    grid.set_snapshot(run(eng, 1))
+    grid.fit_used()
+    qtbot.wait(20)
+    rows, cols = grid.grid.shape
+    assert grid.visible_cells() == (0, rows, 0, cols) and grid.pixels_per_cell() >= LABEL_PX
+
+
 def test_opens_framed_on_the_blocks_in_use_and_keys_zoom_and_pan(qtbot, tiny_hf):
     eng = engine(tiny_hf, num_gpu_blocks=2912)  # the issue's 2,912-block pool
     eng.add_request(list(range(1, 43)), GREEDY)  # 42 tokens: 11 blocks
@@ -627,6 +639,20 @@ def test_notes_panel_follows_the_step(qtbot):
     panel.set_scenario("", [])
     panel.set_step(3)
     assert panel.current_note() is None and panel.now.isHidden()
+
+
+def test_a_short_notes_panel_cuts_no_line_and_shows_the_steps_note_first(qtbot):
+    """At 1280x720 the panel is ~300 px high: the longest scenario text and note are never cut."""
+    panel = show(qtbot, ScenarioNotesPanel(), 330, 300)
+    sc = load_scenario("lab-caching-changes-output")
+    panel.set_scenario(sc.watch, sc.notes, sc.title)
+    for step in (0, sc.notes[-1][0]):
+        panel.set_step(step)
+        qtbot.wait(20)
+        assert panel.clipped() == []
+        top = panel.now.mapTo(panel.scroll.widget(), panel.now.rect().topLeft()).y()
+        assert top < panel.watch_label.mapTo(panel.scroll.widget(), panel.watch_label.rect().topLeft()).y()
+        assert top + panel.now.height() <= panel.scroll.viewport().height()  # the note whole, without scrolling
 
 
 def test_welcome_lists_the_scenarios_and_emits(qtbot):

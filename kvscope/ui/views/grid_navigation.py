@@ -44,6 +44,9 @@ class GridNavigation:
         """
         s = self.snapshot
         rows, cols = self.grid.shape
+        vb = self.plot.getViewBox()
+        if vb.width() > 0 and min(vb.width() / cols, vb.height() / rows) >= LABEL_PX:
+            return QRectF(0, 0, cols, rows)  # the whole pool is readable at once: frame it all (nothing cut off)
         state = s.cpu_state if self.cpu else s.state
         mask = np.zeros(rows * cols, bool)
         mask[:len(state)] = state != BlockState.FREE

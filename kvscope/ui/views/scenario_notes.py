@@ -2,7 +2,15 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QScrollArea,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 class ScenarioNotesPanel(QWidget):
@@ -34,18 +42,46 @@ class ScenarioNotesPanel(QWidget):
             # gets: with Ignored it got one line's height and the text was cut. A small minimum keeps the dock narrow.
             w.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
             w.setMinimumWidth(60)
-        self.list.setMinimumHeight(40)
-        # the list of every note takes what the title, the text and the current note leave, never more
+        self.list.setMinimumHeight(60)
+        # the list of every note takes what the title, the text and the current note leave
         self.list.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
-        lay = QVBoxLayout(self)
+        body = QWidget()
+        lay = QVBoxLayout(body)
         lay.setContentsMargins(6, 6, 6, 6)
+        # The note of the step comes first, under the title: it is what changes as the class steps, and a
+        # short panel (1280x720) must show it whole. The scenario's text follows; where the panel is too
+        # short for everything, it scrolls instead of cutting lines off.
         lay.addWidget(self.title)
-        lay.addWidget(self.watch_label)
         lay.addWidget(self.now_caption)
         lay.addWidget(self.now)
+        lay.addWidget(self.watch_label)
         lay.addWidget(QLabel("all notes"))
         lay.addWidget(self.list, 1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(body)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
         self._render()
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self._fit_labels()
+
+    def _fit_labels(self) -> None:
+        """Each wrapped text as tall as its lines at the panel's width: a scroll area otherwise squeezes them
+        (a wrapped label's minimum height is one line's)."""
+        width = self.scroll.viewport().width() - 12  # the body's margins
+        for w in (self.title, self.now, self.watch_label):
+            w.setMinimumHeight(w.heightForWidth(width) if w.isVisibleTo(self) and width > 0 else 0)
+
+    def clipped(self) -> list[str]:
+        """The texts shown shorter than they need (none: a test holds the panel to it at 1280x720)."""
+        return [w.text()[:40] for w in (self.title, self.now, self.watch_label)
+                if w.isVisible() and w.height() < w.heightForWidth(w.width())]
 
 
     def set_scenario(self, watch: str, notes: list[tuple[int, str]], title: str = "") -> None:
@@ -85,6 +121,7 @@ class ScenarioNotesPanel(QWidget):
             nxt = next((n for n in self.notes if self.step is None or n[0] > self.step), None)
             self.now_caption.setText(f"now (step {self.step})" if self.step is not None else "before step 1")
             self.now.setText(cur[1] if cur else f"Step to {nxt[0]}: the first note appears there." if nxt else "")
+        self._fit_labels()
         for i, (at, _text) in enumerate(self.notes):
             item = self.list.item(i)
             f = item.font()

@@ -1,0 +1,64 @@
+"""Regenerate every picture the README and docs/ show, from the command quoted under it (so a caption's
+command and its picture cannot part), and the same windows at 1280x720 for a look at projector size.
+
+    .venv/bin/python scripts/screenshots.py              # docs/*.png as the docs say
+    .venv/bin/python scripts/screenshots.py --small DIR  # also each window at 1280x720 into DIR
+    .venv/bin/python scripts/screenshots.py --only cow   # the pictures whose name contains "cow"
+
+Runs offscreen (QT_QPA_PLATFORM=offscreen), one command at a time; exits 1 if any command failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def quoted_shots() -> dict[str, list[str]]:
+    """{docs/NAME.png: argv} for every `kvscope ... --screenshot docs/NAME.png ...` in the README and docs."""
+    shots: dict[str, list[str]] = {}
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in re.finditer(r"`((?:python -m kvscope[\w.]*|kvscope) [^`]*--screenshot\s+docs/[\w-]+\.png[^`]*)`",
+                             p.read_text()):
+            words = shlex.split(m.group(1).replace("\n", " "))
+            path = words[words.index("--screenshot") + 1]
+            if words[0] == "kvscope":
+                words = [sys.executable, "-m", "kvscope", *words[1:]]
+            else:
+                words = [sys.executable, *words[1:]]
+            shots.setdefault(path, words)
+    return shots
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small", metavar="DIR", help="also save each window at 1280x720 into DIR")
+    ap.add_argument("--only", default="", help="only pictures whose name contains this")
+    args = ap.parse_args()
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    failed = []
+    for path, argv in quoted_shots().items():
+        if args.only not in path:
+            continue
+        runs = [(path, argv)]
+        if args.small and "--window-size" not in argv:
+            small = str(pathlib.Path(args.small) / pathlib.Path(path).name)
+            runs.append((small, [*argv[:argv.index(path)], small, *argv[argv.index(path) + 1:],
+                                 "--window-size", "1280x720"]))
+        for out, cmd in runs:
+            print(f"{out}: {shlex.join(cmd[2:] if cmd[1] == '-m' else cmd[1:])}", flush=True)
+            r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                failed.append(out)
+                print(f"  failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
