@@ -181,3 +181,16 @@ def test_at_1280x720_and_a_larger_text_size_the_cached_column_still_shows(qtbot,
         assert table.columnViewportPosition(col) + table.columnWidth(col) <= table.viewport().width()
     finally:
         set_text_scale(QApplication.instance(), 1.0)
+
+
+def test_at_1280x720_the_block_table_shows_both_rows(qtbot, window):
+    win = window()
+    win.resize(1280, 720)
+    run(qtbot, win, [list(range(1, 30))], 2)
+    win.requests.select(["0"])
+    qtbot.wait(50)
+    table = win.requests.block_table
+    for row in (0, 1):  # physical and ref, inside the table's viewport
+        top = table.rowViewportPosition(row)
+        assert top >= 0 and top + table.rowHeight(row) <= table.viewport().height()
+    assert table.isVisible() and table.visibleRegion().boundingRect().height() == table.height()

@@ -35,7 +35,27 @@ class BlockTableView(QTableWidget):
         self.setVerticalHeaderLabels(["physical", "ref"])
         self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.setMaximumHeight(90)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """Exactly its header, its two rows and a scroll bar, at the text size: both rows always show (a
+        short panel at 1280x720 kept the physical row and cut the ref row)."""
+        row = self.fontMetrics().height() + 8
+        self.verticalHeader().setDefaultSectionSize(row)
+        self.verticalHeader().setMinimumSectionSize(row)
+        head = max(self.horizontalHeader().sizeHint().height(), row)  # its hint is small with no column yet
+        bar = self.horizontalScrollBar().sizeHint().height()
+        self.setFixedHeight(head + 2 * row + bar + 2 * self.frameWidth())
+
+    def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(ev)
+        if ev.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._fit_height()
+
+    def showEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(ev)
+        self._fit_height()  # polished now: the style's header and scroll bar sizes are known
 
     def show_table(self, snap: KVSnapshot | None, block_ids: tuple[int, ...], flagged=()) -> None:
         self.setColumnCount(len(block_ids))
@@ -89,10 +109,14 @@ class RequestPanel(QWidget):
         ll.addWidget(self.miss_label)  # first: it must stay readable when the panel is short
         ll.addWidget(self.caption)
         ll.addWidget(self.block_table)
-        split = QSplitter(Qt.Orientation.Vertical)
+        self.lower = lower
+        self.split = split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(lower)
         split.setStretchFactor(0, 3)
+        for i in (0, 1):  # neither side collapses: the block table keeps its two rows, the table its header
+            split.setCollapsible(i, False)
+        self.table.setMinimumHeight(80)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)
@@ -170,4 +194,21 @@ class RequestPanel(QWidget):
 
     def set_miss_text(self, text: str) -> None:
         """The selected request's prefix-cache line (its first missed block and why), under its block table."""
-        self.miss_label.setText(text)
+        if text != self.miss_label.text():
+            self.miss_label.setText(text)
+            self._fit_lower()
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self._fit_lower()
+
+    def _fit_lower(self) -> None:
+        """Give the part under the table what its wrapped lines and the block table need (the splitter gave it
+        its minimum hint, which counts a wrapped label as one line), the requests table the rest."""
+        lay = self.lower.layout()
+        width = self.lower.width() or self.width()
+        need = (self.miss_label.heightForWidth(width) + self.caption.sizeHint().height()
+                + self.block_table.height() + 2 * lay.spacing())
+        total = sum(self.split.sizes())
+        if total > 0 and self.split.sizes()[1] < need:
+            self.split.setSizes([max(self.table.minimumHeight(), total - need), need])
