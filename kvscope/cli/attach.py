@@ -17,8 +17,10 @@ log = logging.getLogger("kvscope.kv_events")
 # --- attach ----------------------------------------------------------------------------------
 
 def attach_config(args: argparse.Namespace) -> AttachConfig:
+    # In a window the timer polls every --poll-interval and a poll never waits: the GUI thread must not block.
     cfg = AttachConfig(endpoint=args.attach, replay_endpoint=args.replay_endpoint, topic=args.kv_events_topic,
-                       dp_size=args.dp_size, block_size=args.block_size, max_nodes=args.max_blocks)
+                       dp_size=args.dp_size, block_size=args.block_size, max_nodes=args.max_blocks,
+                       poll_interval=args.poll_interval if args.headless else 0.0)
     cfg.validate()
     if args.poll_interval <= 0:
         raise ValueError("--poll-interval must be > 0")

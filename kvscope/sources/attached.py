@@ -6,6 +6,11 @@ applies every batch to a ``RemoteCacheModel`` (the prefix forest). ``poll()`` re
 ``AttachRecord`` per tick for a timeline, a trace recorder or ``--headless --json``.
 ``AttachReplay`` plays an attach trace back through the same code.
 
+Both are ``base.Source``s with the one capability ``PREFIX_FOREST``: ``step()`` is one poll (waiting up
+to ``AttachConfig.poll_interval`` for the first message), its record's snapshot the ``AttachRecord``;
+``has_work()`` is true while subscribed (a replay: until the trace ends); every command raises
+``ReadOnlyError``.
+
 Bad input never stops it: a message that is not three frames, a payload that is not msgpack,
 an event of an unknown kind or with fields of the wrong type is counted and skipped. Memory
 stays bounded under a flood: ZeroMQ's receive queue holds at most ``rcvhwm`` messages (past
@@ -24,9 +29,11 @@ import zmq
 
 from engine.inspect.events import Event
 from engine.inspect.kv_wire import MalformedBatch, decode_batch
+from kvscope.sources.attach_record import AttachRecord, Gap
 from kvscope.sources.attach_trace import AttachTraceWriter, read_attach_header, read_attach_trace
+from kvscope.sources.base import ATTACH_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
 from kvscope.sources.endpoints import offset_endpoint
-from kvscope.sources.remote_cache import ForestSummary, RemoteCacheModel, RemoteEvicted, RemoteStored
+from kvscope.sources.remote_cache import RemoteCacheModel, RemoteEvicted, RemoteStored
 
 CANNOT_SHOW = ("Attached to an engine's KV events. They name cached blocks by hash (stores, evictions, "
                "resets); they carry no block ids, block tables, ref counts, owners or free list, so those "
@@ -52,6 +59,8 @@ class AttachConfig:
     replay_timeout: float = 1.0  # seconds to wait for a replay's end marker
     max_log_events: int = 2_000
     rate_window: float = 10.0  # seconds of history behind the store / evict rates
+    # how long step() waits for the first message; 0: it never waits (a window's timer paces the polls)
+    poll_interval: float = 0.1
 
     def validate(self) -> None:
         for ep in (self.endpoint, self.replay_endpoint):
@@ -63,43 +72,8 @@ class AttachConfig:
             raise ValueError("--block-size must be >= 1")
         if min(self.max_nodes, self.max_messages_per_poll, self.rcvhwm, self.max_log_events) < 1:
             raise ValueError("attach limits must be >= 1")
-
-
-@dataclass(frozen=True)
-class Gap:
-    """Batches ``first..last`` (inclusive) of a stream that never reached the model."""
-    stream: int
-    first: int
-    last: int
-    reason: str
-
-    @property
-    def size(self) -> int:
-        return self.last - self.first + 1
-
-    def as_dict(self) -> dict:
-        return {"stream": self.stream, "first": self.first, "last": self.last, "batches": self.size,
-                "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class AttachRecord:
-    """One poll: what arrived, the forest's summary after it, and the counters so far."""
-    tick: int
-    t: float  # seconds since the source started
-    events: tuple[Event, ...]  # RemoteStored / RemoteEvicted / RemoteCleared, for the event log
-    summary: ForestSummary
-    counters: dict[str, int]
-    rates: dict[str, float]  # blocks stored / removed per second over the rate window
-    gaps: tuple[Gap, ...]  # unrepaired gaps so far (the latest 100)
-    batches: int  # batches applied in this poll
-    # What changed the model in this poll, in order: ("ev", rank, wire event) or ("clear", rank);
-    # replayed onto a copy of an earlier model, it rebuilds the forest at this poll (the timeline).
-    ops: tuple = ()
-
-    @property
-    def step(self) -> int:  # what timelines index by
-        return self.tick
+        if self.poll_interval < 0:
+            raise ValueError("--poll-interval must be >= 0")
 
 
 class _Applier:
@@ -205,10 +179,46 @@ class _Stream:
     ranks: set[int] = field(default_factory=set)
 
 
-class AttachedSource:
-    """Subscribe, keep sequences whole, and model the remote cache. Not thread-safe: one thread polls."""
+def _info(model_name: str, device: str, block_size: int | None, **extra) -> SourceInfo:
+    """An attached engine's SourceInfo: its pool, dtype and model are not in the events (0 and "-")."""
+    return SourceInfo(model_name=model_name, device=device, dtype="-", num_blocks=0, block_size=block_size or 0,
+                      block_bytes=0, max_model_len=0, load_seconds=0.0, capabilities=ATTACH_CAPABILITIES,
+                      extra={**extra, "block_size": block_size, "cannot_show": CANNOT_SHOW})
 
-    read_only = True
+
+class _ReadOnly:
+    """The ``Source`` commands of an attached engine: none (kvscope only hears its KV events)."""
+
+    info: SourceInfo
+    refusal = "an attached engine is read-only: kvscope hears its KV events and sends it nothing"
+
+    def current(self) -> StepRecord:
+        raise ReadOnlyError(self.refusal)
+
+    def _refuse(self, *_a, **_k):
+        raise ReadOnlyError(self.refusal)
+
+    inject = abort = fork = reset_prefix_cache = _refuse
+
+    def set_audit(self, on: bool) -> None:
+        if on:
+            raise ReadOnlyError("an attached engine cannot be audited: its KV events carry no block tables "
+                                "or ref counts")
+
+    def decode(self, token_ids) -> str | None:
+        return None  # a foreign engine's tokenizer is not here
+
+    def describe(self) -> dict:
+        """The panel's header: ``info``'s name and device, the endpoints, topic, block size, what it cannot show."""
+        return {"model_name": self.info.model_name, "device": self.info.device, **self.info.extra}
+
+    @staticmethod
+    def _record(rec: AttachRecord, seconds: float) -> StepRecord:
+        return StepRecord(rec.tick, rec, list(rec.events), None, seconds)
+
+
+class AttachedSource(_ReadOnly):
+    """Subscribe, keep sequences whole, and model the remote cache. Not thread-safe: one thread polls."""
 
     def __init__(self, config: AttachConfig, trace_path: str | None = None) -> None:
         config.validate()
@@ -233,6 +243,8 @@ class AttachedSource:
         self._poller = zmq.Poller()
         for s in self.streams:
             self._poller.register(s.sub, zmq.POLLIN)
+        self.info = _info(f"attached to {config.endpoint}", "KV events", config.block_size, endpoints=self.endpoints,
+                          replay_endpoints=self.replay_endpoints, topic=config.topic)
 
     # -- sockets ---------------------------------------------------------------------------
     def _open_stream(self, rank: int) -> _Stream:
@@ -265,11 +277,19 @@ class AttachedSource:
     def counters(self) -> dict[str, int]:
         return self._applier.counters
 
-    def describe(self) -> dict:
-        c = self.config
-        return {"model_name": f"attached to {c.endpoint}", "device": "KV events", "endpoints": self.endpoints,
-                "replay_endpoints": self.replay_endpoints, "topic": c.topic, "block_size": c.block_size,
-                "cannot_show": CANNOT_SHOW}
+    # -- the Source --------------------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        return self._applier.tick  # polls so far
+
+    def has_work(self) -> bool:
+        return bool(self.streams)  # until closed: a live engine's events have no end
+
+    def step(self) -> StepRecord:
+        """One poll, waiting up to ``config.poll_interval`` for the first message."""
+        t0 = time.perf_counter()
+        rec = self.poll(self.config.poll_interval)
+        return self._record(rec, time.perf_counter() - t0)
 
     # -- polling ---------------------------------------------------------------------------
     def poll(self, timeout: float = 0.1) -> AttachRecord:
@@ -392,10 +412,10 @@ class AttachedSource:
             self._ctx.term()
 
 
-class AttachReplay:
+class AttachReplay(_ReadOnly):
     """Plays an attach trace back: the same payloads through the same model; counters as recorded."""
 
-    read_only = True
+    refusal = "a replay of an attach is read-only: it shows what was recorded"
 
     def __init__(self, path: str) -> None:
         self.header = read_attach_header(path)
@@ -407,18 +427,22 @@ class AttachReplay:
         self._applier = _Applier(self.config, None)
         self._ticks = read_attach_trace(path)
         self._next = next(self._ticks, None)
+        self.step_count = 0  # polls replayed so far
+        self.info = _info(f"replay of an attach to {self.config.endpoint}", "attach trace", self.config.block_size,
+                          endpoints=self.header.get("endpoints", []), topic=self.config.topic)
 
     @property
     def model(self) -> RemoteCacheModel:
         return self._applier.model
 
-    def describe(self) -> dict:
-        return {"model_name": f"replay of an attach to {self.config.endpoint}", "device": "attach trace",
-                "endpoints": self.header.get("endpoints", []), "topic": self.config.topic,
-                "block_size": self.config.block_size, "cannot_show": CANNOT_SHOW}
-
     def has_work(self) -> bool:
         return self._next is not None
+
+    def step(self) -> StepRecord:
+        """The next recorded poll (at once: a replay does not wait)."""
+        t0 = time.perf_counter()
+        rec = self.poll()
+        return self._record(rec, time.perf_counter() - t0)
 
     def poll(self, timeout: float = 0.0) -> AttachRecord:
         if self._next is None:
@@ -438,6 +462,7 @@ class AttachReplay:
                     a.model.clear(r)
                     a._ops.append(("clear", r))
         rec = a.finish_tick(tick.t)
+        self.step_count += 1
         a.counters.update({k: v for k, v in tick.counters.items() if k in a.counters})
         counters = {**rec.counters, **tick.counters}
         return AttachRecord(rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches,
@@ -445,3 +470,4 @@ class AttachReplay:
 
     def close(self) -> None:
         pass
+

@@ -7,7 +7,7 @@ says which, so the views can hide what a source cannot give. No Qt here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine import SamplingParams
 from engine.inspect.audit import AuditReport
@@ -15,13 +15,20 @@ from engine.inspect.events import Event
 from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest
 from engine.outputs import StepOutput
 
+if TYPE_CHECKING:
+    from kvscope.sources.attach_record import AttachRecord
+
 # What a source can give (SourceInfo.capabilities).
 COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache
 BLOCK_TABLES = "block_tables"  # per-request logical -> physical tables
 REF_COUNTS = "ref_counts"  # per-block ref counts and the free list
 AUDIT = "audit"  # recompute ref counts from the tables
+# An attached engine's cache as its KV events tell it: cached blocks by hash, chained into a prefix forest
+# (the source's ``model``, a RemoteCacheModel); each record's snapshot is the poll's AttachRecord.
+PREFIX_FOREST = "prefix_forest"
 LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
 REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
+ATTACH_CAPABILITIES = frozenset({PREFIX_FOREST})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +73,9 @@ class StepRecord:
     """What one step (or one command between steps) did: a snapshot after it and its events."""
     step: int
     # an engine process's own records carry a LiveState (read before its next step); the window gets those
-    # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn)
-    snapshot: KVSnapshot | PoolState | LiveState | StepDigest
+    # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn); an attached
+    # engine's records (PREFIX_FOREST) carry the poll: the forest's summary, counters, rates and gaps
+    snapshot: KVSnapshot | PoolState | LiveState | StepDigest | AttachRecord
     events: list[Event]
     step_output: StepOutput | None
     seconds: float

@@ -8,7 +8,8 @@ hovering a node shows its hash and tokens (as text, given a ``decode``).
 For the integrator: ``AttachPanel`` is the whole attach view (what attach cannot show, the
 forest, store / evict rates and cache size over polls, counters and unrepaired gaps, the event
 log); call ``panel.show_record(record, source.model)`` with each ``AttachRecord``.
-``run_attach_window(source, ...)`` runs it as a window (``kvscope --attach``), and
+``run_attach_window(source, ...)`` runs it as a window (``kvscope --attach``), driving the source through
+the ``Source`` interface (``has_work``, ``step``: one poll, ``info``, ``close``), and
 
     python -m kvscope.ui.views.prefix_forest --attach tcp://HOST:5557 [--replay-endpoint tcp://HOST:5558]
     python -m kvscope.ui.views.prefix_forest --demo --screenshot docs/attach.png
@@ -273,9 +274,11 @@ class AttachWindow(QMainWindow):
     """
 
     def __init__(self, source, decode: Decode | None = None) -> None:
+        """``source``: a Source with PREFIX_FOREST (sources.attached); its ``model`` is the live forest."""
         super().__init__()
         self.source = source
-        self.panel = AttachPanel(source.describe(), decode)
+        info = source.info
+        self.panel = AttachPanel({"model_name": info.model_name, **info.extra}, decode)
         self.history = AttachHistory()
         self.live = True
         self.timeline = QSlider(Qt.Orientation.Horizontal)
@@ -296,7 +299,7 @@ class AttachWindow(QMainWindow):
         lay.addWidget(self.panel, 1)
         lay.addLayout(row)
         self.setCentralWidget(centre)
-        self.setWindowTitle(f"kvscope · {source.describe().get('model_name', 'attach')}")
+        self.setWindowTitle(f"kvscope · {info.model_name}")
         self.setMinimumSize(1024, 600)
         self.resize(1500, 900)
 
@@ -335,7 +338,13 @@ class AttachWindow(QMainWindow):
 
 
 class AttachDriver(QObject):
-    """Polls the source on a timer (``poll(0)``: never waits; a gap's replay may block up to its timeout).
+    """Steps the source on a timer, one poll a tick, through the ``Source`` interface; the source's
+    ``poll_interval`` should be 0 (the timer paces the polls; a gap's replay may still block up to its timeout).
+
+    Not the main window's ``HostLoop`` and engine process: those carry the pool's snapshots (block grid,
+    tables, ref counts) over the wire into ``RunHistory``, none of which an attached engine has; hosting the
+    forest, its timeline (``AttachHistory``) and panel there would be a redesign of the main window. So
+    this window stays a thin adapter, on the GUI thread, where the forest it draws is read between polls.
 
     ``before_poll`` runs first on each tick (the ``--demo`` steps its engine there).
     """
@@ -352,14 +361,14 @@ class AttachDriver(QObject):
 
     def tick(self) -> None:
         src = self.win.source
-        if getattr(src, "has_work", lambda: True)() is False:
+        if not src.has_work():
             self.timer.stop()
             if self.screenshot:
                 self.save()
             return
         if self.before_poll is not None:
             self.before_poll()
-        rec = src.poll(0.0)
+        rec = src.step().snapshot  # the poll's AttachRecord
         self.polls += 1
         self.win.on_record(rec)
         if self.screenshot and self.steps is not None and self.polls >= self.steps:
@@ -408,7 +417,8 @@ def _demo(args: argparse.Namespace) -> int:
     session = LiveSource(engine)
     pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 16)
     session.observers.append(KVEventsObserver(pub))
-    source = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=16))
+    source = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=16,
+                                         poll_interval=0.0))
     params = SamplingParams(max_tokens=24, temperature=0.0)
     topics = ["a hash table", "a B-tree", "virtual memory", "a TCP handshake", "garbage collection", "an LRU cache"]
     count = [0]
@@ -453,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --attach ADDR or --demo")
     from kvscope.sources.attached import AttachConfig, AttachedSource
     try:
-        source = AttachedSource(AttachConfig(args.attach, args.replay_endpoint, args.topic, args.dp_size))
+        source = AttachedSource(AttachConfig(args.attach, args.replay_endpoint, args.topic, args.dp_size,
+                                             poll_interval=0.0))
     except ValueError as e:
         print(f"kvscope: {e}", file=sys.stderr)
         return 2
