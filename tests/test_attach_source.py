@@ -1,7 +1,9 @@
 """Attach is a ``Source``: the live subscriber and the replay of its trace meet the protocol, step one poll at a
-time and refuse every command in one line."""
+time, refuse every command in one line, and run headless through the one loop (``cli.headless.drive``)."""
 from __future__ import annotations
 
+import argparse
+import json
 import time
 
 import pytest
@@ -9,6 +11,9 @@ import pytest
 from engine import SamplingParams
 from engine.inspect.kv_events import WireStored
 from engine.inspect.kv_wire import encode_batch
+from kvscope.cli import main
+from kvscope.cli.attach import run_attach_headless
+from kvscope.cli.headless import drive
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.runtime.kv_publisher import KVEventPublisher
 from kvscope.sources.attach_record import AttachRecord
@@ -26,6 +31,10 @@ from kvscope.sources.base import (
     StepRecord,
 )
 from kvscope.sources.endpoints import connectable
+
+# Every key of ``--headless --json`` after an attach, as before attach was a Source (docs and tests read them).
+SUMMARY_KEYS = ["attached_to", "replay_endpoints", "topic", "polls", "seconds", "blocks", "tokens", "roots", "tiers",
+                "block_sizes", "rates", "counters", "gaps_unrepaired", "cannot_show"]
 
 
 def write_trace(path, polls: int = 4) -> None:
@@ -107,3 +116,72 @@ def test_the_replay_of_an_attach_is_a_source_until_its_end(tmp_path):
     assert steps[-1].snapshot.summary.blocks == 4 and steps[-1].snapshot.t == 2.0
     with pytest.raises(ValueError, match="ended"):
         rep.step()
+
+
+def test_headless_replay_of_an_attach_keeps_its_summary(tmp_path, capsys):
+    trace = tmp_path / "attach.jsonl"
+    write_trace(trace)
+    assert main(["--headless", "--json", "--replay", str(trace)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == SUMMARY_KEYS
+    assert out["polls"] == 4 and out["seconds"] == 2.0 and out["blocks"] == 4 and out["roots"] == 1
+    assert out["rates"]["stored_per_s"] == 2.0 and out["block_sizes"] == [2]
+    assert main(["--headless", "--replay", str(trace), "--steps", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "attached to tcp://127.0.0.1:1: 2 polls in 1.0 s"
+    assert lines[1] == "  cache: 2 blocks, 4 tokens, 1 prefix trees" and lines[2].startswith("    dp 0 GPU: 2 blocks")
+    assert lines[3].startswith("  2 batches, 2 blocks stored (2.0/s)") and lines[4].startswith("  gaps: 0 detected")
+
+
+def _args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"steps": None, "duration": None, "json": True, **kw})
+
+
+def test_ctrl_c_ends_a_headless_attach_with_its_summary(pub, capsys):
+    src = AttachedSource(AttachConfig(connectable(pub.endpoint), poll_interval=0.0))
+    real, n = src.poll, [0]
+
+    def poll(timeout):
+        n[0] += 1
+        if n[0] == 4:
+            raise KeyboardInterrupt
+        return real(timeout)
+
+    src.poll = poll
+    assert run_attach_headless(src, _args()) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["polls"] == 3 and list(out) == SUMMARY_KEYS and not src.has_work()  # closed
+
+
+def test_a_headless_attach_stops_at_its_duration(pub, capsys):
+    src = AttachedSource(AttachConfig(connectable(pub.endpoint), poll_interval=0.05))
+    t0 = time.monotonic()
+    assert run_attach_headless(src, _args(duration=0.3)) == 0
+    took = time.monotonic() - t0
+    out = json.loads(capsys.readouterr().out)
+    assert 0.3 <= took < 2.0 and 2 <= out["polls"] <= 7 and out["blocks"] == 0
+
+
+def test_the_one_loop_says_a_failure_in_one_line(capsys):
+    class Failing:
+        closed = False
+
+        def has_work(self):
+            return True
+
+        def step(self):
+            raise ValueError("corrupt attach trace line 3: not JSON\nmore detail")
+
+        def close(self):
+            Failing.closed = True
+
+    assert drive(Failing(), lambda rec: None) == 2 and Failing.closed
+    assert capsys.readouterr().err == "kvscope: corrupt attach trace line 3: not JSON\n"
+
+    class Interrupted(Failing):
+        def step(self):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a run that ends by itself: Ctrl+C is not its end
+        drive(Interrupted(), lambda rec: None)
+    assert drive(Interrupted(), lambda rec: None, until_interrupted=True) is None

@@ -1,9 +1,16 @@
-"""``kvscope --headless``: run (or replay) with no Qt at all and print what happened."""
+"""``kvscope --headless``: run (or replay) with no Qt at all and print what happened.
+
+``drive`` is the one headless loop over any ``Source`` (a live engine, a trace replay, an attached engine
+or its replay); what is printed after it is the source's summary (``Summary``, or ``AttachSummary`` in
+``cli.attach``).
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 
 from engine import EngineConfig, SamplingParams
 from engine.inspect.block_story import BlockStory, format_story
@@ -11,12 +18,37 @@ from kvscope.cli.parser import source_spec
 from kvscope.messages import one_line
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime.build import build_source
+from kvscope.sources.base import Source, StepRecord
 from kvscope.sources.summary import Summary
 
 
 def _fail(msg: str, code: int) -> int:
     print(f"kvscope: {msg}", file=sys.stderr)
     return code
+
+
+def drive(source: Source, on_record: Callable[[StepRecord], None], limit: int | None = None,
+          duration: float | None = None, until_interrupted: bool = False) -> int | None:
+    """Step ``source`` while it has work, at most ``limit`` steps and ``duration`` seconds, each record to
+    ``on_record``; the source is closed at the end. Returns None, or the exit code of a failure already said
+    in one line on stderr (2: bad input, a corrupt trace, a request refused; 1: anything else).
+    ``until_interrupted``: Ctrl+C ends the run as its limits would (a source whose work never ends)."""
+    taken, t0 = 0, time.monotonic()  # steps run (a replay's step numbers start at 0, so count them)
+    try:
+        while (source.has_work() and (limit is None or taken < limit)
+               and (duration is None or time.monotonic() - t0 < duration)):
+            on_record(source.step())
+            taken += 1
+    except KeyboardInterrupt:
+        if not until_interrupted:
+            raise
+    except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
+        return _fail(one_line(e), 2)
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
+        return _fail(one_line(e), 1)
+    finally:
+        source.close()
+    return None
 
 
 def build_session(config: EngineConfig, args: argparse.Namespace, hooks: list | None = None):
@@ -60,23 +92,18 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         if story:
             story.feed(rec.step, rec.events)
     limit = args.steps or (session.scenario.scenario.steps if getattr(session, "scenario", None) else None)
-    taken = 0  # steps run (a replay's step numbers start at 0, so count them rather than read them)
-    try:
-        while session.has_work() and (limit is None or taken < limit):
-            rec = session.step()
-            summary.add(rec)
-            progress = prefill_progress(rec.snapshot)
-            if progress:  # a long prompt in chunks: say how far (stderr: --json's stdout stays JSON)
-                print(f"kvscope: step {rec.step}: {progress}", file=sys.stderr, flush=True)
-            if story:
-                story.feed(rec.step, rec.events)
-            taken += 1
-    except ValueError as e:  # a corrupt trace line, a scenario request the engine refused mid-run
-        return _fail(one_line(e), 2)
-    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
-        return _fail(one_line(e), 1)
-    finally:
-        session.close()
+
+    def on_record(rec: StepRecord) -> None:
+        summary.add(rec)
+        progress = prefill_progress(rec.snapshot)
+        if progress:  # a long prompt in chunks: say how far (stderr: --json's stdout stays JSON)
+            print(f"kvscope: step {rec.step}: {progress}", file=sys.stderr, flush=True)
+        if story:
+            story.feed(rec.step, rec.events)
+
+    failed = drive(session, on_record, limit)
+    if failed is not None:
+        return failed
     if summary.last is None:
         return _fail("nothing to run", 2)
     out = summary.as_dict()

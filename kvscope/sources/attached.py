@@ -9,7 +9,7 @@ applies every batch to a ``RemoteCacheModel`` (the prefix forest). ``poll()`` re
 Both are ``base.Source``s with the one capability ``PREFIX_FOREST``: ``step()`` is one poll (waiting up
 to ``AttachConfig.poll_interval`` for the first message), its record's snapshot the ``AttachRecord``;
 ``has_work()`` is true while subscribed (a replay: until the trace ends); every command raises
-``ReadOnlyError``.
+``ReadOnlyError``. ``AttachSummary`` is what they add to a headless run's summary.
 
 Bad input never stops it: a message that is not three frames, a payload that is not msgpack,
 an event of an unknown kind or with fields of the wrong type is counted and skipped. Memory
@@ -471,3 +471,32 @@ class AttachReplay(_ReadOnly):
     def close(self) -> None:
         pass
 
+
+class AttachSummary:
+    """What an attached source adds to a headless run's summary (``--headless [--json]``): the forest, the
+    counters and the unrepaired gaps at the last poll, the polls taken and the seconds they spanned on the
+    source's clock (a replay: the recorded run's)."""
+
+    def __init__(self, source: AttachedSource | AttachReplay) -> None:
+        self.source = source
+        self.polls = 0
+        self.last: AttachRecord | None = None
+
+    def add(self, rec: StepRecord) -> None:
+        self.polls += 1
+        self.last = rec.snapshot
+
+    def as_dict(self) -> dict:
+        d, last = self.source.describe(), self.last
+        s, c, seconds = last.summary, last.counters, last.t
+        return {
+            "attached_to": d.get("endpoints", []), "replay_endpoints": d.get("replay_endpoints", []),
+            "topic": d.get("topic", ""), "polls": self.polls, "seconds": round(seconds, 3),
+            "blocks": s.blocks, "tokens": s.tokens, "roots": s.roots, "tiers": [t.as_dict() for t in s.tiers],
+            "block_sizes": sorted(self.source.model.block_sizes),
+            "rates": {"stored_per_s": round(c["blocks_stored"] / seconds, 3) if seconds > 0 else 0.0,
+                      "removed_per_s": round(c["blocks_removed"] / seconds, 3) if seconds > 0 else 0.0,
+                      "window_stored_per_s": round(last.rates["stored_per_s"], 3),
+                      "window_removed_per_s": round(last.rates["removed_per_s"], 3)},
+            "counters": c, "gaps_unrepaired": [g.as_dict() for g in last.gaps], "cannot_show": CANNOT_SHOW,
+        }
