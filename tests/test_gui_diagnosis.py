@@ -86,8 +86,11 @@ def test_compare_caching_from_the_window(qtbot, window, fault):
     qtbot.waitUntil(lambda: "outputs differ" in label.text() or "identical outputs" in label.text(), timeout=60_000)
     if fault is None:
         assert "identical outputs" in label.text() and "audit clean" in label.text()
+        assert label.toolTip() == ""
     else:
         assert "outputs differ" in label.text() and "shared_write" in label.text()
+        assert "comparison's own caching engine" in label.text()
+        assert "as token ids" in label.toolTip() and "with caching:    [" in label.toolTip()  # the ids on hover
     assert win.diagnosis_panel.compare_button.isEnabled()
     target = win.latest.step + 1  # the window's own engine is untouched and still steps
     win.inject([InjectSpec([5, 6, 7], GREEDY)])

@@ -96,6 +96,7 @@ class DiagnosisPanel(QWidget):
         colour = palette.hex_colour(SUSPECT) if divergence else palette.hex_colour(palette.USED)
         verdict = "outputs differ" if divergence else "identical outputs"
         self.compare_label.setText(f"<b style='color:{colour}'>Caching on vs off: {verdict}.</b> {text}")
+        self.compare_label.setToolTip(_token_ids(divergence) if divergence else "")
         self.compare_button.setEnabled(True)
 
     def comparison_running(self, n: int) -> None:
@@ -119,3 +120,10 @@ class DiagnosisPanel(QWidget):
         if not self.compare_button.isEnabled():
             self.compare_button.setEnabled(True)
             self.compare_label.setText(f"Caching on vs off: {message}")
+
+
+def _token_ids(d: dict) -> str:
+    """The parting outputs as token ids (the label says them as text; the ids are for an engineer's hover)."""
+    t = d["token_index"]
+    return (f"request #{d['request_index']} ({d['request_id']}), output token {t} on, as token ids:\n"
+            f"with caching:    {d['with_caching'][t:t + 8]}\nwithout caching: {d['without_caching'][t:t + 8]}")
