@@ -17,7 +17,9 @@ def hash_edits(tree: ast.AST) -> list[int]:
         elif isinstance(node, ast.Delete):
             targets = node.targets
         for t in targets:
-            for sub in ast.walk(t):
+            # a block's hash set (``b.block_hash = h``) or the pool's map edited (``pool.cached[h] = b``);
+            # a mirror keyed by hash (``mirror[e.block_hash] = ...``) reads a hash, it does not edit one
+            for sub in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts):
                 if isinstance(sub, ast.Attribute) and sub.attr == "block_hash":
                     lines.append(node.lineno)
                 if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Attribute) and \
@@ -45,3 +47,7 @@ def test_nothing_but_the_block_pool_edits_hashes():
 def test_the_check_sees_an_edit():
     code = "b.block_hash = None\npool.cached.pop(h)\ndel pool.cached[h]\nx.cached[h] = b\n"
     assert hash_edits(ast.parse(code)) == [1, 2, 3, 4]
+
+
+def test_a_mirror_keyed_by_hash_is_not_an_edit():
+    assert hash_edits(ast.parse("mirror[e.block_hash] = c\nseen[b.block_hash] += 1\n")) == []
