@@ -82,6 +82,22 @@ def _type_counts() -> dict[str, int]:
     return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
+def memory_maps() -> dict[str, int]:
+    """Resident bytes by kind of mapping: C malloc's heap (``[heap]``), anonymous mappings (pymalloc's
+    arenas, large allocations, numpy), files."""
+    out: dict[str, int] = {}
+    kind = ""
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                name = head[5] if len(head) > 5 else ""
+                kind = "files" if name.startswith("/") else name or "anonymous"
+            elif head[0] == "Rss:":
+                out[kind] = out.get(kind, 0) + int(head[1]) * 1024
+    return out
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -110,7 +126,7 @@ def _profile_loop(out: Path, warmup_s: float, every_s: float) -> None:
     time.sleep(warmup_s)
     flt = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
     base = tracemalloc.take_snapshot().filter_traces(flt) if tracemalloc.is_tracing() else None
-    base_counts, base_rss, base_stores = _type_counts(), _rss(), window_stores(win)
+    base_counts, base_rss, base_stores, base_maps = _type_counts(), _rss(), window_stores(win), memory_maps()
     report = out / "profile.txt"
     while True:
         time.sleep(every_s)
@@ -120,6 +136,9 @@ def _profile_loop(out: Path, warmup_s: float, every_s: float) -> None:
                  f"after the baseline): RSS {_rss() / 2**20:.0f} MiB (baseline {base_rss / 2**20:.0f}), traced "
                  f"{cur / 2**20:.0f} MiB", "", "stores (now, baseline):"]
         lines += [f"  {k}: {v:,} ({base_stores.get(k, 0):,})" for k, v in stores.items()]
+        lines += ["", "resident memory by mapping, MiB (now, baseline):"]
+        lines += [f"  {k}: {v / 2**20:,.1f} ({base_maps.get(k, 0) / 2**20:,.1f})" for k, v in memory_maps().items()
+                  if v > 2**20]
         lines += ["", "object counts by type, largest growth:"]
         grew = sorted(((counts[k] - base_counts.get(k, 0), k) for k in counts), reverse=True)[:30]
         lines += [f"  {d:+,} {k} (now {counts[k]:,})" for d, k in grew]
@@ -412,23 +431,31 @@ def _soak(args, proc, url: str, tmp: Path) -> dict:
     return result
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, before: dict | None = None) -> None:
+    """RSS over time; ``before``: another run's results (the window before its stores were bounded), dashed."""
     sys.path.insert(0, str(BENCH))
     from common import pyplot
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     s = result["samples"]
     t = [x["t"] / 60 for x in s]
+    top = max(x["window_mb"] or 0 for x in s)
+    if before is not None:
+        b = before["samples"]
+        ax.plot([x["t"] / 60 for x in b], [x["window_mb"] for x in b], color="#9d9d9d", lw=1.5, ls="--",
+                label=f"window process, {before.get('label', 'before')}")
+        top = max(top, max(x["window_mb"] or 0 for x in b))
     ax.plot(t, [x["window_mb"] for x in s], label="window process", color="#4c78a8", lw=2)
     ax.plot(t, [x["engine_mb"] for x in s], label="engine process", color="#f58518", lw=2)
     ax.axvline(result["warmup_minutes"], color="grey", ls=":", lw=1)
     ax.set_xlabel("minutes of served load")
     ax.set_ylabel("RSS (MB)")
-    ax.set_ylim(0, max(x["window_mb"] or 0 for x in s) * 1.2)
+    ax.set_xlim(0, max(t[-1], 1))
+    ax.set_ylim(0, top * 1.15)
     ax.set_title(f"kvscope --serve, {result['clients']} clients: {result['requests_answered']:,} requests in "
                  f"{result['minutes']:g} min ({result['display']})", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right" if before is None else "center right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -448,6 +475,8 @@ def main() -> None:
                     help="with --profile: also tracemalloc's allocation sites, FRAMES deep (slow)")
     ap.add_argument("--quick", action="store_true", help="2 minutes, 30 s of warm-up (CI-sized)")
     ap.add_argument("--name", default="soak_window", help="the results' file name in bench/results")
+    ap.add_argument("--before", metavar="JSON", help="another run's results, drawn dashed (e.g. before a fix)")
+    ap.add_argument("--label", default="", help="what this run is, for a later --before (e.g. 'before the bounds')")
     args = ap.parse_args()
     if args.quick:
         args.minutes, args.warmup_minutes, args.window_minutes = 2.0, 0.5, 1.0
@@ -455,9 +484,15 @@ def main() -> None:
     sys.path.insert(0, str(BENCH))
     from common import RESULTS, plot_path, write_results
     quick = args.quick
-    result = {k: v for k, v in result.items()}
+    if args.label:
+        result["label"] = args.label
     write_results(args.name, result, quick)
-    plot(result, plot_path(args.name, quick))
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+    plot(result, plot_path(args.name, quick), before)
+    if before is not None:
+        result["before"] = {k: before[k] for k in ("label", "minutes", "requests_answered", "window", "engine")
+                            if k in before}
+        write_results(args.name, result, quick)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     print(f"results: {(RESULTS / 'quick' if quick else RESULTS) / args.name}.json and .png")
     ok = (result["client_errors"] == 0 and result["pool_at_rest"] and result["greedy_unchanged"])

@@ -24,7 +24,7 @@ from engine.request_groups import MAX_FINISHED
 
 @dataclass(frozen=True, slots=True)
 class WindowLimits:
-    timeline_bytes: int = 192 * 2**20
+    timeline_bytes: int = 96 * 2**20
     timeline_requests: int = 20_000
     event_log_rows: int = 100_000
     miss_explanations: int = 20_000

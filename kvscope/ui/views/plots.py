@@ -14,6 +14,8 @@ what the device (or, on a CPU, the machine) still has free.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
@@ -37,6 +39,8 @@ LABELS = {"cached": "cached (free, hashed)", "hit_rate": "hit rate", "tokens_per
           "decode_tokens_per_s": "decode only", "pool_bytes": "KV pool (sized at start-up)",
           "pool_used": "pool in use", "device_free": "device free", "process_rss": "process",
           "nvml_used": "GPU used (nvml)", "torch_allocated": "torch allocated", "torch_reserved": "torch reserved"}
+HIDDEN_EVERY_S = 1.0  # plots behind another tab are redrawn at most this often once their series are long
+LONG = 5_000  # steps: a redraw copies every series (a long served run: megabytes a frame)
 FULL = 0.95  # a pool this full (at some step of the last RECENT), with requests preempted or waiting, is exhausted
 RECENT = 16
 
@@ -68,6 +72,8 @@ class PlotsPanel(QWidget):
         self.cursors: list[pg.InfiniteLine] = []
         self.cursor_step: int | None = None
         self.block_bytes = 0  # set_pool(): the pool's curves need a block's size
+        self._pending: tuple | None = None  # the last (history, memory) asked for
+        self._drawn_at = 0.0
         for i, (title, series) in enumerate(CURVES.items()):
             p = self.layout_widget.addPlot(row=i // 3, col=i % 3, title=title)
             p.setMinimumSize(60, 50)
@@ -132,6 +138,21 @@ class PlotsPanel(QWidget):
         return ys / 2**20 if name in MIB else ys
 
     def update_from(self, history: RunHistory, memory=None) -> None:
+        """Draw the history's series. Plots no one can see (another tab in front) with long series are
+        redrawn at most every ``HIDDEN_EVERY_S``, and at once when they are shown."""
+        self._pending = (history, memory)
+        if not self.isVisible() and len(history.steps) > LONG \
+                and time.monotonic() - self._drawn_at < HIDDEN_EVERY_S:
+            return
+        self._draw(history, memory)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if self._pending is not None:
+            self._draw(*self._pending)
+
+    def _draw(self, history: RunHistory, memory=None) -> None:
+        self._drawn_at = time.monotonic()
         x = np.asarray(history.steps)
         for name, curve in self.curves.items():
             if name == "ttft":
