@@ -8,14 +8,15 @@ resources/workloads/):
 1. reference: each trace's own prefix sharing by the engine's rules (reference.py, over hash ids),
    the hit rate a pool that never evicts reaches;
 2. equality: the engine, one request at a time with such a pool, caches exactly as many prompt
-   tokens as the reference (whole traces; block size 512, and 16 where it fits the time);
+   tokens as the reference (whole traces, block sizes 512 and 16);
 3. Figure 9: the sequential sweep (one request at a time, prompts only: the paper's assumption),
    hit rate against capacity from 1e4 to 1e8 tokens, per trace and eviction policy, at block size
    512 (the traces' own), beside Table 2 and the paper's text about Figure 9;
-4. what the paper leaves out: arrivals on the virtual clock (llama-3.1-8b on one simulated H100,
-   the traces at a quarter of their rate so that one card keeps up), 64 and 256 requests at once,
-   chunked prefill, preemption, and blocks in use that cannot be evicted, per capacity and policy,
-   at block size 64 (a quarter of the blocks of 16: the grid's 40 runs in ~20 minutes);
+4. what the paper leaves out: arrivals on the virtual clock (llama-3.1-8b on one simulated H100),
+   64 and 256 requests at once, chunked prefill, preemption, and blocks in use that cannot be
+   evicted, per capacity and policy, at block size 64 (a quarter of the blocks of 16, for time):
+   the traces at a quarter of their rate (one card keeps up), and at their real rate (a cluster's
+   traffic: one card cannot, the queue grows and the running requests reach the cap);
 5. speed: ``python -m engine.workload`` in a process of its own on the conversation trace, against
    the aims (sequential at 1e7 tokens: <= 60 s at block size 512, <= 5 min at 16; full mode at
    1e6 tokens: <= 5 min; <= 2 GB).
@@ -23,6 +24,7 @@ resources/workloads/):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -108,41 +110,49 @@ def plot_figure9(rows: list[dict], refs: list[dict], quick: bool) -> None:
     ax.set_ylabel("hit rate: cached prompt tokens / prompt tokens")
     ax.set_title("Mooncake's traces, one request at a time (Figure 9's assumption)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(0.0, 0.56))
+    ax.legend(fontsize=7, loc="lower right")
     save_figure(fig, "workloads", quick)
 
 
 def plot_arrivals(rows: list[dict], seq_rows: list[dict], quick: bool) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.8))
     colours = {"conversation": "#1f77b4", "synthetic": "#d62728"}
-    marks = {64: "o", 256: "s"}
-    styles = {"lru": "-", "lfu": "--"}
-    for trace in colours:
+    lines = [  # (time scale, at once, policy, style, marker, label)
+        (TIME_SCALE, 64, "lru", "-", "o", f"1/{TIME_SCALE:g} rate, 64 at once, lru"),
+        (TIME_SCALE, 64, "lfu", "--", "o", f"1/{TIME_SCALE:g} rate, 64 at once, lfu"),
+        (TIME_SCALE, 256, "lru", "-", "s", f"1/{TIME_SCALE:g} rate, 256 at once, lru"),
+        (1.0, 64, "lru", "-.", "^", "real rate, 64 at once, lru"),
+        (1.0, 256, "lru", ":", "v", "real rate, 256 at once, lru"),
+    ]
+    for trace, c in colours.items():
         seq = [r for r in seq_rows if r["trace_key"] == trace and r["policy"] == "lru"
                and r["kv_tokens"] >= min((x["kv_tokens"] for x in rows), default=0)]
         if seq:
-            axes[0].plot([r["kv_tokens"] for r in seq], [r["hit_rate"] for r in seq], ":", color=colours[trace],
-                         lw=1, label=f"{trace}: one at a time (Figure 9)")
-        for seqs in marks:
-            for policy in styles:
-                pts = [r for r in rows if (r["trace_key"], r["max_num_seqs"], r["policy"]) == (trace, seqs, policy)]
-                if not pts:
-                    continue
-                kw = dict(color=colours[trace], marker=marks[seqs], markersize=4)
-                axes[0].plot([r["kv_tokens"] for r in pts], [r["hit_rate"] for r in pts], styles[policy],
-                             label=f"{trace}: {seqs} at once, {policy}", **kw)
-                axes[1].plot([r["kv_tokens"] for r in pts], [r["ttft_p50_s"] for r in pts], styles[policy], **kw)
+            axes[0].plot([r["kv_tokens"] for r in seq], [r["hit_rate"] for r in seq], color=c, lw=4, alpha=0.25,
+                         label=f"{trace}: one at a time (Figure 9's mode)")
+        for scale, seqs, policy, ls, mk, label in lines:
+            pts = [r for r in rows if (r["trace_key"], r["time_scale"], r["max_num_seqs"], r["policy"])
+                   == (trace, scale, seqs, policy)]
+            if not pts:
+                continue
+            x = [r["kv_tokens"] for r in pts]
+            axes[0].plot(x, [r["hit_rate"] for r in pts], ls, color=c, marker=mk, markersize=4,
+                         label=f"{trace}: {label}")
+            if policy == "lru":
+                axes[1].plot(x, [r["ttft_p50_s"] for r in pts], ls, color=c, marker=mk, markersize=4,
+                             label=f"{trace}: {label}")
     for ax in axes:
         ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.set_xlabel(f"KV pool, tokens (block size {ARRIVAL_BLOCK})")
     axes[0].set_ylabel("hit rate")
-    axes[0].set_title("with arrival times: blocks in use cannot be evicted")
-    axes[0].legend(fontsize=6)
+    axes[0].set_title("with arrival times (blocks in use cannot be evicted)", fontsize=10)
+    axes[0].legend(fontsize=5.5)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("TTFT p50, s (virtual clock)")
-    axes[1].set_title(f"llama-3.1-8b on one simulated H100, the trace at 1/{TIME_SCALE:g} of its rate")
+    axes[1].set_title("llama-3.1-8b on one simulated H100", fontsize=10)
+    axes[1].legend(fontsize=5.5)
     save_figure(fig, "workloads_arrivals", quick)
 
 
@@ -153,8 +163,8 @@ def run(quick: bool) -> dict:
     t0 = time.perf_counter()
 
     # 1-2: the reference, and the engine with a pool that never evicts
-    eq_sizes = {"conversation": (512,), "synthetic": (512, 16)} if full else {"conversation": (512, 16),
-                                                                               "synthetic": (512,)}
+    eq_sizes = {"conversation": (512, 16), "synthetic": (512, 16)} if full else {"conversation": (512, 16),
+                                                                                  "synthetic": (512,)}
     eq_rows = [dict(equality(w, bs), trace_key=k) for k, w in loaded.items() for bs in eq_sizes[k]]
     print(table(eq_rows, [("trace_key", "trace", ""), ("block_size", "block", "d"), ("requests", "requests", "d"),
                           ("hit_rate", "engine = reference", ".2%"), ("equal", "equal", ""),
@@ -176,22 +186,28 @@ def run(quick: bool) -> dict:
         ref["of_max_at_3e6"] = lru[3e6]["of_max"] if 3e6 in lru else None
         ref["of_max_at_5e7"] = lru[5e7]["of_max"] if 5e7 in lru else None
 
-    # 4: with arrivals, concurrency and preemption
-    arr_caps = [1e6, 3e6, 1e7, 5e7, 1e8] if full else [1e5]
+    # 4: with arrivals, concurrency and preemption: at a quarter of the traces' rate one card keeps up; at their
+    # real rate (a cluster's traffic) it cannot, so the queue grows and the running requests reach the cap
+    grid = ((TIME_SCALE, [1e6, 3e6, 1e7, 5e7, 1e8] if full else [1e5]),
+            (1.0, [1e6, 1e7] if full else [1e5]))
     arr_rows = []
     for k, w in loaded.items():
         if quick:
             w = read_workload(paths[k], limit=40)
-        for seqs in (64, 256):
-            cfg = EngineConfig(block_size=ARRIVAL_BLOCK, max_num_seqs=seqs)
-            sim = SimConfig(time_scale=TIME_SCALE)
-            for r in sweep(w, arr_caps, ("lru", "lfu"), cfg, sim, reference=refs[list(loaded).index(k)]):
-                arr_rows.append(dict(r, trace_key=k, max_num_seqs=seqs))
-                print(f"  arrivals: {k} {seqs} at once, {r['policy']} at {r['kv_tokens']:.0e}: "
-                      f"hit rate {r['hit_rate']:.1%}, {r['wall_s']:.0f} s", flush=True)
-    cols = [("trace_key", "trace", ""), ("max_num_seqs", "at once", "d"), ("policy", "policy", ""),
+        arr_ref = reference_row(w, EngineConfig(block_size=ARRIVAL_BLOCK), SimConfig())  # of_max at this block size
+        for scale, arr_caps in grid:
+            for seqs in (64, 256):
+                cfg = EngineConfig(block_size=ARRIVAL_BLOCK, max_num_seqs=seqs)
+                sim = SimConfig(time_scale=scale)
+                for r in sweep(w, arr_caps, ("lru", "lfu"), cfg, sim, reference=arr_ref):
+                    arr_rows.append(dict(r, trace_key=k, max_num_seqs=seqs, time_scale=scale))
+                    print(f"  arrivals: {k} at 1/{scale:g} rate, {seqs} at once, {r['policy']} at "
+                          f"{r['kv_tokens']:.0e}: hit rate {r['hit_rate']:.1%}, {r['wall_s']:.0f} s", flush=True)
+    cols = [("trace_key", "trace", ""), ("time_scale", "time x", "g"), ("max_num_seqs", "at once", "d"),
+            ("policy", "policy", ""),
             ("kv_tokens", "KV tokens", ".0e"), ("hit_rate", "hit rate", ".1%"), ("evictions", "evictions", ","),
             ("preemptions", "preemptions", ","), ("peak_running", "peak running", "d"),
+            ("peak_waiting", "peak waiting", "d"),
             ("ttft_p50_s", "TTFT p50 s", ".3g"), ("ttft_p99_s", "TTFT p99 s", ".3g"),
             ("utilization", "card busy", ".0%"), ("wall_s", "wall s", ".0f")]
     print(table(arr_rows, cols), flush=True)
@@ -208,7 +224,7 @@ def run(quick: bool) -> dict:
                                                       "--sequential"], AIMS["sequential_bs16_s"]),
                 ("full mode, block 16, 1e6 tokens, 64 at once", [conv, "--block-size", "16", "--kv-tokens", "1e6"],
                  AIMS["full_1e6_s"])):
-            r = dict(timed(args), what=label, aim_s=aim)
+            r = dict(timed(args), what=label, aim_s=aim, load_before=os.getloadavg()[0])  # others' work slows it
             r["met"] = r["process_s"] <= aim and r["peak_rss_mb"] <= AIMS["rss_mb"]
             speed.append(r)
             print(f"  speed: {label}: {r['process_s']:.1f} s (aim {aim} s), {r['peak_rss_mb']:.0f} MB", flush=True)

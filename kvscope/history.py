@@ -40,7 +40,7 @@ from engine.inspect.snapshot import (
 )
 from kvscope.limits import LIMITS
 
-SERIES = ("free", "cached", "used", "hit_rate", "running", "waiting", "swapped", "tokens_per_s",
+SERIES = ("free", "cached", "used", "hit_rate", "evictions_per_s", "running", "waiting", "swapped", "tokens_per_s",
           "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
 DEFAULT_BUDGET = LIMITS.timeline_bytes
 DEFAULT_MAX_REQUESTS = LIMITS.timeline_requests
@@ -198,6 +198,7 @@ class RunHistory:
         self._requests: dict[str, _RequestTimeline] = {}
         self._latest: KVSnapshot | PoolState | None = None  # the newest whole record (assembled when read)
         self._last_tokens = 0.0
+        self._last_evictions = 0.0
         # what the entries of the per-step stores, the request timelines and the keyframes hold, kept up to
         # date as they come and go (the containers themselves are measured when ``nbytes`` is read)
         self._step_bytes = 0
@@ -356,10 +357,13 @@ class RunHistory:
         tokens = c.get("generation_tokens", 0)
         tps = (tokens - self._last_tokens) / step_seconds if step_seconds > 0 else 0.0
         self._last_tokens = tokens
+        evictions = c.get("evictions", 0)
+        eps = (evictions - self._last_evictions) / step_seconds if step_seconds > 0 else 0.0
+        self._last_evictions = evictions
         row = {
             "free": counts[BlockState.FREE], "cached": counts[BlockState.CACHED],
             "used": counts[BlockState.USED] + counts[BlockState.SHARED],
-            "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0,
+            "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0, "evictions_per_s": eps,
             "running": c.get("num_requests_running", 0), "waiting": c.get("num_requests_waiting", 0),
             "swapped": c.get("num_requests_swapped", 0), "tokens_per_s": tps,
             "decode_tokens_per_s": self._decode_tokens / step_seconds if step_seconds > 0 else 0.0,

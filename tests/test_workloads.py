@@ -448,6 +448,7 @@ def test_the_benchmarks_quick_run_writes_its_results(tmp_path, monkeypatch):
         assert (tmp_path / "quick" / f"{name}.png").stat().st_size > 10_000
     assert data["equality"] and all(r["equal"] for r in data["equality"])
     assert {"trace", "policy", "kv_tokens", "hit_rate", "of_max", "skipped"} <= set(data["rows"][0])
-    assert {"max_num_seqs", "ttft_p50_s", "preemptions", "utilization"} <= set(data["arrivals"][0])
+    assert {"max_num_seqs", "time_scale", "ttft_p50_s", "preemptions", "utilization"} <= set(data["arrivals"][0])
+    assert {r["time_scale"] for r in data["arrivals"]} == {1.0, 4.0}
     assert data["rows"] == json.loads(json.dumps(result["rows"]))
     sys.modules.pop("workloads", None)

@@ -10,9 +10,19 @@ on a virtual clock stands in for the forward pass. See docs/workloads.md.
 - ``prefix_sharing(workload, block_size)`` -> the infinite-pool reference, computed apart from the engine
 """
 from .costmodel import GPUS, MODELS, CostModel
-from .driver import RequestRecord, SimConfig, WorkloadFeeder, WorkloadResult, build_engine, run_workload
 from .reader import TraceRequest, Workload, WorkloadError, read_workload
+from .sim_config import SimConfig
 from .tokens import HashIdTokens
+
+_DRIVER = ("RequestRecord", "WorkloadFeeder", "WorkloadResult", "build_engine", "run_workload")
+
+
+def __getattr__(name: str):
+    """The driver (it builds requests: torch) only when asked for, so that options and the reader stay cheap."""
+    if name in _DRIVER:
+        from . import driver
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["CostModel", "GPUS", "MODELS", "HashIdTokens", "RequestRecord", "SimConfig", "TraceRequest", "Workload",
            "WorkloadError", "WorkloadFeeder", "WorkloadResult", "build_engine", "read_workload", "run_workload"]

@@ -105,52 +105,72 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         config, sim = configs(args)
-        policies = policies_of(args.eviction_policy)
-        caps = parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None
-        if args.png and caps is None:
-            raise ValueError("--png draws a sweep: give --sweep-kv-tokens too")
-        if caps is not None and args.num_gpu_blocks is not None:
-            raise ValueError("--sweep-kv-tokens sets the pool's size: leave out --num-gpu-blocks")
-        tokenizer = None
-        if args.tokenizer:
-            from ..runner.models.loader import load_tokenizer
-            tokenizer = load_tokenizer(args.tokenizer)
-        workload = read_workload(args.file, tokenizer=tokenizer, limit=args.limit)
-        cost = sim.cost_model(config)
-        if not args.json:
-            print(cost.describe(), flush=True)
-        ref = reference_row(workload, config, sim)
-        if caps is None:
-            results = []
-            for policy in policies:
-                res = run_workload(workload, EngineConfig(**{**_fields(config), "eviction_policy": policy}), sim)
-                results.append(res)
-                if not args.json:
-                    print(describe(res), flush=True)
-            if args.json:
-                out = [dict(r.summary(), reference_hit_rate=ref["hit_rate"]) for r in results]
-                print(json.dumps({"workload": out[0]} if len(out) == 1 else {"workload": out}, indent=2))
-            return 0
-
-        def show(row: dict) -> None:
-            if not args.json:
-                print(f"  {row['policy']:>4} at {row['kv_tokens']:.3g} tokens: hit rate {row['hit_rate']:.2%} "
-                      f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
-
-        rows = sweep(workload, caps, policies, config, sim, progress=show, reference=ref)
-        png = args.png or f"{workload.name}_hit_rate.png"
-        plot_sweep(rows, png, [ref])
-        if args.json:
-            print(json.dumps({"sweep": rows, "reference": ref, "png": png}, indent=2))
-        else:
-            print(format_table(rows))
-            print(f"reference (a pool that never evicts, computed from the trace alone): {ref['hit_rate']:.2%}"
-                  + (f"; the paper's Table 2: {ref['paper_table2']:.0%}" if ref["paper_table2"] else ""))
-            print(f"plot: {png}")
-        return 0
+        return play(args.file, config, sim, policies_of(args.eviction_policy),
+                    parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None, png=args.png,
+                    as_json=args.json, tokenizer=args.tokenizer, limit=args.limit)
     except (WorkloadError, ValueError, OSError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+def one_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], caps: list[float] | None = None,
+         png: str | None = None, as_json: bool = False, tokenizer: str | None = None, limit: int | None = None,
+         out=None) -> int:
+    """Play a workload once per policy, or sweep its capacities, and print what was found (to ``out``,
+    default stdout). Raises ``WorkloadError``, ``ValueError`` or ``OSError`` with a one-line message for
+    bad input; ``python -m engine.workload`` and ``kvscope --headless --workload`` both call it."""
+    out = out or sys.stdout
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    if png and caps is None:
+        raise ValueError("--png draws a sweep: give --sweep-kv-tokens too")
+    if caps is not None and config.num_gpu_blocks is not None:
+        raise ValueError("--sweep-kv-tokens sets the pool's size: leave out --num-gpu-blocks")
+    if caps is not None and sim.kv_tokens is not None:
+        raise ValueError("--sweep-kv-tokens sets the pool's size: leave out --kv-tokens")
+    tok = None
+    if tokenizer:
+        from ..runner.models.loader import load_tokenizer
+        tok = load_tokenizer(tokenizer)
+    workload = read_workload(path, tokenizer=tok, limit=limit)
+    cost = sim.cost_model(config)
+    if not as_json:
+        say(cost.describe())
+    ref = reference_row(workload, config, sim)
+    if caps is None:
+        results = []
+        for policy in policies:
+            res = run_workload(workload, EngineConfig(**{**_fields(config), "eviction_policy": policy}), sim)
+            results.append(res)
+            if not as_json:
+                say(describe(res))
+        if as_json:
+            rows = [dict(r.summary(), reference_hit_rate=ref["hit_rate"]) for r in results]
+            say(json.dumps({"workload": rows[0]} if len(rows) == 1 else {"workload": rows}, indent=2))
+        return 0
+
+    def show(row: dict) -> None:
+        if not as_json:
+            print(f"  {row['policy']:>4} at {row['kv_tokens']:.3g} tokens: hit rate {row['hit_rate']:.2%} "
+                  f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+
+    rows = sweep(workload, caps, policies, config, sim, progress=show, reference=ref)
+    png = png or f"{workload.name}_hit_rate.png"
+    plot_sweep(rows, png, [ref])
+    if as_json:
+        say(json.dumps({"sweep": rows, "reference": ref, "png": png}, indent=2))
+    else:
+        say(format_table(rows))
+        say(f"reference (a pool that never evicts, computed from the trace alone): {ref['hit_rate']:.2%}"
+            + (f"; the paper's Table 2: {ref['paper_table2']:.0%}" if ref["paper_table2"] else ""))
+        say(f"plot: {png}")
+    return 0
 
 
 def _fields(config: EngineConfig) -> dict:

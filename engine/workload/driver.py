@@ -30,44 +30,15 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from ..config import EngineConfig, RequestOutputKind, SamplingParams, check_value, option
+from ..config import EngineConfig, RequestOutputKind, SamplingParams
 from ..core.kv_cache_manager import cdiv
 from ..core.request import Request
-from .costmodel import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, CostModel
 from .reader import TraceRequest, Workload, WorkloadError
+from .sim_config import SimConfig
 from .sim_runner import SimRunner, pool_blocks
 from .tokens import HashIdTokens
-
-
-@dataclass(slots=True)
-class SimConfig:
-    """What a workload run adds to ``EngineConfig``: the simulated machine and the mode.
-
-    The fields carry ``EngineConfig``'s option metadata, so a command line can make its flags the same way.
-    """
-
-    sim_model: str = option(DEFAULT_MODEL, "the model whose shape the cost model uses (no weights are loaded)",
-                            choices=tuple(MODELS), group="workload")
-    sim_gpu: str = option(DEFAULT_GPU, "the card whose bandwidth and compute the cost model uses",
-                          choices=tuple(GPUS), group="workload")
-    sim_tp: int | None = option(None, "cards the model is split over (default: the fewest that leave as much memory "
-                                "for KV as the weights take)", ge=1, group="workload")
-    kv_tokens: float | None = option(None, "the KV pool's capacity in tokens (instead of --num-gpu-blocks; default: "
-                                     "what fits beside the weights on the simulated cards)", ge=1, group="workload")
-    sequential: bool = option(False, "one request at a time, each finished before the next, prompts only (Mooncake's "
-                              "Figure 9 assumption)", group="workload")
-    time_scale: float = option(1.0, "multiply arrival times by this (2: the trace at half its rate, for a smaller "
-                               "simulated machine than the one that served it)", gt=0.0, group="workload")
-
-    def validate(self) -> None:
-        """Check every field against its metadata; raises ``ValueError`` with one line."""
-        for f in fields(self):
-            check_value(f, getattr(self, f.name), SimConfig)
-
-    def cost_model(self, config: EngineConfig) -> CostModel:
-        return CostModel.named(self.sim_model, self.sim_gpu, self.sim_tp, config.kv_cache_dtype)
 
 
 @dataclass(slots=True)
@@ -158,6 +129,15 @@ def percentile(sorted_xs: list[float], q: float) -> float:
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory. On Linux, VmHWM: ru_maxrss of a process started by a big one
+    keeps the parent's peak from before the exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**20 if sys.platform == "darwin" else r / 1024
 

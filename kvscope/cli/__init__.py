@@ -3,7 +3,8 @@
 Exit codes: 0 done; 2 bad input or configuration (flags, files, a missing display or system library, a
 device that is not there), always with one line on stderr; 1 a run that failed; 130 interrupted (Ctrl+C).
 The modes: the window (``cli.window``), ``--headless`` (``cli.headless``), ``--headless --serve``
-(``cli.serve``), ``--attach`` to another engine's KV events (``cli.attach``).
+(``cli.serve``), ``--workload`` (``cli.workload``; the window plays it live), ``--attach`` to another
+engine's KV events (``cli.attach``).
 """
 from __future__ import annotations
 
@@ -20,12 +21,17 @@ def main(argv: list[str] | None = None) -> int:
         from kvscope.cli.attach import run_attach
         return run_attach(args)
     from kvscope.cli.checks import check_files
+    from kvscope.cli.workload import check_workload
     try:
         config = engine_config(args)
+        check_workload(args, config)
         check_files(args)
     except ValueError as e:
         print(f"kvscope: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    if args.workload and args.headless:
+        from kvscope.cli.workload import run_workload_headless
+        return run_workload_headless(config, args)
     if args.headless and args.serve:
         from kvscope.cli.serve import serve_headless
         return serve_headless(config, args)

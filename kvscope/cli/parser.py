@@ -74,7 +74,7 @@ def token_ids(text: str) -> list[int]:
     return ids
 
 
-def _typed(f: dataclasses.Field, tp: type):
+def _typed(f: dataclasses.Field, tp: type, cls: type = EngineConfig):
     """An argparse type that parses and checks one field's value against its metadata."""
     def parse(text: str):
         try:
@@ -83,7 +83,7 @@ def _typed(f: dataclasses.Field, tp: type):
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if tp is int else 'a number'}") \
                 from None
         try:
-            check_value(f, value)
+            check_value(f, value, cls)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return value
@@ -94,28 +94,62 @@ def _typed(f: dataclasses.Field, tp: type):
 def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
     groups = {name: p.add_argument_group(name) for name in ENGINE_GROUPS}
     for f in config_fields():
-        m = f.metadata
-        tp, optional = field_type(EngineConfig, f)
-        g = groups.get(m.get("group"), p)
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        if tp is bool:
-            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                           help=m["help"])
-            for alias in m.get("aliases", ()):
-                g.add_argument(alias, dest=f.name, action="store_const", const=not default,
-                               default=argparse.SUPPRESS, help=f"same as {'--no-' + flag[2:] if default else flag}")
-            continue
-        kwargs: dict = {"dest": f.name, "default": default, "help": m["help"]}
-        choices = m.get("choices")
-        if choices is not None:
-            kwargs["choices"] = [c for c in choices if c is not None]
-        elif tp in (int, float):
-            kwargs["type"] = _typed(f, tp)
-            kwargs["metavar"] = "N" if tp is int else "X"
-        g.add_argument(flag, *m.get("aliases", ()), **kwargs)
+        add_field_option(groups.get(f.metadata.get("group"), p), EngineConfig, f)
     return groups
 
+
+def add_field_option(g, cls: type, f: dataclasses.Field) -> None:
+    """One dataclass field (``engine.config.option`` metadata) as ``--field-name``."""
+    m = f.metadata
+    tp, _optional = field_type(cls, f)
+    flag = "--" + f.name.replace("_", "-")
+    default = f.default
+    if tp is bool:
+        g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=m["help"])
+        for alias in m.get("aliases", ()):
+            g.add_argument(alias, dest=f.name, action="store_const", const=not default,
+                           default=argparse.SUPPRESS, help=f"same as {'--no-' + flag[2:] if default else flag}")
+        return
+    kwargs: dict = {"dest": f.name, "default": default, "help": m["help"]}
+    choices = m.get("choices")
+    if choices is not None:
+        kwargs["choices"] = [c for c in choices if c is not None]
+    elif tp in (int, float):
+        kwargs["type"] = _typed(f, tp, cls)
+        kwargs["metavar"] = "N" if tp is int else "X"
+    g.add_argument(flag, *m.get("aliases", ()), **kwargs)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    from engine.workload.sim_config import SimConfig  # no torch
+    g = p.add_argument_group("workload (a request trace played through the scheduler and block pool, without "
+                             "weights: a cost model's step time stands in for the forward pass; docs/workloads.md)")
+    g.add_argument("--workload", default=None, metavar="FILE",
+                   help="play this trace: Mooncake's JSONL (timestamp, input_length, output_length, hash_ids) or "
+                        "kvscope's (arrival, prompt, max_tokens); the window plays it live, --headless prints "
+                        "its hit rate, evictions, preemptions and TTFT")
+    for f in dataclasses.fields(SimConfig):
+        add_field_option(g, SimConfig, f)
+    g.add_argument("--sweep-kv-tokens", default=None, metavar="LIST",
+                   help="with --headless --workload: run every capacity in this list of token counts "
+                        "(1e4,1e5,1e6,...), print the table and draw hit rate against capacity (--png)")
+    g.add_argument("--png", default=None, metavar="FILE",
+                   help="with --sweep-kv-tokens: the plot's file (default: TRACE_hit_rate.png here)")
+    g.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="with --workload: only its first N requests")
+
+
+def sim_config(args: argparse.Namespace):
+    """The workload's simulated machine and mode; a ``--sim-*`` option without ``--workload`` is refused."""
+    from engine.workload.sim_config import SimConfig
+    sim = SimConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)})
+    if not args.workload:
+        given = [f.name for f in dataclasses.fields(SimConfig) if getattr(sim, f.name) != f.default]
+        given += [n for n in ("sweep_kv_tokens", "png", "limit") if getattr(args, n) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} plays a workload: give --workload FILE too")
+    sim.validate()
+    return sim
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--screenshot: run the caching on/off comparison (the Why? tab) before saving")
     add_serve_args(p)
     add_kv_events_args(p)
+    add_workload_args(p)
     return p
 
 
@@ -184,8 +219,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOptions | None = None):
     """What the arguments ask a source to be built from (picklable: the engine process builds it)."""
     from kvscope.runtime.build import SourceSpec  # the sources' modules: not needed to print --help
+    workload = None
+    if getattr(args, "workload", None):
+        from kvscope.sources.workload import WorkloadSpec
+        workload = WorkloadSpec(args.workload, sim_config(args), args.limit)
     return SourceSpec(config, args.scenario, args.replay, args.trace, bool(args.audit), serve=serve,
-                      kv_events=kv_events_config(args))
+                      kv_events=kv_events_config(args), workload=workload)
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:

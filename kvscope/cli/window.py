@@ -27,7 +27,7 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
     early = spawn_early(config, args)
     from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
     prompts = args.inject + args.inject_ids or (
-        demo_prompts() if args.screenshot and not (args.scenario or args.replay or welcome) else [])
+        demo_prompts() if args.screenshot and not (args.scenario or args.replay or args.workload or welcome) else [])
     opts = WindowOptions(
         source_spec(config, args), serve_options(args) if args.serve else None, args.engine_thread, args.screenshot,
         args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,

@@ -1,4 +1,4 @@
-"""Build the source the command line asks for: a replay, a scenario, or a plain engine."""
+"""Build the source the command line asks for: a replay, a scenario, a workload, or a plain engine."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.sources.live import LiveSource
 from kvscope.sources.replay import ReplaySource
+from kvscope.sources.workload import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +26,11 @@ class SourceSpec:
     audit: bool = False
     serve: ServeOptions | None = None  # an HTTP server beside the engine, wherever the engine runs
     kv_events: KVEventsConfig | None = None  # publish the engine's KV events (vLLM's wire format)
+    workload: WorkloadSpec | None = None  # a request trace played without weights (kvscope --workload)
 
     def with_scenario(self, name: str | None) -> SourceSpec:
         """The spec for a scenario picked from the menu ("" or None: the plain model)."""
-        return dataclasses.replace(self, scenario=name or None, replay=None)
+        return dataclasses.replace(self, scenario=name or None, replay=None, workload=None)
 
     def factory(self, scenario: str | None, progress=None) -> LiveSource | ReplaySource:
         """A ``SourceFactory``: the command line's source (``None``) or a scenario picked from the menu."""
@@ -47,6 +49,9 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
         if spec.kv_events is not None:
             raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
         return ReplaySource(spec.replay)
+    if spec.workload is not None:  # the command line refused what a workload cannot do (cli.workload)
+        from kvscope.sources.workload import build_workload_source
+        return build_workload_source(spec.workload, spec.config, spec.audit, hooks)
     config, runner = spec.config, None
     if spec.scenario:
         sc = load_scenario(spec.scenario)

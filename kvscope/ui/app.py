@@ -77,13 +77,15 @@ class StartupDriver(QObject):
 
     @Slot(object)
     def on_loaded(self, info) -> None:
-        self._first_load = False
+        first, self._first_load = self._first_load, False
         params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
         if self.prompts:
             self.win.inject([InjectSpec(p, params) for p in self.prompts])
         if self.view:
             self.win.show_view(self.view)
         if not self.path:
+            if first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
+                self.win.run_at_max()
             return
         self._waiting = True
         if self.steps == 0:  # the first screen (--view welcome): nothing to run

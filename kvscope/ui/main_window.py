@@ -293,6 +293,12 @@ class MainWindow(QMainWindow):
         self.show_welcome(False)
         self.worker.send(cmd.Pause() if self.running else cmd.Run())
 
+    def run_at_max(self) -> None:
+        """Run, as fast as the engine steps (a workload's trace plays this way)."""
+        self.speed.setCurrentText("max")
+        if not self.running:
+            self.toggle_run()
+
     def inject(self, specs: list[InjectSpec]) -> None:
         self.show_welcome(False)
         for s in specs:
@@ -335,6 +341,7 @@ class MainWindow(QMainWindow):
         self.grid.redraw(force=True)
         self.cpu_grid.redraw(force=True)
         self.figure.set_snapshot(self.figure.snapshot)  # laid out again at the new size
+        self.plots.set_text_scale(scale)
 
     def show_view(self, name: str) -> None:
         """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the

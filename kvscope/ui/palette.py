@@ -104,6 +104,7 @@ SERIES_COLOURS: dict[str, RGB] = {
     "used": USED,
     "shared": SHARED,
     "hit_rate": (130, 177, 255),  # the prefix cache's success: a light "cached" blue
+    "evictions_per_s": (255, 138, 101),  # a cached block lost: no state colour (orange is shared, red a problem)
     "running": USED,
     "waiting": (224, 224, 224),
     "swapped": STATES[BlockState.SWAPPED].line_colour,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen, QPolygonF
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen, QPolygonF
 from PySide6.QtWidgets import (
     QGraphicsScene,
     QGraphicsSimpleTextItem,
@@ -336,13 +336,12 @@ class FigureView(QWidget):
         status = r.status.lower().replace("_", " ")
         self._text(f"request {r.request_id} · {status}", x_log, 0, colour, size=14, bold=True)
         line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
-        it = self._text(line, x_log, 18, DIM, size=11)
         max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in TABLE_COLS)
-        if it.boundingRect().width() > max_w:
-            t = line
-            while t and it.boundingRect().width() > max_w:
-                t = t[:-2]
-                it.setText(t + "…")
+        # elided by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character
+        # at a time and measuring each try took minutes); no line wider than max_w holds more than max_w chars
+        it = self._text(line[:int(max_w) + 2], x_log, 18, DIM, size=11)
+        if it.boundingRect().width() > max_w or len(line) > max_w + 2:
+            it.setText(QFontMetricsF(it.font()).elidedText(line[:int(max_w) + 2], Qt.TextElideMode.ElideRight, max_w))
         self._text("logical KV blocks", x_log + LABEL_W, y0 - 18, INK, bold=True)
         x = x_tab
         for name, w in TABLE_COLS:

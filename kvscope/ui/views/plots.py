@@ -1,8 +1,10 @@
-"""Time series over steps: block usage, hit rate, requests, tokens/s, time to first token, memory vs pool.
+"""Time series over steps: block usage, hit rate, evictions, requests, tokens/s, time to first token, memory.
 
 Curve colours come from ``kvscope.ui.palette`` (a block curve takes its state's colour). A series the
-history does not record (yet) is simply not drawn. ``set_cursor(step)`` draws a vertical line at
-that step on every plot (the timeline's position); ``set_cursor(None)`` hides it.
+history does not record (yet) is simply not drawn. A plot's legend is its title's second line (it never
+covers a line); every plot keeps a least height at the text size, and below it the panel scrolls.
+``set_cursor(step)`` draws a vertical line at that step on every plot (the timeline's position);
+``set_cursor(None)`` hides it.
 
 The plots draw the timeline's series (``kvscope.history``), so they reach as far back as it does: its
 bounds (``kvscope.limits``) are theirs, and the line under the plots says where the reach begins.
@@ -18,26 +20,31 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.history import RunHistory
 from kvscope.limits import timeline_text
 from kvscope.ui.palette import SERIES_COLOURS
+from kvscope.ui.style import text_scale
 
-CURVES = {  # plot title -> series
+CURVES = {  # plot title -> series, four plots a row
     "blocks": ["free", "cached", "used"],
     "prefix-cache hit rate": ["hit_rate"],
+    "evictions / s": ["evictions_per_s"],
     "requests": ["running", "waiting", "swapped"],
     "tokens / s": ["tokens_per_s", "decode_tokens_per_s"],
-    "time to first token (ms), one point a request": ["ttft"],
-    "memory vs pool (MiB, log scale)": ["pool_bytes", "pool_used", "device_free", "process_rss", "nvml_used",
+    "time to first token (ms)": ["ttft"],
+    "memory vs pool (MiB, log)": ["pool_bytes", "pool_used", "device_free", "process_rss", "nvml_used",
                                         "torch_allocated", "torch_reserved"],
 }
-MEMORY_PLOT = "memory vs pool (MiB, log scale)"
+MEMORY_PLOT = "memory vs pool (MiB, log)"
 MIB = {"process_rss", "nvml_used", "torch_allocated", "torch_reserved", "device_free"}
-LABELS = {"cached": "cached (free, hashed)", "hit_rate": "hit rate", "tokens_per_s": "all output",
-          "decode_tokens_per_s": "decode only", "pool_bytes": "KV pool (sized at start-up)",
-          "pool_used": "pool in use", "device_free": "device free", "process_rss": "process",
+COLUMNS = 4
+MIN_PLOT_H = 100  # px at text scale 1: below it tick labels overlap; the panel scrolls instead (1280x720)
+LABELS = {"cached": "cached", "hit_rate": "hit rate", "tokens_per_s": "all output",
+          "decode_tokens_per_s": "decode only", "pool_bytes": "KV pool",
+          "pool_used": "in use", "device_free": "device free", "process_rss": "process",
           "nvml_used": "GPU used (nvml)", "torch_allocated": "torch allocated", "torch_reserved": "torch reserved"}
 HIDDEN_EVERY_S = 1.0  # plots behind another tab are redrawn at most this often once their series are long
 LONG = 5_000  # steps: a redraw copies every series (a long served run: megabytes a frame)
@@ -74,11 +81,16 @@ class PlotsPanel(QWidget):
         self.block_bytes = 0  # set_pool(): the pool's curves need a block's size
         self._pending: tuple | None = None  # the last (history, memory) asked for
         self._drawn_at = 0.0
+        # a plot's legend is a second line of its title, each label in its line's colour: it never covers a
+        # line and needs no room of its own; a series not recorded on this machine (no nvml) is not listed
+        self.in_legend: set[str] = set()
+        self.titles: list[str] = []
         for i, (title, series) in enumerate(CURVES.items()):
-            p = self.layout_widget.addPlot(row=i // 3, col=i % 3, title=title)
+            row, col = i // COLUMNS, i % COLUMNS
+            p = self.layout_widget.addPlot(row=row, col=col, title=title)
             p.setMinimumSize(60, 50)
-            if len(series) > 1:
-                p.addLegend(offset=(-5, 5), labelTextSize="8pt")
+            p.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+            p.setPreferredWidth(100)  # every column the same (the stretch shares what is left equally)
             p.showGrid(x=True, y=True, alpha=0.2)
             # a long session's series: drawn at most a few points a pixel, and only the part in view
             p.setDownsampling(auto=True, mode="peak")
@@ -89,10 +101,12 @@ class PlotsPanel(QWidget):
                 colour = SERIES_COLOURS[name]
                 if name == "ttft":  # one point a request, not a line
                     item = p.plot([], [], pen=None, symbol="o", symbolSize=7, symbolBrush=colour,
-                                  symbolPen=None, name="request")
+                                  symbolPen=None)
                 else:
                     width = 3 if name == "pool_bytes" else 2
-                    item = p.plot([], [], pen=pg.mkPen(colour, width=width), name=LABELS.get(name, name))
+                    item = p.plot([], [], pen=pg.mkPen(colour, width=width))
+                if len(series) > 1:
+                    self.in_legend.add(name)
                 self.curves[name] = item
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen((255, 255, 255, 150), width=1,
                                                                            style=pg.QtCore.Qt.PenStyle.DashLine))
@@ -101,15 +115,59 @@ class PlotsPanel(QWidget):
             if self.plots:
                 p.setXLink(self.plots[0])  # one step axis for every plot
             self.plots.append(p)
+            self.titles.append(title)
             self.cursors.append(line)
+        # a readable least height per plot; below it the panel scrolls (a squashed plot's labels overlap)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setWidget(self.layout_widget)
+        self.set_text_scale(text_scale())
         self.memory_label = QLabel("memory: waiting for the engine")
         self.memory_label.setWordWrap(True)
         self.memory_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.memory_label.setToolTip(f"the plots reach as far back as the timeline: {timeline_text()}")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.layout_widget, 1)
+        lay.addWidget(self.scroll, 1)
         lay.addWidget(self.memory_label)
+
+    def set_text_scale(self, scale: float) -> None:
+        """Titles (with their legends), tick labels and each plot's least height at the presentation scale."""
+        tick = QFont()
+        tick.setPointSizeF(8 * scale)
+        self._scale = scale
+        for i, p in enumerate(self.plots):
+            self._set_title(i)
+            for side in ("left", "bottom"):
+                p.getAxis(side).setStyle(tickFont=tick)
+        for c in range(COLUMNS):  # equal columns: a long title or wide ticks must not take a neighbour's room
+            self.layout_widget.ci.layout.setColumnStretchFactor(c, 1)
+        rows = -(-len(self.plots) // COLUMNS)
+        title_h = 2 * 18 * scale
+        self.layout_widget.setMinimumHeight(int(rows * (MIN_PLOT_H * scale + title_h)) + 8)
+
+    def _set_title(self, i: int) -> None:
+        title, names = self.titles[i], CURVES[self.titles[i]]
+        scale = self._scale
+        text = title
+        if len(names) > 1:
+            labels = [f"<span style='color: {_hex(SERIES_COLOURS[n])}'>\u2501 {LABELS.get(n, n)}</span>"
+                      for n in names if n in self.in_legend]
+            lines = [" &nbsp; ".join(labels[k:k + 3]) for k in range(0, len(labels), 3)]  # 3 fit a quarter of 1280
+            text += "".join(f"<br><span style='font-size: {8.5 * scale:.1f}pt'>{line}</span>" for line in lines)
+        self.plots[i].setTitle(text, size=f"{10 * scale:.1f}pt")
+
+    def _list(self, name: str, shown: bool) -> None:
+        """List a series in its plot's legend only while it has data here (no nvml on a CPU: no such line)."""
+        if shown == (name in self.in_legend) or not any(name in v and len(v) > 1 for v in CURVES.values()):
+            return
+        if shown:
+            self.in_legend.add(name)
+        else:
+            self.in_legend.discard(name)
+        i = next(i for i, t in enumerate(self.titles) if name in CURVES[t])
+        self._set_title(i)
 
     def set_pool(self, block_bytes: int) -> None:
         self.block_bytes = block_bytes
@@ -165,10 +223,14 @@ class PlotsPanel(QWidget):
             ys = self._series(history, name)
             if ys is None or len(ys) != len(x) or (name in MIB and not ys.any()):
                 curve.setData([], [])  # not recorded, or not on this machine (no nvml, no CUDA)
+                self._list(name, False)
                 continue
+            self._list(name, True)
             if name in MIB or name.startswith("pool"):
                 ys = np.maximum(ys, 1e-3)  # a log axis has no 0
             curve.setData(x, ys)
+            if name == "evictions_per_s":  # from 0 (none yet reads as a flat line at the bottom, not at the middle)
+                curve.getViewBox().setYRange(0, max(float(ys.max()) if len(ys) else 0.0, 1.0) * 1.15)
         self.memory_label.setText(self.memory_text(history, memory))
 
     def memory_text(self, history: RunHistory, memory=None) -> str:
@@ -197,3 +259,7 @@ class PlotsPanel(QWidget):
         if history.dropped_steps:
             parts.append(reach_text(history))
         return " · ".join(parts) if parts else "memory: waiting for the engine"
+
+
+def _hex(rgb: tuple[int, int, int]) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
