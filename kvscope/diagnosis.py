@@ -15,10 +15,12 @@ from collections.abc import Callable
 from engine.inspect.block_story import StoryLine, block_story
 from engine.inspect.cache_miss import CacheMissExplainer
 from engine.inspect.snapshot import KVSnapshot
+from engine.request_groups import BEAM_SEP, FORK_SEP, SAMPLE_SEP
 from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits, misses_text
 
-ENGINE_MADE = ("#", "+", "~")  # samples, forks, beams: they replay with their parent
+ENGINE_MADE = (SAMPLE_SEP, FORK_SEP, BEAM_SEP)  # samples, forks, beams: they replay with their parent
+MADE_AS = {SAMPLE_SEP: "a parallel sample", FORK_SEP: "a fork", BEAM_SEP: "a beam"}
 
 
 class Diagnosis:
@@ -49,6 +51,14 @@ class Diagnosis:
             if self.misses is not None and self.misses.dropped and r.status != "WAITING":
                 return (f"prefix cache: request {request_id}'s explanation is no longer kept "
                         f"({misses_text(self.limits.miss_explanations)})")
+            made = next((c for c in ENGINE_MADE if c in request_id), None)
+            if made is not None:  # a sample, fork or beam: made by the engine from its parent, never admitted
+                kind = MADE_AS[made]
+                parent = r.parent_id or request_id.split(made)[0]
+                return (f"prefix cache: request {request_id} is {kind} of request {parent}: it starts from its "
+                        f"parent's blocks (shared, ref count > 1) and makes no prefix-cache lookup of its own")
+            if r.status == "WAITING":
+                return f"prefix cache: request {request_id} is waiting: it has not been admitted yet"
             return f"prefix cache: request {request_id} has not been admitted yet"
         bs = snap.block_size
         hit = f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit " \

@@ -44,8 +44,7 @@ class RedrawPacer:
 
 @dataclass
 class ViewState:
-    view_step: int | None = None  # None: follow the live run
-    selected_request: str = ""
+    view_step: int | None = None  # None: follow the live run (the selection is the requests panel's own)
     pacer: RedrawPacer = field(default_factory=RedrawPacer)
 
     @property
@@ -72,7 +71,6 @@ class ViewState:
 
     def reset(self) -> None:
         self.view_step = None
-        self.selected_request = ""
 
 
 def status_text(snap, info=None, live: bool = True) -> str:

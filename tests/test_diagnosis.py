@@ -87,3 +87,18 @@ def test_the_comparison_replays_the_runs_own_prompts_not_engine_made_children(ti
         h.record(engine.snapshot(), 0.01)
     prompts, max_tokens = comparison_prompts(h)
     assert prompts == ((1, 2, 3, 4, 5),) and max_tokens == GREEDY.max_tokens
+
+
+def test_an_engine_made_request_is_said_to_be_its_parents_not_unadmitted(tiny_engine):
+    from engine import SamplingParams
+    from kvscope.diagnosis import Diagnosis
+    e = tiny_engine(num_gpu_blocks=64, block_size=4)
+    e.add_request([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=1), request_id="0")
+    d = Diagnosis()
+    for _ in range(2):
+        out = e.step()
+        snap = e.snapshot()
+        d.feed(snap.step, list(out.events) + e.pool.drain_events(), snap)
+    child = next(r for r in snap.requests if r.request_id != "0" and r.request_id.startswith("0"))
+    text = d.miss_text(snap, child.request_id)
+    assert "has not been admitted" not in text and "a parallel sample of request 0" in text, text

@@ -592,7 +592,6 @@ class MainWindow(QMainWindow):
                                         self.history.reach)
 
     def on_request_selected(self, request_id: str) -> None:
-        self.state.selected_request = request_id
         self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
         self.figure.set_requests(self.requests.selected_ids())
         self.requests.set_miss_text(self.diagnosis.miss_text(self.requests.snapshot, request_id))
