@@ -13,7 +13,7 @@ from kvscope.scenario import ScenarioRunner, available, load_scenario
 from kvscope.sources.live import LiveSource
 from kvscope.sources.replay import ReplaySource
 from kvscope.sources.summary import Summary
-from tests.test_cli import kvscope
+from tests.kvscope.cli.test_cli import kvscope
 
 SCENARIOS = ["shared-system-prompt", "multi-turn-chat", "parallel-sampling", "pool-exhaustion", "leak-hunt",
              "four-score", "beam-search"]

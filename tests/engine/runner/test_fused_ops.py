@@ -24,7 +24,7 @@ from engine.runner.models.rotary import RotaryEmbedding
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
@@ -246,7 +246,7 @@ def test_cos_sin_cache_holds_the_rotary_modules_halves(extra):
 def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
     """The wiring the model will use gives the layer's own output (fp32: to fp32 rounding)."""
     from engine.runner.models.llama import LlamaForCausalLM
-    from tests.test_triton_kernels import make_meta
+    from tests.engine.runner.test_triton_kernels import make_meta
     model = LlamaForCausalLM.from_hf(copy.deepcopy(tiny_hf)).to(DEVICE)  # the session's model stays put
     layer = model.layers[0]
     meta = make_meta([(0, 9), (4, 1)], 4, 16)

@@ -67,7 +67,7 @@ def test_parallel_sampling_follows_its_notes(parallel):
 
 @pytest.fixture
 def figure(qtbot):
-    """Held strongly until qtbot has closed it (tests/test_views.py's ``alive`` says why)."""
+    """Held strongly until qtbot has closed it (tests/kvscope/ui/test_views.py's ``alive`` says why)."""
     fig = FigureView()
     qtbot.addWidget(fig)
     yield fig

@@ -21,7 +21,7 @@ from kvscope.runtime.protocol import Stepped
 from kvscope.runtime.wire import RecordDecoder, RecordEncoder
 from kvscope.sources.live import LiveSource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 from common import install_fake_runner  # noqa: E402
 

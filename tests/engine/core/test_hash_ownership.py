@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "__delitem__", "__setitem__"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from engine import SamplingParams
 from engine.request_groups import MAX_FINISHED
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from common import install_fake_runner  # noqa: E402
 

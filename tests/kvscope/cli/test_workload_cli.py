@@ -17,7 +17,7 @@ from kvscope.cli import main
 from kvscope.runtime.build import SourceSpec, build_source
 from kvscope.sources.workload import WorkloadSource, WorkloadSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONVERSATION = ROOT / "resources" / "workloads" / "mooncake_conversation_200.jsonl"
 EXAMPLE = ROOT / "resources" / "workloads" / "example_kvscope.jsonl"
 KEYS = {"requests", "prompt_tokens", "cached_tokens", "hit_rate", "evictions", "preemptions", "ttft_p50_s",

@@ -25,7 +25,7 @@ from engine.inspect.events import (
     BlockUnpublished,
     CacheReset,
 )
-from tests.test_kv_manager_stateful import BS, NB, KVMachine
+from tests.engine.core.test_kv_manager_stateful import BS, NB, KVMachine
 
 _n = 0
 

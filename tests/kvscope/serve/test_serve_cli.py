@@ -19,7 +19,7 @@ from kvscope.cli import main
 from kvscope.cli.parser import build_parser, serve_options
 from kvscope.serve import ServeOptions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_serve_flags_and_their_defaults(monkeypatch):

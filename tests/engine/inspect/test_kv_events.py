@@ -27,7 +27,7 @@ from kvscope.sources.attached import AttachConfig, AttachedSource, AttachReplay
 from kvscope.sources.endpoints import connectable, offset_endpoint
 from kvscope.sources.live import LiveSource
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 LOOPBACK = "tcp://127.0.0.1:*"  # ZeroMQ picks a free port; the publisher reports it
 
 

@@ -23,7 +23,7 @@ from engine.workload.cli import main as cli_main
 from engine.workload.reference import prefix_sharing
 from engine.workload.sweep import format_table, plot_sweep, reference_row, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 EXCERPTS = ROOT / "resources" / "workloads"
 CONVERSATION = EXCERPTS / "mooncake_conversation_200.jsonl"
 SYNTHETIC = EXCERPTS / "mooncake_synthetic_200.jsonl"

@@ -22,7 +22,7 @@ from kvscope.cli import main
 from kvscope.cli.parser import build_parser, engine_config
 from kvscope.platform_check import XCB_PACKAGES, debian_package, missing_libraries, xcb_problem
 from kvscope.sources.live import LiveSource
-from tests.test_cli import ROOT, kvscope
+from tests.kvscope.cli.test_cli import ROOT, kvscope
 
 
 def run_main(capsys, *argv: str) -> tuple[int, list[str]]:
@@ -346,7 +346,7 @@ def _said(r) -> list[str]:
 def test_a_refused_request_is_one_line_and_exit_2_in_the_window_as_headless(tiny_dir, tmp_path):
     """A pool too small for the command line's requests: headless said it once with exit 2; the window said it
     four times, exit 1, and saved a picture anyway."""
-    from tests.test_cli import kvscope
+    from tests.kvscope.cli.test_cli import kvscope
     ids = ",".join(map(str, range(1, 30)))
     common = ["--model", tiny_dir, "--num-gpu-blocks", "1", "--block-size", "4", "--inject-ids", ids,
               "--inject-ids", ids]
@@ -360,7 +360,7 @@ def test_a_refused_request_is_one_line_and_exit_2_in_the_window_as_headless(tiny
 
 
 def test_select_names_a_request_or_a_block_that_is_there(tiny_dir, tmp_path):
-    from tests.test_cli import kvscope
+    from tests.kvscope.cli.test_cli import kvscope
     shot = tmp_path / "x.png"
     base = ["--model", tiny_dir, "--num-gpu-blocks", "32", "--block-size", "4", "--inject-ids", "1,2,3,4,5",
             "--steps", "2", "--screenshot", str(shot)]
