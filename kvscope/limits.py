@@ -14,6 +14,9 @@ step, the rows in view, the selected request):
   the explainer remembers to say "evicted at step s" (``evicted_blocks``);
 - the requests table shows what the engine's snapshot carries: the requests in flight and its last
   ``engine.request_groups.MAX_FINISHED`` finished ones (the engine's own bound).
+
+Each bound is a flag of the window (``kvscope --help``, "window limits": ``--timeline-mib``,
+``--timeline-requests``, ``--event-log-rows``, ``--miss-explanations``, ``--evicted-blocks``).
 """
 from __future__ import annotations
 

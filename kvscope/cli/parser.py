@@ -42,6 +42,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return v
+
+
 def window_size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in text.lower().split("x"))
@@ -206,7 +216,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(p)
     add_kv_events_args(p)
     add_workload_args(p)
+    add_limit_args(p)
     return p
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    from kvscope.limits import LIMITS
+    g = p.add_argument_group("window limits (how much of a long run the window keeps; the oldest go first, never "
+                             "what is on screen)")
+    g.add_argument("--timeline-mib", type=positive_float, default=LIMITS.timeline_bytes / 2**20, metavar="MIB",
+                   help="the timeline's memory: every step's state the slider and the plots can go back to")
+    g.add_argument("--timeline-requests", type=positive_int, default=LIMITS.timeline_requests, metavar="N",
+                   help="the requests whose rows the timeline keeps")
+    g.add_argument("--event-log-rows", type=positive_int, default=LIMITS.event_log_rows, metavar="N",
+                   help="the event log's rows")
+    g.add_argument("--miss-explanations", type=positive_int, default=LIMITS.miss_explanations, metavar="N",
+                   help="the requests whose prefix-cache miss is explained (the selected one is always kept)")
+    g.add_argument("--evicted-blocks", type=positive_int, default=LIMITS.evicted_blocks, metavar="N",
+                   help="evicted blocks remembered to say 'evicted at step s' in a miss's explanation")
+
+
+def window_limits(args: argparse.Namespace):
+    from kvscope.limits import WindowLimits
+    return WindowLimits(int(args.timeline_mib * 2**20), args.timeline_requests, args.event_log_rows,
+                        args.miss_explanations, args.evicted_blocks)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

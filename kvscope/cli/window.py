@@ -8,7 +8,7 @@ import sys
 from engine import EngineConfig
 from engine.inspect.trace import count_steps
 from kvscope.cli.checks import window_problem
-from kvscope.cli.parser import serve_options, source_spec
+from kvscope.cli.parser import serve_options, source_spec, window_limits
 
 
 def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,
         count_steps(args.replay) if args.replay else None,
         tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
-        args.view, args.audit, args.font_scale)
+        args.view, args.audit, args.font_scale, window_limits(args))
     return run_app(opts, early)
 
 

@@ -12,6 +12,7 @@ from PySide6.QtCore import QObject, QSettings, QTimer, Slot
 from PySide6.QtWidgets import QApplication
 
 from engine import SamplingParams
+from kvscope.limits import LIMITS, WindowLimits
 from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.engine_process import SpawnedEngine
 from kvscope.serve.options import ServeOptions
@@ -41,6 +42,7 @@ class WindowOptions:
     view: str | None = None
     audit: bool = False
     font_scale: float | None = None  # every view's text (None: as kept in the settings)
+    limits: WindowLimits = LIMITS  # how much of a long run each store keeps
 
 
 class StartupDriver(QObject):
@@ -232,7 +234,7 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
     # A screenshot shows the default layout, never the user's saved one (nor does it change it).
     settings = QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat) \
         if opts.screenshot else None
-    win = MainWindow(backend, settings)
+    win = MainWindow(backend, settings, limits=opts.limits)
     if opts.window_size or opts.screenshot:
         win.resize(*(opts.window_size or (1600, 1000)))
     if opts.font_scale is not None:

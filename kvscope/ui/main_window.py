@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from engine.inspect.snapshot import StepDigest
 from kvscope.diagnosis import Diagnosis, comparison_prompts
 from kvscope.history import RunHistory
+from kvscope.limits import LIMITS, WindowLimits
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime import protocol as cmd
 from kvscope.scenario import available, load_scenario
@@ -57,14 +58,15 @@ LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is no
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, backend, settings: QSettings | None = None, bridge=None) -> None:
+    def __init__(self, backend, settings: QSettings | None = None, bridge=None, limits: WindowLimits = LIMITS) -> None:
         """``backend``: an ``EngineBackend``, or a factory of sources (scenario -> source) run on a thread
-        (with ``bridge``, an HTTP server's, beside it)."""
+        (with ``bridge``, an HTTP server's, beside it); ``limits``: how much of a long run each store keeps."""
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
-        self.history = RunHistory()
-        self.diagnosis = Diagnosis()
+        self.limits = limits
+        self.history = RunHistory(limits.timeline_bytes, max_requests=limits.timeline_requests)
+        self.diagnosis = Diagnosis(limits=limits)
         self.info: SourceInfo | None = None
         self._latest: StepResult | None = None  # the newest record with whole arrays (see ``latest``)
         self.errors: list[str] = []
@@ -95,7 +97,7 @@ class MainWindow(QMainWindow):
         self.grid.mode_box.currentTextChanged.connect(self.cpu_grid.set_mode)
         self.requests = RequestPanel()
         self.plots = PlotsPanel()
-        self.events = EventLogView()
+        self.events = EventLogView(max_rows=self.limits.event_log_rows)
         self.figure = FigureView()
         self.diagnosis_panel = DiagnosisPanel()
         self.fragmentation = FragmentationView()
@@ -370,8 +372,8 @@ class MainWindow(QMainWindow):
             view.set_decode(decode)
         self.events.set_decode(decode)
         self.busy.hide()
-        self.history = RunHistory(decode=decode)
-        self.diagnosis = Diagnosis(decode, info.prefix_caching)
+        self.history = RunHistory(self.limits.timeline_bytes, decode=decode, max_requests=self.limits.timeline_requests)
+        self.diagnosis = Diagnosis(decode, info.prefix_caching, self.limits)
         self.diagnosis_panel.clear_story()
         self.diagnosis_panel.reset_compare(not info.read_only)
         self.act_compare.setEnabled(not info.read_only)

@@ -263,3 +263,20 @@ def test_a_selected_request_stays_selected_and_in_the_table(qtbot):
     panel.select([])
     panel.set_snapshot(Snap([row("e")]))
     assert [r.request_id for r in panel.model.rows] == ["e"] and chosen[-1] == ""
+
+
+def test_each_bound_is_a_flag_of_the_window(qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from kvscope.cli.parser import build_parser, window_limits
+    from kvscope.ui.main_window import MainWindow
+    args = build_parser().parse_args(["--timeline-mib", "8", "--timeline-requests", "300", "--event-log-rows", "500",
+                                      "--miss-explanations", "40", "--evicted-blocks", "60"])
+    limits = window_limits(args)
+    assert limits == WindowLimits(8 * 2**20, 300, 500, 40, 60)
+    assert window_limits(build_parser().parse_args([])) == LIMITS  # the defaults are the limits' own
+    win = MainWindow(lambda _s: None, QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat), limits=limits)
+    qtbot.addWidget(win)
+    assert win.history.budget_bytes == 8 * 2**20 and win.history.max_requests == 300
+    assert win.events.model.max_rows == 500 and win.events.bound_label.text() == "event log: last 500 events"
+    assert win.diagnosis.limits is limits
