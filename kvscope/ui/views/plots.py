@@ -232,7 +232,8 @@ class PlotsPanel(QWidget):
             if name == "evictions_per_s":  # from 0 (none yet reads as a flat line at the bottom, not at the middle)
                 curve.getViewBox().setYRange(0, max(float(ys.max()) if len(ys) else 0.0, 1.0) * 1.15)
         self.memory_label.setText(self.memory_text(history, memory))
-        tip = f"the plots reach as far back as the timeline: {timeline_text(history.budget_bytes, history.max_requests)}"
+        tip = ("the plots reach as far back as the timeline: "
+               + timeline_text(history.budget_bytes, history.max_requests))
         if self.memory_label.toolTip() != tip:  # the window's own bounds (--timeline-mib, --timeline-requests)
             self.memory_label.setToolTip(tip)
 
