@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.request_groups import MAX_FINISHED
-
 
 @dataclass(frozen=True, slots=True)
 class WindowLimits:
@@ -46,6 +44,7 @@ def timeline_text(budget_bytes: int = LIMITS.timeline_bytes, requests: int = LIM
 
 
 def requests_text() -> str:
+    from engine.request_groups import MAX_FINISHED  # the engine's own bound (its module loads torch: not at import)
     return f"requests table: those in flight and the engine's last {MAX_FINISHED} finished"
 
 

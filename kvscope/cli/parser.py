@@ -15,6 +15,7 @@ import sys
 from engine import EngineConfig
 from engine.config import check_value, config_fields, field_type
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
+from kvscope.arg_types import font_scale, positive_float, positive_int, token_ids, window_size
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.serve.options import ServeOptions
 
@@ -31,57 +32,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 # The panels below the grid (MainWindow.docks) that --view can bring to the front.
 VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "welcome")  # welcome: the first screen
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {v}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return v
-
-
-def window_size(text: str) -> tuple[int, int]:
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a size is WIDTHxHEIGHT, e.g. 1280x720, got {text!r}") from None
-    if w < 320 or h < 240:
-        raise argparse.ArgumentTypeError(f"a window of {w}x{h} is too small (at least 320x240)")
-    return w, h
-
-
-def font_scale(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, e.g. 1.5, got {text!r}") from None
-    if not 0.5 <= v <= 3.0:
-        raise argparse.ArgumentTypeError(f"must be between 0.5 and 3, got {text}")
-    return v
-
-
-def token_ids(text: str) -> list[int]:
-    """``--inject-ids 1,5,9`` (commas or spaces)."""
-    parts = text.replace(",", " ").split()
-    try:
-        ids = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"token ids must be integers separated by commas, got {text!r}") from None
-    if not ids or any(i < 0 for i in ids):
-        raise argparse.ArgumentTypeError(f"token ids must be a non-empty list of integers >= 0, got {text!r}")
-    return ids
 
 
 def _typed(f: dataclasses.Field, tp: type, cls: type = EngineConfig):

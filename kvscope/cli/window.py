@@ -51,7 +51,8 @@ def run_attach_window(source, args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     from kvscope.ui.views.prefix_forest import run_attach_window as run
-    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps)
+    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps,
+               window_size=args.window_size)
 
 
 def spawn_early(config: EngineConfig, args: argparse.Namespace):

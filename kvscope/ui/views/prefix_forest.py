@@ -389,10 +389,13 @@ class AttachDriver(QObject):
 
 
 def run_attach_window(source, interval: float = 0.1, screenshot: str | None = None, steps: int | None = None,
-                      decode: Decode | None = None, before_poll: Callable[[], None] | None = None) -> int:
+                      decode: Decode | None = None, before_poll: Callable[[], None] | None = None,
+                      window_size: tuple[int, int] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_style(app)
     win = AttachWindow(source, decode)
+    if window_size:
+        win.resize(*window_size)
     driver = AttachDriver(win, interval, steps if steps is not None else (40 if screenshot else None), screenshot,
                           before_poll)
     win.show()
@@ -436,12 +439,14 @@ def _demo(args: argparse.Namespace) -> int:
 
     try:
         return run_attach_window(source, interval=0.05, screenshot=args.screenshot, steps=args.steps,
-                                 decode=engine.tokenizer.decode if engine.tokenizer else None, before_poll=step)
+                                 decode=engine.tokenizer.decode if engine.tokenizer else None, before_poll=step,
+                                 window_size=args.window_size)
     finally:
         session.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvscope.arg_types import window_size
     p = argparse.ArgumentParser(prog="python -m kvscope.ui.views.prefix_forest",
                                 description="Attach to an engine's KV events and draw its prefix forest.")
     p.add_argument("--attach", metavar="ADDR", help="PUB address, e.g. tcp://127.0.0.1:5557")
@@ -453,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG after --steps polls and exit")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--interval", type=float, default=0.1)
+    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH", help="e.g. 1280x720")
     args = p.parse_args(argv)
     if args.screenshot:
         import os
@@ -468,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kvscope: {e}", file=sys.stderr)
         return 2
-    return run_attach_window(source, interval=args.interval, screenshot=args.screenshot, steps=args.steps)
+    return run_attach_window(source, interval=args.interval, screenshot=args.screenshot, steps=args.steps,
+                             window_size=args.window_size)
 
 
 if __name__ == "__main__":
