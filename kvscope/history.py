@@ -16,7 +16,6 @@ cost a few hundred bytes each.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import marshal
 import sys
 from array import array
@@ -39,6 +38,7 @@ from engine.inspect.snapshot import (
     block_counts,
 )
 from kvscope.limits import LIMITS
+from kvscope.malloc_policy import give_back
 
 SERIES = ("free", "cached", "used", "hit_rate", "evictions_per_s", "running", "waiting", "swapped", "tokens_per_s",
           "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
@@ -547,25 +547,6 @@ class RunHistory:
     def _request_at(self, rid: str, step: int) -> RequestInfo | None:
         tl = self._requests.get(rid)
         return tl.at(step, self.decode) if tl is not None else None
-
-
-def _libc_trim():
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim if sys.platform.startswith("linux") else None
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_TRIM = _libc_trim()
-
-
-def give_back() -> None:
-    """What a drop freed goes back to the system. glibc's malloc keeps freed chunks in its heap for reuse,
-    and a long run that drops and adds thousands of entries a minute leaves the freed pages resident in
-    between live ones: the process grew ~5 MB a minute for 20 minutes after the timeline reached its
-    budget. ``malloc_trim`` returns every whole free page (a few ms, once a drop)."""
-    if _TRIM is not None:
-        _TRIM(0)
 
 
 def _counters_bytes(value: bytes | tuple | dict) -> int:

@@ -227,6 +227,8 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
     spec = opts.spec
     from engine.gc_policy import tune_gc
     tune_gc()  # the window's timeline grows by thousands of objects a second: fewer, cheaper collections
+    from kvscope.malloc_policy import tune_malloc
+    tune_malloc()  # per-frame copies of long series mapped, not left as holes in the heap
     if opts.engine_thread:
         backend = ThreadBackend(spec.factory, server.bridge if server else None)
     else:
