@@ -28,6 +28,7 @@ from engine import SamplingParams
 from engine.config import check_value, config_fields, scenario_keys
 from engine.inputs import check_text, is_chat, is_token_ids
 from engine.outputs import StepOutput
+from kvscope.history import SERIES
 
 if TYPE_CHECKING:
     from engine import LLMEngine
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
 CONFIG_KEYS = scenario_keys()  # every EngineConfig field but the machine's (model, tokenizer, device)
 VIEWS = ("", "figure", "events", "diagnosis", "plots", "fragmentation")  # the window's bottom panels
+PLOTTED = SERIES + ("ttft", "pool_bytes", "pool_used")  # what the Plots tab draws (the last three it derives)
 MAX_STEP = 100_000  # "at" / "abort_at": a scenario must not idle the engine for ever
 MAX_COPIES = 4096
 REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature", "seed", "top_p", "copies",
@@ -56,6 +58,7 @@ class Scenario:
     watch: str = ""
     notes: list[tuple[int, str]] = field(default_factory=list)  # (step, text), sorted by step
     view: str = ""  # the window's panel that tells this scenario's story, brought to the front on load
+    plot: str = ""  # with view "plots": the series whose plot the lesson reads, scrolled into view
 
 
 def _int(v: object) -> bool:
@@ -141,6 +144,10 @@ def load_scenario(name_or_file: str) -> Scenario:
     view = data.get("view", "")
     if view not in VIEWS:
         raise ValueError(f"scenario {p}: 'view' must be one of {', '.join(repr(v) for v in VIEWS)}, got {view!r}")
+    plot = data.get("plot", "")
+    if plot and (view != "plots" or plot not in PLOTTED):
+        raise ValueError(f"scenario {p}: 'plot' names a series of the Plots tab (with \"view\": \"plots\"): one of "
+                         f"{', '.join(PLOTTED)}, got {plot!r}")
     for key in ("title", "description", "watch"):
         if not isinstance(data.get(key, ""), str):
             raise ValueError(f"scenario {p}: '{key}' must be a string")
@@ -150,7 +157,7 @@ def load_scenario(name_or_file: str) -> Scenario:
         except ValueError as e:
             raise ValueError(f"scenario {p}: request {i}: {e}") from None
     return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
-                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view)
+                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view, plot)
 
 
 def _notes(p: Path, notes) -> list[tuple[int, str]]:

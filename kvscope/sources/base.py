@@ -59,6 +59,7 @@ class SourceInfo:
     watch: str = ""  # the scenario's "what to watch" text
     notes: tuple[tuple[int, str], ...] = ()  # the scenario's step notes
     view: str = ""  # the scenario's panel to bring to the front ("plots", "fragmentation", ...)
+    plot: str = ""  # with view "plots": the series whose plot the lesson reads (scrolled into view)
     kv_layout: str = "paged"  # or "contiguous": each request reserves max_model_len up front
     prefix_caching: bool = True  # the pool publishes full blocks for prefix hits
     extra: dict = field(default_factory=dict)

@@ -67,6 +67,7 @@ class LiveSource:
             kv_cache_dtype=e.config.kv_cache_dtype, capabilities=LIVE_CAPABILITIES,
             has_tokenizer=e.tokenizer is not None, watch=getattr(sc, "watch", "") or (sc.description if sc else ""),
             notes=tuple(getattr(sc, "notes", ()) or ()), view=getattr(sc, "view", "") or "",
+            plot=getattr(sc, "plot", "") or "",
             kv_layout=e.config.kv_layout, prefix_caching=e.pool.enable_caching)
 
     @property

@@ -386,6 +386,8 @@ class MainWindow(QMainWindow):
         self.fragmentation.set_snapshot(None)
         if info.view in self.docks:
             self.show_view(info.view)
+            if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
+                QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
         self.state.reset()
         self.banner.clear()
         self.requests.select([])

@@ -169,6 +169,16 @@ class PlotsPanel(QWidget):
         i = next(i for i, t in enumerate(self.titles) if name in CURVES[t])
         self._set_title(i)
 
+    def show_series(self, name: str) -> None:
+        """Scroll the plot that draws ``name`` into view (the panel scrolls when the window is short)."""
+        i = next((i for i, t in enumerate(self.titles) if name in CURVES[t]), None)
+        if i is None:
+            return
+        self.layout_widget.ci.layout.activate()
+        box = self.plots[i].mapRectToScene(self.plots[i].boundingRect())
+        self.scroll.ensureVisible(int(box.center().x()), int(box.center().y()), int(box.width() / 2),
+                                  int(box.height() / 2))
+
     def set_pool(self, block_bytes: int) -> None:
         self.block_bytes = block_bytes
 

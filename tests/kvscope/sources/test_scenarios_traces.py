@@ -194,3 +194,12 @@ def test_a_pool_no_replay_could_rebuild_is_refused_before_the_trace_is_written(t
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("kvscope:")]  # the model's load logs above it
     assert len(said) == 1 and "kvscope: cannot record a trace: num_cpu_blocks = 2,097,152, above the replay limit" \
         in said[0]
+
+
+def test_a_scenario_names_the_plot_its_lesson_reads(tmp_path):
+    from kvscope.scenario import PLOTTED, load_scenario
+    assert load_scenario("lab-pool-exhausted").plot == "pool_bytes" and "ttft" in PLOTTED
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"title": "t", "view": "figure", "plot": "ttft", "requests": [{"prompt": "a"}]}')
+    with pytest.raises(ValueError, match="'plot' names a series of the Plots tab"):
+        load_scenario(str(bad))

@@ -706,3 +706,14 @@ def test_disabled_controls_look_disabled(qtbot):
 def QColor_lightness(argb: int) -> int:  # noqa: N802
     from PySide6.QtGui import QColor
     return QColor.fromRgb(argb).lightness()
+
+
+def test_the_plots_panel_scrolls_a_named_plot_into_view(qtbot):
+    plots = show(qtbot, PlotsPanel(), 900, 200)  # one row of plots fits: the panel scrolls
+    bar = plots.scroll.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == 0
+    plots.show_series("ttft")  # the second row
+    low = bar.value()
+    assert low > 0
+    plots.show_series("hit_rate")  # back up to the first
+    assert bar.value() < low
