@@ -194,3 +194,21 @@ def test_at_1280x720_the_block_table_shows_both_rows(qtbot, window):
         top = table.rowViewportPosition(row)
         assert top >= 0 and top + table.rowHeight(row) <= table.viewport().height()
     assert table.isVisible() and table.visibleRegion().boundingRect().height() == table.height()
+
+
+def test_at_1280x720_every_plot_keeps_its_least_height_and_the_panel_scrolls(qtbot, window):
+    """Plots at 1280x720 were ~30 px high with tick labels overlapping: each keeps MIN_PLOT_H and the panel
+    scrolls; a legend is its title's second line, so it never covers a line."""
+    from kvscope.ui.views.plots import MIN_PLOT_H
+    win = window()
+    win.resize(1280, 720)
+    run(qtbot, win, [list(range(1, 30)), list(range(1, 20))], 4)
+    win.show_view("plots")
+    qtbot.wait(100)
+    win.flush()
+    heights = [p.vb.height() for p in win.plots.plots]  # the plotting area, axes and title apart
+    assert min(heights) >= MIN_PLOT_H * 0.5, heights
+    assert all(p.geometry().height() >= MIN_PLOT_H for p in win.plots.plots)
+    assert win.plots.scroll.verticalScrollBar().maximum() > 0  # below the least height it scrolls
+    assert all(p.legend is None for p in win.plots.plots)  # no legend item inside a plot
+    assert "free" in win.plots.plots[0].titleLabel.text and "used" in win.plots.plots[0].titleLabel.text
