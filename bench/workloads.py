@@ -110,7 +110,7 @@ def plot_figure9(rows: list[dict], refs: list[dict], quick: bool) -> None:
     ax.set_ylabel("hit rate: cached prompt tokens / prompt tokens")
     ax.set_title("Mooncake's traces, one request at a time (Figure 9's assumption)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.005, 0.19))  # under the ceilings, over no point
     save_figure(fig, "workloads", quick)
 
 
