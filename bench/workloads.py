@@ -116,7 +116,7 @@ def plot_figure9(rows: list[dict], refs: list[dict], quick: bool) -> None:
 
 def plot_arrivals(rows: list[dict], seq_rows: list[dict], quick: bool) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 7))
     colours = {"conversation": "#1f77b4", "synthetic": "#d62728"}
     lines = [  # (time scale, at once, policy, style, marker, label)
         (TIME_SCALE, 64, "lru", "-", "o", f"1/{TIME_SCALE:g} rate, 64 at once, lru"),
@@ -148,11 +148,11 @@ def plot_arrivals(rows: list[dict], seq_rows: list[dict], quick: bool) -> None:
         ax.set_xlabel(f"KV pool, tokens (block size {ARRIVAL_BLOCK})")
     axes[0].set_ylabel("hit rate")
     axes[0].set_title("with arrival times (blocks in use cannot be evicted)", fontsize=10)
-    axes[0].legend(fontsize=5.5)
+    axes[0].legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # below: over no line
     axes[1].set_yscale("log")
     axes[1].set_ylabel("TTFT p50, s (virtual clock)")
     axes[1].set_title("llama-3.1-8b on one simulated H100", fontsize=10)
-    axes[1].legend(fontsize=5.5)
+    axes[1].legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     save_figure(fig, "workloads_arrivals", quick)
 
 
