@@ -57,3 +57,23 @@ def token_ids(text: str) -> list[int]:
     if not ids or any(i < 0 for i in ids):
         raise argparse.ArgumentTypeError(f"token ids must be a non-empty list of integers >= 0, got {text!r}")
     return ids
+
+
+def port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {n}")
+    return n
+
+
+def timeout_seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"the timeout must be > 0 seconds, got {text}")
+    return s

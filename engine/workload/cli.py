@@ -13,7 +13,7 @@ import sys
 from ..config import EVICTION_POLICIES, HASH_ALGOS, PREEMPTION_MODES, EngineConfig
 from .costmodel import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from .driver import SimConfig, WorkloadResult, run_workload
-from .reader import WorkloadError, read_workload
+from .reader import read_workload
 from .sweep import format_table, plot_sweep, reference_row, sweep
 
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return play(args.file, config, sim, policies_of(args.eviction_policy),
                     parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None, png=args.png,
                     as_json=args.json, tokenizer=args.tokenizer, limit=args.limit)
-    except (WorkloadError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
 

@@ -15,7 +15,15 @@ import sys
 from engine import EngineConfig
 from engine.config import check_value, config_fields, field_type
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
-from kvscope.arg_types import font_scale, positive_float, positive_int, token_ids, window_size
+from kvscope.arg_types import (
+    font_scale,
+    port,
+    positive_float,
+    positive_int,
+    timeout_seconds,
+    token_ids,
+    window_size,
+)
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.serve.options import ServeOptions
 
@@ -217,26 +225,6 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
 
 
 # -- serving flags ---------------------------------------------------------------------------------
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"the timeout must be > 0 seconds, got {text}")
-    return s
-
-
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("serving (an OpenAI-compatible HTTP server beside the engine)")
     g.add_argument("--serve", action="store_true",
@@ -244,11 +232,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         "window (or --headless) shows the pool; the window starts in Run")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; serving beyond this machine needs an explicit one (e.g. 0.0.0.0)")
-    g.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (0: any free port)")
+    g.add_argument("--port", type=port, default=8000, help="TCP port to listen on (0: any free port)")
     g.add_argument("--api-key", default=argparse.SUPPRESS, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $KVSCOPE_API_KEY if set, "
                         "else no key)")
-    g.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+    g.add_argument("--request-timeout", type=timeout_seconds, default=None, metavar="SECONDS",
                    help="abort a request still running this long after it arrived (HTTP 504)")
 
 

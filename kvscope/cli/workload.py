@@ -40,11 +40,11 @@ def check_workload(args: argparse.Namespace, config: EngineConfig) -> None:
     if args.sequential and not args.headless:
         raise ValueError("--sequential plays requests one at a time without arrivals: use it with --headless "
                          "(the window plays the trace at its arrival times)")
-    from engine.workload.reader import WorkloadError, read_workload
-    try:
-        read_workload(args.workload, tokenizer=_tokenizer(config), limit=args.limit)
-    except WorkloadError as e:
-        raise ValueError(str(e)) from None
+    if args.headless:
+        return  # play() reads the file, and refuses a bad line, once
+    # The window's engine process would say it only after Qt started: read it here (WorkloadError is a ValueError)
+    from engine.workload.reader import read_workload
+    read_workload(args.workload, tokenizer=_tokenizer(config), limit=args.limit)
     sim.cost_model(config)
 
 
@@ -57,12 +57,11 @@ def _tokenizer(config: EngineConfig):
 
 def run_workload_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     from engine.workload.cli import one_line, parse_floats, play
-    from engine.workload.reader import WorkloadError
     from kvscope.cli.parser import sim_config
     try:
         return play(args.workload, config, sim_config(args), [config.eviction_policy],
                     parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None, png=args.png,
                     as_json=args.json, tokenizer=config.tokenizer, limit=args.limit)
-    except (WorkloadError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2

@@ -77,14 +77,18 @@ class LiveSource:
     def has_work(self) -> bool:
         return self.engine.has_unfinished() or any(h.has_work(self.engine) for h in self.hooks)
 
+    def clock(self) -> float:
+        """What a step's ``seconds`` are measured with: the wall clock (a simulated engine's source, its own)."""
+        return time.perf_counter()
+
     def step(self) -> StepRecord:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for h in self.hooks:
             h.before_step(self.engine)
         out = self.engine.step()
         for h in self.hooks:
             h.after_step(self.engine, out)
-        return self._record(out, time.perf_counter() - t0)
+        return self._record(out, self.clock() - t0)
 
     def _record(self, out: StepOutput | None, seconds: float = 0.0) -> StepRecord:
         e = self.engine

@@ -22,38 +22,31 @@ class WorkloadSpec:
 
 
 def build_workload_source(spec: WorkloadSpec, config, audit: bool = False, hooks: list | None = None) -> LiveSource:
-    """Raises ``ValueError`` (or ``WorkloadError``, a ``ValueError`` here) with one line for a bad trace."""
+    """Raises ``ValueError`` (a ``WorkloadError`` is one) with one line for a bad trace or option."""
     from engine.workload.driver import build_engine
-    from engine.workload.reader import WorkloadError, read_workload
-    try:
-        tokenizer = None
-        if config.tokenizer:
-            from engine.runner.models.loader import load_tokenizer
-            tokenizer = load_tokenizer(config.tokenizer)
-        workload = read_workload(spec.path, tokenizer=tokenizer, limit=spec.limit)
-        engine, feeder = build_engine(workload, config, spec.sim)
-    except WorkloadError as e:
-        raise ValueError(str(e)) from None
+    from engine.workload.reader import read_workload
+    tokenizer = None
+    if config.tokenizer:
+        from engine.runner.models.loader import load_tokenizer
+        tokenizer = load_tokenizer(config.tokenizer)
+    workload = read_workload(spec.path, tokenizer=tokenizer, limit=spec.limit)
+    engine, feeder = build_engine(workload, config, spec.sim)
     return WorkloadSource(engine, feeder, audit=audit, hooks=hooks)
 
 
 class WorkloadSource(LiveSource):
-    """A live source whose steps take the simulated card's time: a record's ``seconds`` is the virtual
-    clock's advance over the step (an idle wait for the next arrival included), so the window's time to
-    first token and tokens per second are the simulated machine's, as the headless summary's are."""
+    """A live source whose steps take the simulated card's time: its ``clock`` is the virtual one, so a
+    record's ``seconds`` is the clock's advance over the step (an idle wait for the next arrival included)
+    and the window's time to first token and tokens per second are the simulated machine's, as the headless
+    summary's are."""
 
     def __init__(self, engine, feeder, audit: bool = False, hooks: list | None = None) -> None:
         self.feeder = feeder
         super().__init__(engine, None, None, audit=audit, hooks=[feeder, *(hooks or [])])
 
-    def step(self):
-        clock = self.engine.runner.clock
-        for h in self.hooks:
-            h.before_step(self.engine)
-        out = self.engine.step()
-        for h in self.hooks:
-            h.after_step(self.engine, out)
-        return self._record(out, self.engine.runner.clock - clock)
+    def clock(self) -> float:
+        """The simulated card's seconds (LiveSource measures a step with this clock)."""
+        return self.engine.runner.clock
 
     def _info(self) -> SourceInfo:
         info = super()._info()

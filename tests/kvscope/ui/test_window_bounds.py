@@ -7,7 +7,6 @@ import gc
 import random
 import sys
 import tracemalloc
-import types
 from pathlib import Path
 
 import pytest
@@ -23,25 +22,13 @@ from kvscope.sources.live import LiveSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
+from snapshot_scale import deep_size  # noqa: E402
+
 from common import install_fake_runner  # noqa: E402
 
 BLOCKS, SEQS = 48, 8
 SMALL = WindowLimits(timeline_bytes=600_000, timeline_requests=250, event_log_rows=3_000, miss_explanations=150,
                      evicted_blocks=200)
-
-
-def deep_size(root, exclude=()) -> int:
-    """Bytes of every object reachable from ``root``, each once (``sys.getsizeof``), but ``exclude``."""
-    seen, stack, total = {id(x) for x in exclude}, [root], 0
-    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip):
-            continue
-        seen.add(id(obj))
-        total += sys.getsizeof(obj)
-        stack.extend(gc.get_referents(obj))
-    return total
 
 
 def the_present(h: RunHistory) -> list:
