@@ -69,6 +69,24 @@ class AuditReport:
         return "audit clean" if self.ok else "\n".join(map(str, self.problems))
 
 
+def ref_problem(ref: int, expected: int) -> str | None:
+    """What is wrong with a block whose ref count is ``ref`` while its tables hold ``expected`` references:
+    too many, one will never be dropped (a leak); too few, the block can be handed out while a table still
+    reads it (use after free); negative, it was freed twice. The rule for kvscope's pool and a probed vLLM's."""
+    if ref == expected:
+        return None
+    return "double_free" if ref < 0 else "leaked" if ref > expected else "use_after_free"
+
+
+def queue_problem(ref: int, expected: int, queued: bool) -> str | None:
+    """What is wrong with a block's place on the free queue: a free block must be queued, a held one not."""
+    if ref == 0 and not queued:
+        return "not_in_free_queue"
+    if ref > 0 and queued and expected > 0:
+        return "use_after_free"
+    return None
+
+
 def _culprit(b: KVCacheBlock, mapped_by: set[str], too_many: bool) -> str:
     """The request to blame: a holder whose table lost the block (a leak), else the last releaser."""
     if too_many:
@@ -93,17 +111,13 @@ def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditR
             break
     for b in pool.blocks:
         exp, ref = expected[b.block_id], b.ref_cnt
-        if ref != exp:
-            # Too many references: one will never be dropped (a leak). Too few: the block can be
-            # handed out while a table still reads it (use after free). Negative: freed twice.
-            kind = "double_free" if ref < 0 else "leaked" if ref > exp else "use_after_free"
+        kind = ref_problem(ref, exp)
+        if kind is not None:
             problems.append(AuditProblem(b.block_id, kind, exp, ref,
                                          _culprit(b, mapped_by.get(b.block_id, set()), ref > exp)))
-        queued = seen[b.block_id] > 0
-        if ref == 0 and not queued:
-            problems.append(AuditProblem(b.block_id, "not_in_free_queue", exp, ref, b.last_owner))
-        elif ref > 0 and queued and exp > 0:
-            problems.append(AuditProblem(b.block_id, "use_after_free", exp, ref, b.last_owner))
+        kind = queue_problem(ref, exp, seen[b.block_id] > 0)
+        if kind is not None:
+            problems.append(AuditProblem(b.block_id, kind, exp, ref, b.last_owner))
         if b.block_hash is not None and pool.cached.get(b.block_hash) is not b:
             problems.append(AuditProblem(b.block_id, "hash_map", exp, ref, b.last_owner))
     if pool.free_queue.num_free_blocks != sum(seen.values()):

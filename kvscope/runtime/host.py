@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from kvscope.messages import one_line
 from kvscope.runtime import protocol as p
-from kvscope.sources.base import Source
+from kvscope.sources.base import REMOTE_STEPPING, Source
 from kvscope.sysinfo import MemoryProbe, MemoryReading
 
 MEMORY_READ_EVERY_S = 0.05  # the memory plot's resolution: a reading per step cost ~0.3 ms of a small step
@@ -32,6 +32,9 @@ def vocab_of(source) -> tuple[str, ...]:
     Decoding 49,152 tokens one by one takes ~0.3 s of every start; for a model whose conversion kvscope
     caches (a GGUF file), the texts are kept beside the converted weights and read back instead.
     """
+    own = getattr(source, "vocab", None)
+    if own is not None:  # a source without an engine of its own (a probed vLLM) that knows its tokenizer
+        return own()
     engine = getattr(source, "engine", None)
     tok = getattr(engine, "tokenizer", None)
     if tok is None:
@@ -190,8 +193,10 @@ class EngineHost:
         self._probe = MemoryProbe.for_device(info.device, MEMORY_READ_EVERY_S)
         self.on_load()
         self.emit(p.Loaded(info, vocab_of(source)))
-        if not info.read_only:
+        if not info.read_only or REMOTE_STEPPING in info.capabilities:
             self._send(source.current())
+        if REMOTE_STEPPING in info.capabilities:
+            self._set_running(True)  # a running engine elsewhere: shown as it goes until Pause holds it
         if self.bridge is not None:
             if self.serving:
                 if self.bridge not in source.hooks:
@@ -202,6 +207,9 @@ class EngineHost:
                 self.bridge.detach("a trace replay cannot serve requests")
 
     def shutdown(self) -> None:
+        if self.source is not None and REMOTE_STEPPING in self.source.info.capabilities:
+            self.source.close()  # before the pause below: a window that goes lets the engine run on
+            self.source = None
         self._set_running(False)
         if self.bridge is not None:
             self.bridge.detach("the server is shutting down")
@@ -214,6 +222,9 @@ class EngineHost:
     def _set_running(self, on: bool) -> None:
         if on != self.running:
             self.running = on
+            src = self.source
+            if src is not None and REMOTE_STEPPING in src.info.capabilities:
+                src.hold(not on)  # Pause holds the engine itself, Run lets it go
             self.emit(p.RunningChanged(on))
 
     def tick(self) -> bool:
@@ -261,3 +272,5 @@ class EngineHost:
     def _send(self, rec) -> None:
         mem = self._probe.read() if self._probe else MemoryReading()
         self.emit(p.Stepped(rec, mem))
+        if getattr(rec, "notice", None):
+            self.emit(p.Error(rec.notice))

@@ -26,9 +26,13 @@ AUDIT = "audit"  # recompute ref counts from the tables
 # An attached engine's cache as its KV events tell it: cached blocks by hash, chained into a prefix forest
 # (the source's ``model``, a RemoteCacheModel); each record's snapshot is the poll's AttachRecord.
 PREFIX_FOREST = "prefix_forest"
+# Pause, Step and Run hold the engine itself, in another process kvscope does not host (a probed vLLM): the
+# host tells the source (``hold``) and each Step asks that engine for one schedule.
+REMOTE_STEPPING = "remote_stepping"
 LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
 REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
 ATTACH_CAPABILITIES = frozenset({PREFIX_FOREST})
+PROBE_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS, AUDIT, REMOTE_STEPPING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,9 @@ class SourceInfo:
     plot: str = ""  # with view "plots": the series whose plot the lesson reads (scrolled into view)
     kv_layout: str = "paged"  # or "contiguous": each request reserves max_model_len up front
     prefix_caching: bool = True  # the pool publishes full blocks for prefix hits
+    # whether replaying a record's events by kvscope's pool rules rebuilds the next pool (the timeline keyframes
+    # every 64 steps and replays between); a probed vLLM's pool follows vLLM's own rules: a keyframe a step
+    events_rebuild_pool: bool = True
     extra: dict = field(default_factory=dict)
 
     @property
@@ -81,6 +88,8 @@ class StepRecord:
     step_output: StepOutput | None
     seconds: float
     audit: AuditReport | None = None
+    notice: str | None = None  # one line about the source itself (a probed vLLM restarted, say), not an error
+
 
     @property
     def leaked(self) -> list[int]:

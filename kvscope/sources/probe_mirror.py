@@ -1,0 +1,380 @@
+"""A probed vLLM's block pool, rebuilt from the probe's keyframe and steps (``kvscope_vllm_probe.wire``).
+
+The mirror applies vLLM's own operations in vLLM's order: a block's ref count as vLLM wrote it, its hash, and
+where it went in the free queue (vLLM frees an unhashed block to the head, a hashed one to the tail; it is the
+probe that says which, so the mirror holds no rule of vLLM's that a release could change). From them it makes
+kvscope's events (allocated, hit, freed, stored, evicted, admitted, preempted, finished), the ``KVSnapshot``
+every view draws (``assemble_snapshot``, as for kvscope's own engine) and the audit: every block's ref count
+against the tables that hold it plus vLLM's deferred frees, the free queue against ref count 0, and the hash
+map's size against the hashed blocks.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from kvscope_vllm_probe.wire import (
+    OP_APPEND,
+    OP_HASH,
+    OP_POP,
+    OP_PREPEND,
+    OP_REF,
+    OP_REMOVE,
+    OP_REQUEST,
+    Keyframe,
+    RequestRow,
+    Step,
+)
+
+from engine.inspect.audit import AuditProblem, AuditReport, queue_problem, ref_problem
+from engine.inspect.chunked_map import ChunkedMap
+from engine.inspect.events import (
+    BlockAllocated,
+    BlockEvicted,
+    BlockFreed,
+    BlockStored,
+    BlockTouched,
+    Event,
+    RequestAborted,
+    RequestAdmitted,
+    RequestFinished,
+    RequestPreempted,
+)
+from engine.inspect.replay import apply_cache_event
+from engine.inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
+
+KEEP_FINISHED = 64  # finished requests kept in the snapshot, as kvscope's engine keeps them
+
+# vLLM's RequestStatus names as kvscope's rows say them
+STATUS = {"WAITING": "WAITING", "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "WAITING",
+          "WAITING_FOR_REMOTE_KVS": "WAITING", "WAITING_FOR_STREAMING_REQ": "WAITING", "RUNNING": "RUNNING",
+          "PREEMPTED": "PREEMPTED", "FINISHED_STOPPED": "FINISHED_STOPPED", "FINISHED_REPETITION": "FINISHED_STOPPED",
+          "FINISHED_LENGTH_CAPPED": "FINISHED_LENGTH", "FINISHED_ABORTED": "FINISHED_ABORTED",
+          "FINISHED_IGNORED": "FINISHED_ERROR", "FINISHED_ERROR": "FINISHED_ERROR"}
+_REASON = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length", "FINISHED_ERROR": "error"}
+
+
+class MirrorError(ValueError):
+    """A step the mirror cannot apply (a gap in the sequence, a block the pool does not have): resync."""
+
+
+def hex64(h: int) -> str:
+    return f"{h:016x}"
+
+
+class FreeList:
+    """vLLM's free queue as a doubly linked list over block ids (O(1) pops, removals, appends, prepends)."""
+
+    def __init__(self, n: int, order) -> None:
+        self.n = n
+        head, tail = n, n + 1
+        self.prev = [-1] * (n + 2)
+        self.next = [-1] * (n + 2)
+        self.queued = [False] * n
+        last = head
+        for b in order:
+            self.next[last], self.prev[b] = b, last
+            self.queued[b] = True
+            last = b
+        self.next[last], self.prev[tail] = tail, last
+        self.size = len(order)
+
+    def _unlink(self, b: int) -> None:
+        if not self.queued[b]:
+            raise MirrorError(f"block {b} left the free queue, but the mirror does not have it there")
+        p, q = self.prev[b], self.next[b]
+        self.next[p], self.prev[q] = q, p
+        self.queued[b] = False
+        self.size -= 1
+
+    def remove(self, b: int) -> None:
+        self._unlink(b)
+
+    def append(self, ids) -> None:
+        tail = self.n + 1
+        for b in ids:
+            if self.queued[b]:
+                raise MirrorError(f"block {b} joined the free queue twice")
+            last = self.prev[tail]
+            self.next[last], self.prev[b], self.next[b], self.prev[tail] = b, last, tail, b
+            self.queued[b] = True
+        self.size += len(ids)
+
+    def prepend(self, ids) -> None:
+        """``ids`` at the head, in this order (``ids[0]`` is the new head), as vLLM's ``prepend_n``."""
+        prev = self.n
+        first = self.next[prev]
+        for b in ids:
+            if self.queued[b]:
+                raise MirrorError(f"block {b} joined the free queue twice")
+            self.next[prev], self.prev[b] = b, prev
+            self.queued[b] = True
+            prev = b
+        self.next[prev], self.prev[first] = first, prev
+        self.size += len(ids)
+
+    def order(self) -> np.ndarray:
+        out = np.empty(self.size, np.int32)
+        b, nxt, end = self.next[self.n], self.next, self.n + 1
+        for i in range(self.size):
+            out[i] = b
+            b = nxt[b]
+        if b != end:
+            raise MirrorError("the free queue's links do not match its size")
+        return out
+
+
+class _Request:
+    __slots__ = ("rid", "index", "status", "prompt", "tokens", "computed", "cached", "table", "arrival")
+
+    def __init__(self, rid: str, index: int) -> None:
+        self.rid, self.index = rid, index
+        self.status = "WAITING"
+        self.prompt = 0
+        self.tokens: list[int] = []
+        self.computed = 0
+        self.cached = 0
+        self.table: list[int] = []
+        self.arrival = 0.0
+
+    def info(self, decode) -> RequestInfo:
+        out = self.tokens[self.prompt:]
+        return RequestInfo(self.rid, self.index, self.status, self.prompt, len(out), self.cached, self.computed,
+                           tuple(self.table), (decode(out) or "") if decode and out else "", tuple(self.tokens))
+
+
+class VllmPoolMirror:
+    def __init__(self, kf: Keyframe, decode=None) -> None:
+        self.decode = decode
+        self.load(kf)
+
+    # -- applying ------------------------------------------------------------------------------------
+    def load(self, kf: Keyframe) -> None:
+        info = kf.info
+        n = info.num_blocks
+        if len(kf.ref_cnt) != n:
+            raise MirrorError(f"a keyframe of {n} blocks carries {len(kf.ref_cnt)} ref counts")
+        self.info = info
+        self.n, self.block_size, self.null = n, info.block_size, info.null_block
+        self.ref = np.asarray(kf.ref_cnt, np.int32).copy()
+        self._ref = memoryview(self.ref)
+        self.last_access = np.zeros(n, np.int64)
+        self._access = memoryview(self.last_access)
+        self.hashes: ChunkedMap[str] = ChunkedMap(n)
+        self.tokens: ChunkedMap[tuple[int, ...]] = ChunkedMap(n)
+        for b, h, toks in kf.hashes:
+            self._check(b)
+            self.hashes[b] = hex64(h)
+            self.tokens[b] = tuple(toks)
+        for b in kf.free_queue:
+            self._check(b)
+        self.free = FreeList(n, kf.free_queue)
+        self.holders: dict[int, list[str]] = {}
+        self.requests: dict[str, _Request] = {}
+        self.finished: deque[RequestInfo] = deque(maxlen=KEEP_FINISHED)
+        self._next_index = 0
+        for row in kf.requests:
+            self._apply_row(row, [])
+        for r in self.requests.values():
+            for b in r.table:
+                if b != self.null:
+                    self.holders.setdefault(b, []).append(r.rid)
+        self.deferred = [list(d) for d in kf.deferred]
+        self.seq, self.vllm_step = kf.seq, kf.step
+        self.counters = dict(kf.counters)
+        self.paused, self.holder = kf.paused, kf.holder
+        self.evictions = 0
+        self.generated = 0
+
+    def _check(self, b: int) -> None:
+        if not 0 <= b < self.n:
+            raise MirrorError(f"the probe named block {b}, but vLLM's pool has blocks 0..{self.n - 1}")
+
+    def apply(self, st: Step) -> list[Event]:
+        """One step's changes, in vLLM's order; returns kvscope's events for them. Raises ``MirrorError``
+        (nothing applied) on a gap in the sequence."""
+        if st.seq <= self.seq:
+            return []  # sent before the keyframe this mirror started from
+        if st.seq != self.seq + 1:
+            raise MirrorError(f"the probe's step {st.seq} follows {self.seq}: {st.seq - self.seq - 1} missed")
+        events: list[Event] = []
+        self._apply_ops(st.ops, st.step, events)
+        for row in st.rows:
+            self._apply_row(row, events)
+        for rid, status in st.gone:
+            self._gone(rid, STATUS.get(status, "FINISHED_ERROR"), events)
+        if st.deferred is not None:
+            self.deferred = [list(d) for d in st.deferred]
+        self.seq, self.vllm_step = st.seq, st.step
+        self.counters = dict(st.counters)
+        self.paused = st.paused
+        return events
+
+    def _apply_ops(self, ops: list[list], step: int, events: list[Event]) -> None:
+        ref, access, free, null = self._ref, self._access, self.free, self.null
+        n = self.n
+        request = ""
+        popped: set[int] = set()
+        for op in ops:
+            code = op[0]
+            if code == OP_REQUEST:
+                request = op[1]
+            elif code == OP_REF:
+                b, v = op[1], op[2]
+                if not 0 <= b < n:
+                    raise MirrorError(f"the probe named block {b}, but vLLM's pool has blocks 0..{n - 1}")
+                old = ref[b]
+                ref[b] = v
+                if b == null:
+                    continue  # vLLM does not keep the null block's count
+                access[b] = step
+                if v > old:
+                    if b in popped and old == 0:
+                        popped.discard(b)
+                        events.append(BlockAllocated(b, request))
+                    else:
+                        events.append(BlockTouched(b, request, v))
+                    self.holders.setdefault(b, []).append(request)
+                else:
+                    holders = self.holders.get(b)
+                    who = request
+                    if holders:
+                        if request in holders:
+                            holders.remove(request)
+                        else:
+                            who = who or holders[-1]
+                            holders.pop()
+                    events.append(BlockFreed(b, who, v))
+            elif code == OP_HASH:
+                b, h = op[1], op[2]
+                self._check(b)
+                old = self.hashes.get(b)
+                if h is None:
+                    if old is None:
+                        continue
+                    ev = BlockEvicted(b, old)
+                    self.evictions += 1
+                else:
+                    ev = BlockStored(b, hex64(h), request, tuple(op[3]), hex64(op[4]) if op[4] is not None else None)
+                apply_cache_event(ev, self.tokens, self.hashes)  # the cache's rules, as every copy of it keeps them
+                events.append(ev)
+            elif code == OP_POP:
+                for b in op[1]:
+                    self._check(b)
+                    free.remove(b)
+                    popped.add(b)
+            elif code == OP_REMOVE:
+                self._check(op[1])
+                free.remove(op[1])
+            elif code == OP_APPEND:
+                for b in op[1]:
+                    self._check(b)
+                free.append(op[1])
+            elif code == OP_PREPEND:
+                for b in op[1]:
+                    self._check(b)
+                free.prepend(op[1])
+            else:
+                raise MirrorError(f"unknown op {code} in the probe's step")
+
+    def _apply_row(self, row: RequestRow, events: list[Event]) -> None:
+        r = self.requests.get(row.request_id)
+        if r is None:
+            r = self.requests[row.request_id] = _Request(row.request_id, self._next_index)
+            self._next_index += 1
+            r.arrival = row.arrival
+        before = r.status
+        status = STATUS.get(row.status, "WAITING")
+        r.prompt = row.num_prompt_tokens
+        old_out = max(0, len(r.tokens) - r.prompt)
+        del r.tokens[row.tokens_from:]
+        r.tokens.extend(row.tokens)
+        self.generated += max(0, len(r.tokens) - r.prompt - old_out)
+        r.computed = row.num_computed_tokens
+        if row.num_cached_tokens >= 0:
+            r.cached = row.num_cached_tokens
+        if row.block_ids is not None:
+            del r.table[row.blocks_from:]
+            r.table.extend(row.block_ids)
+            for b in row.block_ids:
+                self._check(b)
+        r.status = status
+        if status == "RUNNING" and before != "RUNNING":
+            events.append(RequestAdmitted(r.rid, r.prompt, max(r.cached, 0)))
+        elif status == "PREEMPTED" and before == "RUNNING":
+            events.append(RequestPreempted(r.rid, "recompute", "vLLM's pool ran out of blocks"))
+
+    def _gone(self, rid: str, status: str, events: list[Event]) -> None:
+        r = self.requests.pop(rid, None)
+        if r is None:
+            return
+        r.status, r.table = status, []
+        events.append(RequestAborted(rid) if status == "FINISHED_ABORTED"
+                      else RequestFinished(rid, _REASON.get(status, "stop")))
+        self.finished.append(r.info(self.decode))
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def tables(self) -> dict[str, list[int]]:
+        return {rid: r.table for rid, r in self.requests.items()}
+
+    def counters_now(self) -> dict[str, float]:
+        c = dict(self.counters)
+        n_free = self.free.size
+        c.update(num_blocks=self.n, num_free_blocks=n_free, num_cached_blocks=len(self.hashes),
+                 evictions=self.evictions, generation_tokens=self.generated, cow_copies=0, swap_outs=0, swap_ins=0,
+                 num_requests_swapped=0, num_cpu_blocks=0, num_free_cpu_blocks=0, step=self.vllm_step)
+        c.setdefault("kv_cache_usage_perc", 0.0)
+        c.setdefault("prefix_cache_queries", 0)
+        c.setdefault("prefix_cache_hits", 0)
+        c.setdefault("num_preemptions", 0)
+        return c
+
+    def snapshot(self, step: int) -> KVSnapshot:
+        has_hash = np.zeros(self.n, bool)
+        if len(self.hashes):
+            has_hash[np.fromiter(self.hashes, np.int64, len(self.hashes))] = True
+        rows = [r.info(self.decode) for r in self.requests.values()]
+        rows += [f for f in self.finished if f.request_id not in self.requests]
+        return assemble_snapshot(step, self.block_size, self.ref.copy(), has_hash, self.last_access.copy(),
+                                 self.free.order(), rows, self.tokens.freeze(), self.hashes.freeze(),
+                                 self.counters_now(), 0, model_name=self.info.model)
+
+    def audit(self) -> AuditReport:
+        """vLLM's pool against its tables: ref counts against the tables plus the deferred frees (blocks out
+        of a table, freed after a later step), the free queue against ref count 0, and the hash map's size
+        against the hashed blocks. The null block (vLLM keeps no count for it) is left out."""
+        n = self.n
+        held = [b for r in self.requests.values() for b in r.table] + [b for d in self.deferred for b in d]
+        expected = np.bincount(np.asarray(held, np.int64), minlength=n)[:n] if held else np.zeros(n, np.int64)
+        queued = np.asarray(self.free.queued, bool)
+        ref = self.ref
+        bad = (ref != expected) | ((ref == 0) & ~queued) | ((ref > 0) & queued & (expected > 0))
+        if 0 <= self.null < n:
+            bad[self.null] = False
+        problems: list[AuditProblem] = []
+        mapped = None
+        for b in np.flatnonzero(bad).tolist():
+            r, e = int(ref[b]), int(expected[b])
+            kind = ref_problem(r, e)
+            if kind is not None:
+                if mapped is None:
+                    mapped = {}
+                    for rid, req in self.requests.items():
+                        for x in req.table:
+                            mapped.setdefault(x, set()).add(rid)
+                problems.append(AuditProblem(b, kind, e, r, self._culprit(b, mapped.get(b, set()), r > e)))
+            kind = queue_problem(r, e, bool(queued[b]))
+            if kind is not None:
+                problems.append(AuditProblem(b, kind, e, r, self._culprit(b, set(), False)))
+        size = self.counters.get("hash_map_size")
+        if size is not None and int(size) != len(self.hashes):
+            problems.append(AuditProblem(-1, "hash_map", int(size), len(self.hashes)))
+        return AuditReport(tuple(problems))
+
+    def _culprit(self, b: int, mapped_by: set[str], too_many: bool) -> str:
+        """A holder whose table no longer has the block (a leak), else the block's last holder."""
+        holders = self.holders.get(b, [])
+        stray = [h for h in holders if h not in mapped_by]
+        if too_many and stray:
+            return stray[-1]
+        return holders[-1] if holders else ""

@@ -1,0 +1,250 @@
+"""What changed in vLLM's block pool, op by op, in the order vLLM did it: the probe's only hook into the pool.
+
+Three kinds of hook, each chosen so that nothing can change unseen and the cost follows the changes, not
+the pool's size (a full dump costs 54 ms at 65,536 blocks):
+- ``KVCacheBlock.ref_cnt`` and ``KVCacheBlock._block_hash`` become recording data descriptors over their own
+  slots. Every ref count and every hash vLLM writes passes through them, whoever writes it (the pool, a
+  single-type manager's copy-on-write, a fault). Both are slots of a slotted dataclass in every release the
+  probe knows (``compat.py``), so the original member descriptor does the storing.
+- The free queue's mutators (``popleft``, ``popleft_n``, ``remove``, ``append``, ``append_n``, ``prepend_n``)
+  are wrapped on this pool's queue instance: they say where in the queue a block went, which a ref count
+  alone does not (vLLM puts an unhashed block at the head, a hashed one at the tail).
+- The KV cache manager's request-taking methods are wrapped to say which request the ops are for, and
+  ``BlockPool.cache_full_blocks`` to say which tokens a newly hashed block holds (vLLM keeps no tokens in a
+  block; its KV events read them from the request, and so does this).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from .wire import OP_APPEND, OP_HASH, OP_POP, OP_PREPEND, OP_REF, OP_REMOVE, OP_REQUEST, hash64
+
+QUEUE_OPS = {"popleft": OP_POP, "popleft_n": OP_POP, "remove": OP_REMOVE, "append": OP_APPEND,
+             "append_n": OP_APPEND, "prepend_n": OP_PREPEND}
+# the KV cache manager's methods whose first argument is the request the pool's ops are done for
+REQUEST_METHODS = ("get_computed_blocks", "allocate_slots", "free", "cache_blocks", "pop_blocks_for_free")
+
+_active: Recorder | None = None  # one scheduler a process (vLLM's engine core); the class hooks route here
+_installed = False
+
+
+class Recorder:
+    def __init__(self, scheduler, block_size: int) -> None:
+        self.scheduler = scheduler
+        self.manager = scheduler.kv_cache_manager
+        self.pool = self.manager.block_pool
+        self.queue = self.pool.free_block_queue
+        self.block_size = block_size
+        self.ops: list[list] = []
+        self.request = ""  # the request the current ops are for
+        self._said_request = ""  # the request the last OP_REQUEST named
+        self.touched: set[str] = set()  # requests the manager worked for since the last take
+        self.cached_tokens: dict[str, int] = {}  # request id -> prefix-cache hit at its latest admission
+        self.admissions: list[tuple[str, int, int]] = []  # (request id, tokens asked, tokens hit) since the last take
+        self.tokens_of: dict[int, list[int]] = {}  # hashed block -> its tokens (for a keyframe)
+        self._store: dict[int, tuple[object, int]] = {}  # during cache_full_blocks: block id -> (request, index)
+        self.whole_table: set[str] = set()  # requests whose table changed other than by growing
+        self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
+        self._saved: list[tuple[object, str, object]] = []
+
+    # -- installing -------------------------------------------------------------------------------
+    def install(self) -> None:
+        global _active
+        _install_block_hooks(type(self.pool.blocks[0]))
+        for name, code in QUEUE_OPS.items():
+            if hasattr(self.queue, name):
+                self._wrap(self.queue, name, _queue_wrapper(self, getattr(self.queue, name), code))
+        self._wrap(self.pool, "cache_full_blocks", self._cache_full_blocks(self.pool.cache_full_blocks))
+        for name in REQUEST_METHODS:
+            if hasattr(self.manager, name):
+                self._wrap(self.manager, name, self._for_request(getattr(self.manager, name), name))
+        if hasattr(self.manager, "remove_skipped_blocks"):
+            self._wrap(self.manager, "remove_skipped_blocks",
+                       self._table_rewritten(self.manager.remove_skipped_blocks))
+        _active = self
+
+    def uninstall(self) -> None:
+        """Put vLLM's own methods back (the class hooks stay, recording nothing)."""
+        global _active
+        for obj, name, _ in reversed(self._saved):
+            try:
+                delattr(obj, name)  # the instance attribute hid the class's method
+            except AttributeError:
+                pass
+        self._saved.clear()
+        if _active is self:
+            _active = None
+
+    def _wrap(self, obj, name: str, wrapper) -> None:
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, wrapper)
+
+    # -- wrappers ---------------------------------------------------------------------------------
+    def _for_request(self, fn, name: str):
+        @functools.wraps(fn)
+        def wrapper(request, *args, **kwargs):
+            outer = self.request
+            rid = self.request = request.request_id
+            self.touched.add(rid)
+            try:
+                if name == "free" and self.before_free is not None:
+                    self.before_free(request)
+                result = fn(request, *args, **kwargs)
+            finally:
+                self.request = outer
+            if name == "get_computed_blocks":
+                hit = result[1]
+                self.cached_tokens[rid] = hit
+                self.admissions.append((rid, request.num_tokens, hit))
+            return result
+        return wrapper
+
+    def _cache_full_blocks(self, fn):
+        @functools.wraps(fn)
+        def wrapper(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs):
+            store = self._store
+            for i in range(num_cached_blocks, min(num_full_blocks, len(blocks))):
+                store[blocks[i].block_id] = (request, i)
+            outer = self.request
+            self.request = request.request_id
+            try:
+                return fn(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+            finally:
+                self.request = outer
+                store.clear()
+        return wrapper
+
+    def _table_rewritten(self, fn):
+        @functools.wraps(fn)
+        def wrapper(request_id, *args, **kwargs):
+            before = self._table_len(request_id)
+            result = fn(request_id, *args, **kwargs)
+            if self._table_len(request_id) == before:  # blocks replaced by the null block, not added
+                self.whole_table.add(request_id)
+            return result
+        return wrapper
+
+    def _table_len(self, request_id: str) -> int:
+        return len(self.manager.coordinator.single_type_managers[0].req_to_blocks.get(request_id, ()))
+
+    # -- what the hooks record ------------------------------------------------------------------------
+    def _say_request(self) -> None:
+        if self.request != self._said_request:
+            self._said_request = self.request
+            self.ops.append([OP_REQUEST, self.request])
+
+    def on_ref(self, block, value: int) -> None:
+        if self.request != self._said_request:
+            self._say_request()
+        self.ops.append([OP_REF, block.block_id, value])
+
+    def on_hash(self, block, value) -> None:
+        b = block.block_id
+        if self.request != self._said_request:
+            self._say_request()
+        if value is None:
+            self.tokens_of.pop(b, None)
+            self.ops.append([OP_HASH, b, None, [], None])
+            return
+        tokens: list[int] = []
+        parent = None
+        where = self._store.get(b)
+        if where is not None:
+            request, i = where
+            bs = self.block_size
+            tokens = list(request.all_token_ids[i * bs:(i + 1) * bs])
+            if i > 0 and i - 1 < len(request.block_hashes):
+                parent = hash64_of_request_hash(request.block_hashes[i - 1])
+        self.tokens_of[b] = tokens
+        self.ops.append([OP_HASH, b, hash64(value), tokens, parent])
+
+    def on_queue(self, code: int, blocks) -> None:
+        if self.request != self._said_request:
+            self._say_request()
+        if code == OP_REMOVE:
+            self.ops.append([OP_REMOVE, blocks.block_id])
+        else:
+            self.ops.append([code, [b.block_id for b in blocks]])
+
+    def take(self) -> tuple[list[list], set[str], list[tuple[str, int, int]]]:
+        """The ops, the requests worked for and the admissions since the last take."""
+        ops, touched, adm = self.ops, self.touched, self.admissions
+        self.ops, self.touched, self.admissions = [], set(), []
+        self._said_request = ""
+        return ops, touched, adm
+
+
+def hash64_of_request_hash(block_hash: bytes) -> int:
+    """A request's block hash (no group id appended) as 64 bits, as vLLM's KV events carry it."""
+    return int.from_bytes(block_hash[-8:], "big")
+
+
+def _queue_wrapper(rec: Recorder, fn, code: int):
+    if code == OP_POP:
+        @functools.wraps(fn)
+        def pop(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            rec.on_queue(OP_POP, out if isinstance(out, list) else [out])
+            return out
+        return pop
+
+    @functools.wraps(fn)
+    def put(arg, *args, **kwargs):
+        fn(arg, *args, **kwargs)
+        if code == OP_REMOVE:
+            rec.on_queue(OP_REMOVE, arg)
+        elif isinstance(arg, list):
+            if arg:
+                rec.on_queue(code, arg)
+        else:
+            rec.on_queue(code, [arg])  # append(block)
+    return put
+
+
+def _install_block_hooks(cls) -> None:
+    """Make ``cls.ref_cnt`` and ``cls._block_hash`` record their changes (once a process)."""
+    global _installed
+    if _installed:
+        return
+    ref_slot, hash_slot = cls.__dict__["ref_cnt"], cls.__dict__["_block_hash"]
+    ref_get, ref_set = ref_slot.__get__, ref_slot.__set__
+    hash_get, hash_set = hash_slot.__get__, hash_slot.__set__
+
+    def get_ref(self):
+        return ref_get(self, cls)
+
+    def set_ref(self, value):
+        rec = _active
+        if rec is None:
+            ref_set(self, value)
+            return
+        try:
+            old = ref_get(self, cls)
+        except AttributeError:  # __init__ setting it the first time
+            old = None
+        ref_set(self, value)
+        if value != old and self.block_id >= 0 and old is not None:
+            rec.on_ref(self, value)
+
+    def get_hash(self):
+        return hash_get(self, cls)
+
+    def set_hash(self, value):
+        rec = _active
+        if rec is None:
+            hash_set(self, value)
+            return
+        try:
+            old = hash_get(self, cls)
+        except AttributeError:
+            old = None
+            hash_set(self, value)
+            return
+        hash_set(self, value)
+        if value != old and self.block_id >= 0:
+            rec.on_hash(self, value)
+
+    cls.ref_cnt = property(get_ref, set_ref)
+    cls._block_hash = property(get_hash, set_hash)
+    _installed = True

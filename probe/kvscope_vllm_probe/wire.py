@@ -1,0 +1,176 @@
+"""The probe's wire: what vLLM's probe and kvscope say to each other, one schema for both ends.
+
+One ZeroMQ endpoint carries everything. The probe binds a ROUTER socket at ``KVSCOPE_PROBE_ENDPOINT``; each
+subscriber (a kvscope window, ``--headless``, a test) connects a DEALER and says ``Hello``. The probe answers
+``Welcome`` and a ``Keyframe`` (the whole pool), then sends every step's changes (``Step``): the pool's own
+operations in the order vLLM made them (ref counts, hashes, and the free queue's pops, removals, appends and
+prepends, each attributed to the request vLLM was working for) and the rows of the requests that changed.
+A subscriber sends ``Command``s (pause, step N, run), a ``Heartbeat`` every second (a window that is gone
+must not keep vLLM paused), ``Resync`` (a fresh keyframe, after a gap in ``seq``) and ``Bye``.
+
+These are the same things kvscope's engine process sends its window (a keyframe of the pool's arrays, then
+each step's events and request rows as deltas), in msgpack instead of pickle: the probe runs inside vLLM,
+which has msgspec and pyzmq but not kvscope. ``PROTOCOL`` changes whenever a message changes shape; the two
+ends refuse each other's in one line when it differs.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+PROTOCOL = 1
+ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
+ENV_FAULT = "KVSCOPE_PROBE_FAULT"
+ENV_ANY_RELEASE = "KVSCOPE_PROBE_ANY_RELEASE"  # try a vLLM release the probe was not checked against
+HEARTBEAT_S = 1.0  # a subscriber's heartbeat period
+SILENT_S = 5.0  # a subscriber silent this long is gone (and so is any pause it holds)
+
+# Ops of a Step, each a list whose first item is the code. They are vLLM's own pool operations, in order.
+OP_REF = 0  # [0, block, ref_cnt]: a block's ref count became this
+OP_HASH = 1  # [1, block, hash64 | None, token ids, parent hash64 | None]: a block was hashed (stored) or cleared
+OP_POP = 2  # [2, [blocks]]: taken from the free queue's head (get_new_blocks)
+OP_REMOVE = 3  # [3, block]: taken from the middle of the free queue (a prefix hit on a free cached block)
+OP_APPEND = 4  # [4, [blocks]]: joined the free queue's tail, in this order
+OP_PREPEND = 5  # [5, [blocks]]: joined the free queue's head, in this order (the first is the new head)
+OP_REQUEST = 6  # [6, request id]: the ops after this one are done for this request ("" for none)
+FAULTS = ("leak-last-block",)  # the faults the probe can switch on (see faults.py)
+
+
+class Message(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
+    pass
+
+
+# -- subscriber -> probe ---------------------------------------------------------------------------
+class Hello(Message):
+    protocol: int
+    client: str  # who subscribes, for vLLM's log ("kvscope 0.1.0 window")
+
+
+class Command(Message):
+    op: str  # "pause" | "run" | "step"
+    n: int = 1  # with "step": schedules to run before pausing again
+
+
+class Heartbeat(Message):
+    pass
+
+
+class Resync(Message):
+    pass
+
+
+class Bye(Message):
+    pass
+
+
+class SetFault(Message):
+    name: str  # one of FAULTS
+    on: bool
+
+
+# -- probe -> subscriber ---------------------------------------------------------------------------
+class Welcome(Message):
+    protocol: int
+    probe_version: str
+    vllm_version: str
+    instance: str  # random per vLLM start: a subscriber tells a restart from a pause by it
+
+
+class Refused(Message):
+    reason: str  # one line
+
+
+class PoolInfo(msgspec.Struct, array_like=True):
+    model: str
+    vllm_version: str
+    block_size: int
+    num_blocks: int
+    null_block: int  # vLLM's placeholder block (never freed, never in a table's count), -1 if none
+    enable_caching: bool
+    hash_algo: str
+    num_kv_groups: int  # tables are shown for group 0; more groups (hybrid models) are said, not shown
+    async_scheduling: bool  # stepping needs --no-async-scheduling (a step then runs ahead of the pause)
+    max_model_len: int
+    fault: str  # the fault switched on ("" for none)
+    notes: list[str] = []  # what the probe could not follow in this vLLM, one line each
+
+
+class RequestRow(msgspec.Struct, array_like=True):
+    request_id: str
+    status: str  # vLLM's RequestStatus name: WAITING, RUNNING, PREEMPTED, FINISHED_STOPPED, ...
+    num_prompt_tokens: int
+    tokens_from: int  # the index of tokens[0] in the request's token ids (0: all of them)
+    tokens: list[int]
+    num_computed_tokens: int
+    num_cached_tokens: int  # prefix-cache hit at its latest admission, in tokens (-1: not admitted yet)
+    blocks_from: int  # the index of block_ids[0] in the table (0: the whole table)
+    block_ids: list[int] | None  # KV cache group 0's table from blocks_from on; None: as sent before
+    arrival: float  # vLLM's arrival time (time.time())
+
+
+class Keyframe(Message):
+    seq: int
+    step: int
+    info: PoolInfo
+    ref_cnt: list[int]
+    hashes: list[tuple[int, int, list[int]]]  # (block, hash64, token ids) for every hashed block
+    free_queue: list[int]  # head (next to be handed out) first
+    requests: list[RequestRow]
+    deferred: list[list[int]]  # scheduler.deferred_frees: blocks out of a table, not yet freed (0.32+)
+    paused: bool
+    holder: str  # who holds the pause ("" when running)
+    counters: dict[str, float]
+
+
+class Step(Message):
+    seq: int
+    step: int  # vLLM schedules so far (update_from_output calls); a record between steps repeats it
+    seconds: float  # the step's wall time, schedule() to the end of update_from_output()
+    ops: list[list]
+    rows: list[RequestRow]  # rows that changed
+    gone: list[tuple[str, str]]  # (request id, final status): no longer in vLLM's scheduler
+    deferred: list[list[int]] | None  # None: as before
+    counters: dict[str, float]
+    paused: bool
+    between: bool = False  # changes between two steps (an abort, a new request): no schedule ran
+
+
+class Held(Message):
+    """The pause changed: vLLM is paused (at ``step``, by ``holder``) or running again."""
+    paused: bool
+    step: int
+    holder: str
+    reason: str = ""
+
+
+class Pong(Message):
+    pass
+
+
+ToProbe = Union[Hello, Command, Heartbeat, Resync, Bye, SetFault]
+FromProbe = Union[Welcome, Refused, Keyframe, Step, Held, Pong]
+
+_encoder = msgspec.msgpack.Encoder()
+_to_probe = msgspec.msgpack.Decoder(ToProbe)
+_from_probe = msgspec.msgpack.Decoder(FromProbe)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_to_probe(data: bytes) -> ToProbe:
+    """Raises ``msgspec.DecodeError`` (a ``ValueError``) on anything that is not one of these messages."""
+    return _to_probe.decode(data)
+
+
+def decode_from_probe(data: bytes) -> FromProbe:
+    """Raises ``msgspec.DecodeError`` (a ``ValueError``) on anything that is not one of these messages."""
+    return _from_probe.decode(data)
+
+
+def hash64(block_hash: bytes) -> int:
+    """A vLLM block key's hash as its KV events carry it: the low 64 bits of the hash (the key's last 4 bytes
+    are the KV cache group's id), as ``maybe_convert_block_hash`` reads them."""
+    return int.from_bytes(block_hash[-12:-4], "big")
