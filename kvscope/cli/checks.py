@@ -49,15 +49,36 @@ def check_screenshot_path(path: str) -> None:
         raise ValueError(f"--screenshot {path} cannot be written (no write permission in {folder})")
 
 
+_NOT_WITH_PROBE = (("scenario", "--scenario"), ("replay", "--replay"), ("workload", "--workload"),
+                   ("serve", "--serve"), ("inject", "--inject"), ("inject_ids", "--inject-ids"),
+                   ("kv_events_endpoint", "--kv-events-endpoint"), ("compare_caching", "--compare-caching"))
+
+
+def check_probe(args: argparse.Namespace) -> None:
+    """``--probe`` shows a vLLM that runs elsewhere: nothing that needs kvscope's own engine goes with it."""
+    if not getattr(args, "probe", None):
+        if getattr(args, "probe_fault", None):
+            raise ValueError("--probe-fault switches a fault on inside a probed vLLM: it needs --probe ADDR")
+        return
+    if not args.probe.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"--probe {args.probe}: give the probe's ZeroMQ address, e.g. tcp://127.0.0.1:5570")
+    for name, flag in _NOT_WITH_PROBE:
+        if getattr(args, name, None):
+            raise ValueError(f"--probe shows a running vLLM: not with {flag} (those run kvscope's own engine)")
+
+
 def check_files(args: argparse.Namespace) -> None:
     """The files the arguments name, read (and refused with one line) before anything starts."""
     if getattr(args, "serve", False) and args.replay:
         raise ValueError("--serve needs a live engine: a --replay cannot serve requests")
     if getattr(args, "kv_events_endpoint", None) and args.replay:
         raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
+    check_probe(args)
     if args.replay:
-        from engine.inspect.trace import read_header
-        read_header(args.replay)
+        from kvscope.sources.probe import is_probe_trace
+        if not is_probe_trace(args.replay):  # a probe trace is read whole by its replay
+            from engine.inspect.trace import read_header
+            read_header(args.replay)
     elif args.scenario:
         from kvscope.scenario import load_scenario
         load_scenario(args.scenario)

@@ -95,13 +95,15 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
 
     def on_record(rec: StepRecord) -> None:
         summary.add(rec)
+        if rec.notice:  # a probed vLLM that restarted, say: one line, and the run goes on
+            print(f"kvscope: {rec.notice}", file=sys.stderr, flush=True)
         progress = prefill_progress(rec.snapshot)
         if progress:  # a long prompt in chunks: say how far (stderr: --json's stdout stays JSON)
             print(f"kvscope: step {rec.step}: {progress}", file=sys.stderr, flush=True)
         if story:
             story.feed(rec.step, rec.events)
 
-    failed = drive(session, on_record, limit)
+    failed = drive(session, on_record, limit, getattr(args, "duration", None), until_interrupted=bool(args.probe))
     if failed is not None:
         return failed
     if summary.last is None:

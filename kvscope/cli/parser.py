@@ -12,6 +12,8 @@ import dataclasses
 import os
 import sys
 
+from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
+
 from engine import EngineConfig
 from engine.config import check_value, config_fields, field_type
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
@@ -174,8 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(p)
     add_kv_events_args(p)
     add_workload_args(p)
+    add_probe_args(p)
     add_limit_args(p)
     return p
+
+
+def add_probe_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a running vLLM through kvscope's probe (pip install ./probe into vLLM's environment, "
+                             "then start vLLM with KVSCOPE_PROBE_ENDPOINT=tcp://HOST:PORT)")
+    g.add_argument("--probe", default=None, metavar="ADDR",
+                   help="show that vLLM's whole block pool, audited every step; Pause, Step and Run hold its "
+                        "scheduler (with --headless: --duration seconds, or --steps vLLM steps)")
+    g.add_argument("--probe-wait", type=positive_float, default=60.0, metavar="SECONDS",
+                   help="with --probe: how long to wait for vLLM's probe to answer (vLLM may start after kvscope)")
+    g.add_argument("--probe-fault", default=None, choices=PROBE_FAULTS,
+                   help="with --probe: switch this fault on inside vLLM (leak-last-block: the next finished "
+                        "request's last block is never freed; the audit finds it)")
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:
@@ -214,8 +230,12 @@ def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOpti
     if getattr(args, "workload", None):
         from kvscope.sources.workload import WorkloadSpec
         workload = WorkloadSpec(args.workload, sim_config(args), args.limit)
+    probe = None
+    if getattr(args, "probe", None):
+        from kvscope.runtime.build import ProbeSpec
+        probe = ProbeSpec(args.probe, args.probe_wait, args.probe_fault)
     return SourceSpec(config, args.scenario, args.replay, args.trace, bool(args.audit), serve=serve,
-                      kv_events=kv_events_config(args), workload=workload)
+                      kv_events=kv_events_config(args), workload=workload, probe=probe)
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -267,7 +287,8 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--dp-size", type=int, default=1, metavar="N",
                    help="with --attach: N data-parallel ranks, on consecutive ports from --attach's")
     a.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                   help="with --attach --headless: stop after this long (default: --steps polls, or Ctrl+C)")
+                   help="with --attach or --probe, --headless: stop after this long (default: --steps polls or "
+                        "steps, or Ctrl+C)")
     a.add_argument("--poll-interval", type=float, default=0.1, metavar="SECONDS",
                    help="with --attach: how long one poll waits for events")
     a.add_argument("--max-blocks", type=int, default=200_000, metavar="N",

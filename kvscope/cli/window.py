@@ -26,8 +26,8 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         return 2
     early = spawn_early(config, args)
     from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
-    prompts = args.inject + args.inject_ids or (
-        demo_prompts() if args.screenshot and not (args.scenario or args.replay or args.workload or welcome) else [])
+    own = args.scenario or args.replay or args.workload or args.probe or welcome  # a run with requests of its own
+    prompts = args.inject + args.inject_ids or (demo_prompts() if args.screenshot and not own else [])
     opts = WindowOptions(
         source_spec(config, args), serve_options(args) if args.serve else None, args.engine_thread, args.screenshot,
         args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,

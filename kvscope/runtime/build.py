@@ -17,6 +17,14 @@ from kvscope.sources.workload import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    """``kvscope --probe ADDR``: a running vLLM through kvscope's probe."""
+    endpoint: str
+    wait_s: float = 60.0  # vLLM may start after kvscope
+    fault: str | None = None  # switched on inside vLLM once subscribed (kvscope_vllm_probe's FAULTS)
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSpec:
     """Everything needed to build a source, picklable so that a child engine process can build it."""
     config: EngineConfig
@@ -27,10 +35,11 @@ class SourceSpec:
     serve: ServeOptions | None = None  # an HTTP server beside the engine, wherever the engine runs
     kv_events: KVEventsConfig | None = None  # publish the engine's KV events (vLLM's wire format)
     workload: WorkloadSpec | None = None  # a request trace played without weights (kvscope --workload)
+    probe: ProbeSpec | None = None  # a running vLLM's pool through kvscope's probe (kvscope --probe)
 
     def with_scenario(self, name: str | None) -> SourceSpec:
         """The spec for a scenario picked from the menu ("" or None: the plain model)."""
-        return dataclasses.replace(self, scenario=name or None, replay=None, workload=None)
+        return dataclasses.replace(self, scenario=name or None, replay=None, workload=None, probe=None)
 
     def factory(self, scenario: str | None, progress=None) -> LiveSource | ReplaySource:
         """A ``SourceFactory``: the command line's source (``None``) or a scenario picked from the menu."""
@@ -45,9 +54,18 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
 
     ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
     """
+    if spec.probe is not None:  # the command line refused what a probed vLLM cannot do (cli.checks)
+        from kvscope.sources.probe import ProbeSource
+        source = ProbeSource(spec.probe.endpoint, spec.probe.wait_s, progress, spec.trace)
+        if spec.probe.fault:
+            source.client.set_fault(spec.probe.fault, True)
+        return source
     if spec.replay:
         if spec.kv_events is not None:
             raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
+        from kvscope.sources.probe import ProbeReplay, is_probe_trace
+        if is_probe_trace(spec.replay):
+            return ProbeReplay(spec.replay)
         return ReplaySource(spec.replay)
     if spec.workload is not None:  # the command line refused what a workload cannot do (cli.workload)
         from kvscope.sources.workload import build_workload_source

@@ -89,10 +89,15 @@ class _Base:
         notes = list(i.notes)
         if i.num_kv_groups > 1:
             notes.append("the audit counts group 0's tables only")
+        watch = (f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
+                 "free queue, and every request's block table, as vLLM holds them, audited after every step. Pause "
+                 "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
+                 "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
+                 "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes))
         return SourceInfo(
             model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}", device=where, dtype="-",
             num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=0, max_model_len=i.max_model_len,
-            load_seconds=load_seconds, capabilities=PROBE_CAPABILITIES, prefix_caching=i.enable_caching,
+            load_seconds=load_seconds, capabilities=PROBE_CAPABILITIES, prefix_caching=i.enable_caching, watch=watch,
             events_rebuild_pool=False, extra={"vllm_version": i.vllm_version, "probe_notes": notes,
                                               "fault": i.fault, "async_scheduling": i.async_scheduling})
 
@@ -109,6 +114,7 @@ class _Base:
         step = m.vllm_step + self._offset
         self.step_count = step
         snap = m.snapshot(step)
+        events = m.take_pending() + events
         out = StepOutput(step, [], [], 0, {}) if stepped else None
         notice = notice or self.notice
         self.notice = None

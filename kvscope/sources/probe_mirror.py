@@ -170,6 +170,8 @@ class VllmPoolMirror:
             self._check(b)
         self.free = FreeList(n, kf.free_queue)
         self.holders: dict[int, list[str]] = {}
+        self.evictions = 0
+        self.generated = 0
         self.requests: dict[str, _Request] = {}
         self.finished: deque[RequestInfo] = deque(maxlen=KEEP_FINISHED)
         self._next_index = 0
@@ -180,11 +182,13 @@ class VllmPoolMirror:
                 if b != self.null:
                     self.holders.setdefault(b, []).append(r.rid)
         self.deferred = [list(d) for d in kf.deferred]
+        # requests vLLM admitted before kvscope saw its pool: said once, with the next record, so that the miss
+        # explainer and the block story know them as admitted (with the hit vLLM measured then)
+        self.pending: list[Event] = [RequestAdmitted(r.rid, r.prompt, max(r.cached, 0))
+                                     for r in self.requests.values() if r.status == "RUNNING"]
         self.seq, self.vllm_step = kf.seq, kf.step
         self.counters = dict(kf.counters)
         self.paused, self.holder = kf.paused, kf.holder
-        self.evictions = 0
-        self.generated = 0
 
     def _check(self, b: int) -> None:
         if not 0 <= b < self.n:
@@ -197,7 +201,7 @@ class VllmPoolMirror:
             return []  # sent before the keyframe this mirror started from
         if st.seq != self.seq + 1:
             raise MirrorError(f"the probe's step {st.seq} follows {self.seq}: {st.seq - self.seq - 1} missed")
-        events: list[Event] = []
+        events, self.pending = self.pending, []
         self._apply_ops(st.ops, st.step, events)
         for row in st.rows:
             self._apply_row(row, events)
@@ -329,13 +333,20 @@ class VllmPoolMirror:
         c.setdefault("num_preemptions", 0)
         return c
 
+    def take_pending(self) -> list[Event]:
+        out, self.pending = self.pending, []
+        return out
+
     def snapshot(self, step: int) -> KVSnapshot:
         has_hash = np.zeros(self.n, bool)
         if len(self.hashes):
             has_hash[np.fromiter(self.hashes, np.int64, len(self.hashes))] = True
         rows = [r.info(self.decode) for r in self.requests.values()]
         rows += [f for f in self.finished if f.request_id not in self.requests]
-        return assemble_snapshot(step, self.block_size, self.ref.copy(), has_hash, self.last_access.copy(),
+        ref = self.ref.copy()
+        if 0 <= self.null < self.n:
+            ref[self.null] = 1  # vLLM's null block: never free, held by vLLM itself (it keeps no count of it)
+        return assemble_snapshot(step, self.block_size, ref, has_hash, self.last_access.copy(),
                                  self.free.order(), rows, self.tokens.freeze(), self.hashes.freeze(),
                                  self.counters_now(), 0, model_name=self.info.model)
 

@@ -372,7 +372,9 @@ class MainWindow(QMainWindow):
             view.set_decode(decode)
         self.events.set_decode(decode)
         self.busy.hide()
-        self.history = RunHistory(self.limits.timeline_bytes, decode=decode, max_requests=self.limits.timeline_requests)
+        # a pool kvscope's rules do not rebuild from events (a probed vLLM's): a keyframe every step
+        self.history = RunHistory(self.limits.timeline_bytes, keyframe_every=None if info.events_rebuild_pool else 1,
+                                  decode=decode, max_requests=self.limits.timeline_requests)
         self.diagnosis = Diagnosis(decode, info.prefix_caching, self.limits)
         self.diagnosis_panel.clear_story()
         self.diagnosis_panel.reset_compare(not info.read_only)

@@ -11,7 +11,7 @@ import logging
 import os
 
 from .compat import KNOWN_RELEASES, missing, release_of
-from .wire import ENV_ANY_RELEASE, ENV_ENDPOINT, ENV_FAULT, FAULTS
+from .constants import ENV_ANY_RELEASE, ENV_ENDPOINT, ENV_FAULT, FAULTS
 
 logger = logging.getLogger("kvscope_vllm_probe")
 _PATCHED = "_kvscope_probe_patched"

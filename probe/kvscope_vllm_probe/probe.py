@@ -96,12 +96,12 @@ class Probe:
         """What changed since the last take, as a ``Step`` (None when nobody listens: the ops are dropped and
         the next subscriber starts from a keyframe)."""
         ops, touched, admissions = self.recorder.take()
+        self.rows.count_admissions(admissions)  # vLLM's counters count from its start, listened to or not
         if not self.io.has_subscribers:
             self.rows.forget()
             return None
         if between and not ops and not touched and not self.rows.pending:
             return None
-        self.rows.count_admissions(admissions)
         rows, gone = self.rows.changed(touched, self.recorder)
         deferred = self.rows.deferred_if_changed()
         self.seq += 1
@@ -116,7 +116,7 @@ class Probe:
         return {"num_requests_running": len(s.running), "num_requests_waiting": len(s.requests) - len(s.running),
                 "num_free_blocks": free, "kv_cache_usage_perc": 1.0 - free / total if total else 0.0,
                 "prefix_cache_queries": self.rows.queries, "prefix_cache_hits": self.rows.hits,
-                "num_preemptions": self.rows.preemptions, "hash_map_size": len(pool.cached_block_hash_to_block),
+                "num_preemptions": self.recorder.preemptions, "hash_map_size": len(pool.cached_block_hash_to_block),
                 "vllm_step": self.step}
 
     # -- the I/O thread (under the lock) ----------------------------------------------------------------

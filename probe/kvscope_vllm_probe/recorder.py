@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from .wire import OP_APPEND, OP_HASH, OP_POP, OP_PREPEND, OP_REF, OP_REMOVE, OP_REQUEST, hash64
+from .constants import OP_APPEND, OP_HASH, OP_POP, OP_PREPEND, OP_REF, OP_REMOVE, OP_REQUEST
+from .wire import hash64
 
 QUEUE_OPS = {"popleft": OP_POP, "popleft_n": OP_POP, "remove": OP_REMOVE, "append": OP_APPEND,
              "append_n": OP_APPEND, "prepend_n": OP_PREPEND}
@@ -43,6 +44,7 @@ class Recorder:
         self.cached_tokens: dict[str, int] = {}  # request id -> prefix-cache hit at its latest admission
         self.admissions: list[tuple[str, int, int]] = []  # (request id, tokens asked, tokens hit) since the last take
         self.tokens_of: dict[int, list[int]] = {}  # hashed block -> its tokens (for a keyframe)
+        self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
         self._store: dict[int, tuple[object, int]] = {}  # during cache_full_blocks: block id -> (request, index)
         self.whole_table: set[str] = set()  # requests whose table changed other than by growing
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
@@ -88,8 +90,11 @@ class Recorder:
             rid = self.request = request.request_id
             self.touched.add(rid)
             try:
-                if name == "free" and self.before_free is not None:
-                    self.before_free(request)
+                if name == "free":
+                    if request.status.name == "RUNNING":
+                        self.preemptions += 1
+                    elif self.before_free is not None:
+                        self.before_free(request)
                 result = fn(request, *args, **kwargs)
             finally:
                 self.request = outer

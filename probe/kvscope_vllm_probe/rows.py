@@ -11,7 +11,7 @@ from .wire import RequestRow
 
 
 class _Sent:
-    __slots__ = ("status", "num_tokens", "num_blocks", "last_block", "computed", "cached", "preemptions", "request")
+    __slots__ = ("status", "num_tokens", "num_blocks", "last_block", "computed", "cached", "request")
 
     def __init__(self, request) -> None:
         self.request = request
@@ -21,7 +21,6 @@ class _Sent:
         self.last_block = -1
         self.computed = -1
         self.cached = -2
-        self.preemptions = getattr(request, "num_preemptions", 0)
 
 
 class RowTracker:
@@ -32,7 +31,6 @@ class RowTracker:
         self.added: set[str] = set()  # requests added since the last step
         self.queries = 0
         self.hits = 0
-        self.preemptions = 0
         self._last_deferred: list[list[int]] | None = None
 
     @property
@@ -84,11 +82,8 @@ class RowTracker:
         tokens = list(r.all_token_ids[start:n]) if n > start else []
         row = RequestRow(rid, status, r.num_prompt_tokens, start, tokens, computed, cached, blocks_from, block_ids,
                          float(getattr(r, "arrival_time", 0.0)))
-        p = getattr(r, "num_preemptions", 0)
-        if p > sent.preemptions:
-            self.preemptions += p - sent.preemptions
         sent.status, sent.num_tokens, sent.num_blocks, sent.last_block = status, n, nb, last
-        sent.computed, sent.cached, sent.preemptions = computed, cached, p
+        sent.computed, sent.cached = computed, cached
         return row, sent
 
     def changed(self, touched: set[str], recorder) -> tuple[list[RequestRow], list[tuple[str, str]]]:

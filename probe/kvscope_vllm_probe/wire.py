@@ -19,22 +19,22 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL = 1
-ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
-ENV_FAULT = "KVSCOPE_PROBE_FAULT"
-ENV_ANY_RELEASE = "KVSCOPE_PROBE_ANY_RELEASE"  # try a vLLM release the probe was not checked against
-HEARTBEAT_S = 1.0  # a subscriber's heartbeat period
-SILENT_S = 5.0  # a subscriber silent this long is gone (and so is any pause it holds)
-
-# Ops of a Step, each a list whose first item is the code. They are vLLM's own pool operations, in order.
-OP_REF = 0  # [0, block, ref_cnt]: a block's ref count became this
-OP_HASH = 1  # [1, block, hash64 | None, token ids, parent hash64 | None]: a block was hashed (stored) or cleared
-OP_POP = 2  # [2, [blocks]]: taken from the free queue's head (get_new_blocks)
-OP_REMOVE = 3  # [3, block]: taken from the middle of the free queue (a prefix hit on a free cached block)
-OP_APPEND = 4  # [4, [blocks]]: joined the free queue's tail, in this order
-OP_PREPEND = 5  # [5, [blocks]]: joined the free queue's head, in this order (the first is the new head)
-OP_REQUEST = 6  # [6, request id]: the ops after this one are done for this request ("" for none)
-FAULTS = ("leak-last-block",)  # the faults the probe can switch on (see faults.py)
+from .constants import (  # noqa: F401 - the wire's names, one import for both ends
+    ENV_ANY_RELEASE,
+    ENV_ENDPOINT,
+    ENV_FAULT,
+    FAULTS,
+    HEARTBEAT_S,
+    OP_APPEND,
+    OP_HASH,
+    OP_POP,
+    OP_PREPEND,
+    OP_REF,
+    OP_REMOVE,
+    OP_REQUEST,
+    PROTOCOL,
+    SILENT_S,
+)
 
 
 class Message(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
@@ -120,7 +120,7 @@ class Keyframe(Message):
     deferred: list[list[int]]  # scheduler.deferred_frees: blocks out of a table, not yet freed (0.32+)
     paused: bool
     holder: str  # who holds the pause ("" when running)
-    counters: dict[str, float]
+    counters: dict[str, int | float]
 
 
 class Step(Message):
@@ -131,7 +131,7 @@ class Step(Message):
     rows: list[RequestRow]  # rows that changed
     gone: list[tuple[str, str]]  # (request id, final status): no longer in vLLM's scheduler
     deferred: list[list[int]] | None  # None: as before
-    counters: dict[str, float]
+    counters: dict[str, int | float]
     paused: bool
     between: bool = False  # changes between two steps (an abort, a new request): no schedule ran
 

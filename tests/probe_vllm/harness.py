@@ -8,6 +8,9 @@ The probe is started exactly as in a server: ``kvscope_vllm_probe.plugin.registe
     {"op": "step", "n": 1}                                              schedule and update n times (if work)
     {"op": "run"}                                                       step until nothing is left
     {"op": "abort", "id": "r0"}                                          finish it as aborted
+    {"op": "spin", "on": true, "pace": 0.02}                             step on a thread of its own whenever
+                                                                         there is work (as vLLM's engine core),
+                                                                         each step taking "pace" seconds
     {"op": "dump"}                                                       the pool as read straight from vLLM
     {"op": "quit"}
 Used by the probe's tests (tests/kvscope/sources/test_probe_*.py) and its benchmark (bench/probe_cost.py).
@@ -111,17 +114,36 @@ def main() -> None:
     ap.add_argument("--num-blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--pretend-version", default=None, help="vLLM's version as the probe reads it")
     args = ap.parse_args()
+    if args.pretend_version:
+        import vllm
+        vllm.__version__ = args.pretend_version
     from kvscope_vllm_probe.plugin import register
     register()  # as vLLM's plugin loader would (inert without KVSCOPE_PROBE_ENDPOINT)
     s = make_scheduler(args.num_blocks, args.block_size, args.max_num_seqs)
-    print(json.dumps({"ready": True, "probed": getattr(s, "_kvscope_probe", None) is not None,
-                      "scheduler": type(s).__name__}), flush=True)
+    probed = getattr(s, "_kvscope_probe", None) is not None
+    print(json.dumps({"ready": True, "probed": probed, "scheduler": type(s).__name__}), flush=True)
+    import contextlib
+    import threading
+    # A probed scheduler serializes its entries itself (and its pause waits outside that lock); a bare one here.
+    lock = contextlib.nullcontext() if probed else threading.Lock()
+    spinning = threading.Event()
+    pace = [0.0]  # seconds a step's forward pass takes (a model's time, so that a subscriber sees steps go by)
+
+    def spin() -> None:
+        while spinning.is_set():
+            with lock:
+                worked = step(s)
+            time.sleep(pace[0] if worked else 0.002)
+
+    spinner = None
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
         if op == "add":
-            add(s, cmd["id"], cmd["prompt"], cmd.get("max_tokens", 8))
+            with lock:
+                add(s, cmd["id"], cmd["prompt"], cmd.get("max_tokens", 8))
             ans = {"ok": True}
         elif op == "step":
             n = sum(step(s) for _ in range(cmd.get("n", 1)))
@@ -131,21 +153,34 @@ def main() -> None:
             while step(s):
                 n += 1
             ans = {"stepped": n}
+        elif op == "spin":
+            pace[0] = cmd.get("pace", pace[0])
+            if cmd.get("on", True) and spinner is None:
+                spinning.set()
+                spinner = threading.Thread(target=spin, daemon=True)
+                spinner.start()
+            elif not cmd.get("on", True) and spinner is not None:
+                spinning.clear()
+                spinner.join()
+                spinner = None
+            ans = {"ok": True}
+        elif op == "busy":
+            with lock:
+                ans = {"requests": len(s.requests)}
         elif op == "abort":
             from vllm.v1.request import RequestStatus
-            s.finish_requests(cmd["id"], RequestStatus.FINISHED_ABORTED)
+            with lock:
+                s.finish_requests(cmd["id"], RequestStatus.FINISHED_ABORTED)
             ans = {"ok": True}
         elif op == "dump":
             p = getattr(s, "_kvscope_probe", None)
-            if p is not None:
-                with p.lock:
-                    ans = dump(s)
-            else:
+            with p.lock if p is not None else lock:
                 ans = dump(s)
         elif op == "sleep":
             time.sleep(cmd["s"])
             ans = {"ok": True}
         elif op == "quit":
+            spinning.clear()
             break
         else:
             ans = {"error": f"unknown op {op}"}

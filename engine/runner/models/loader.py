@@ -384,6 +384,15 @@ def _named(tokenizer, source: ModelSource):
     return tokenizer
 
 
+def embedded_folder() -> Path:
+    """The embedded SmolLM2 as a model folder on disk (its GGUF's conversion, made once and cached): what
+    another engine on this machine (a vLLM server in the probe's tests) serves the same weights from."""
+    folder = _converted(embedded_source(), lambda *_a: None)
+    if not isinstance(folder, Path):
+        raise OSError(f"the embedded model's conversion could not be cached under {cache_root()}")
+    return folder
+
+
 def _converted(source: ModelSource, report) -> Path | tuple:
     """The cached conversion of a GGUF file, made now if missing; if it cannot be cached, the converted
     (model, tokenizer) itself, so that nobody converts the file a second time."""

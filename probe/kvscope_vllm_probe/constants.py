@@ -1,0 +1,17 @@
+"""The probe wire's constants, importable without msgspec or ZeroMQ (``kvscope --help`` lists the faults)."""
+PROTOCOL = 1
+ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
+ENV_FAULT = "KVSCOPE_PROBE_FAULT"
+ENV_ANY_RELEASE = "KVSCOPE_PROBE_ANY_RELEASE"  # try a vLLM release the probe was not checked against
+HEARTBEAT_S = 1.0  # a subscriber's heartbeat period
+SILENT_S = 5.0  # a subscriber silent this long is gone (and so is any pause it holds)
+
+# Ops of a Step, each a list whose first item is the code. They are vLLM's own pool operations, in order.
+OP_REF = 0  # [0, block, ref_cnt]: a block's ref count became this
+OP_HASH = 1  # [1, block, hash64 | None, token ids, parent hash64 | None]: a block was hashed (stored) or cleared
+OP_POP = 2  # [2, [blocks]]: taken from the free queue's head (get_new_blocks)
+OP_REMOVE = 3  # [3, block]: taken from the middle of the free queue (a prefix hit on a free cached block)
+OP_APPEND = 4  # [4, [blocks]]: joined the free queue's tail, in this order
+OP_PREPEND = 5  # [5, [blocks]]: joined the free queue's head, in this order (the first is the new head)
+OP_REQUEST = 6  # [6, request id]: the ops after this one are done for this request ("" for none)
+FAULTS = ("leak-last-block",)  # the faults the probe can switch on (see faults.py)

