@@ -1,0 +1,210 @@
+"""The probed vLLM's pool as kvscope rebuilds it, from hand-made probe messages (no vLLM needed): vLLM's free
+queue order (prepends and appends), kvscope's events, the audit, gaps, and every connection trouble in one line
+(a probe that is not there, a refusal, a message kvscope cannot read)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+from kvscope_vllm_probe.wire import (
+    OP_APPEND,
+    OP_HASH,
+    OP_POP,
+    OP_PREPEND,
+    OP_REF,
+    OP_REMOVE,
+    OP_REQUEST,
+    PROTOCOL,
+    Hello,
+    Keyframe,
+    PoolInfo,
+    RequestRow,
+    Resync,
+    Step,
+    Welcome,
+    decode_to_probe,
+    encode,
+)
+
+from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched
+from kvscope.sources.probe import ProbeSource
+from kvscope.sources.probe_mirror import FreeList, MirrorError, VllmPoolMirror
+
+N = 8
+
+
+def keyframe(seq: int = 0, step: int = 0) -> Keyframe:
+    info = PoolInfo("m", "0.32.0", 4, N, 0, True, "sha256", 1, False, 2048, "")
+    return Keyframe(seq, step, info, [0] * N, [], list(range(1, N)), [], [], False, "", {"hash_map_size": 0})
+
+
+def row(rid: str, status: str, tokens: list[int], computed: int, blocks: list[int] | None, start: int = 0,
+        blocks_from: int = 0) -> RequestRow:
+    return RequestRow(rid, status, 6, start, tokens, computed, 0, blocks_from, blocks, 1.0)
+
+
+def test_free_list_follows_vllms_queue_operations():
+    f = FreeList(6, [0, 1, 2, 3])
+    f.remove(1)
+    f.prepend([5, 4])  # 5 is the new head
+    f.append([1])
+    assert f.order().tolist() == [5, 4, 0, 2, 3, 1]
+    with pytest.raises(MirrorError):
+        f.append([0])  # queued already
+    with pytest.raises(MirrorError):
+        FreeList(3, [0]).remove(2)  # not queued
+
+
+def test_a_step_becomes_kvscopes_events_and_snapshot():
+    m = VllmPoolMirror(keyframe())
+    h0, h1 = 0xAB, 0xCD
+    st = Step(1, 1, 0.01, [
+        [OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1],
+        [OP_HASH, 1, h0, [10, 11, 12, 13], None],
+        [OP_REQUEST, "b"], [OP_REF, 1, 2], [OP_POP, [3]], [OP_REF, 3, 1],
+    ], [row("a", "RUNNING", [10, 11, 12, 13, 14, 15], 6, [1, 2]),
+        row("b", "RUNNING", [10, 11, 12, 13, 20, 21], 6, [1, 3])], [], None, {"hash_map_size": 1}, False)
+    events = m.apply(st)
+    kinds = [type(e) for e in events]
+    assert kinds[:4] == [BlockAllocated, BlockAllocated, BlockStored, BlockTouched]
+    assert events[2] == BlockStored(1, f"{h0:016x}", "a", (10, 11, 12, 13), None)
+    snap = m.snapshot(1)
+    assert snap.ref_cnt.tolist()[:4] == [1, 2, 1, 1]  # block 0 is vLLM's null block: shown held
+    assert snap.free_queue.tolist() == [4, 5, 6, 7]
+    assert snap.block_hashes == {1: f"{h0:016x}"}
+    assert m.audit().ok
+    # a finished request's blocks: the unhashed one to the head (LIFO), the hashed one to the tail, as vLLM frees
+    st2 = Step(2, 2, 0.01, [[OP_REQUEST, "a"], [OP_REF, 2, 0], [OP_REF, 1, 1], [OP_PREPEND, [2]],
+                            [OP_REQUEST, "b"], [OP_REF, 3, 0], [OP_REF, 1, 0], [OP_PREPEND, [3]], [OP_APPEND, [1]],
+                            [OP_REQUEST, "c"], [OP_POP, [3]], [OP_REF, 3, 1],
+                            [OP_REMOVE, 1], [OP_REF, 1, 1]],
+               [row("c", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [3, 1])], [("a", "FINISHED_STOPPED"),
+                                                                       ("b", "FINISHED_LENGTH_CAPPED")],
+               None, {"hash_map_size": 1}, False)
+    events = m.apply(st2)
+    assert events[0] == BlockFreed(2, "a", 0) and BlockTouched(1, "c", 1) in events  # a hit on a cached free block
+    snap = m.snapshot(2)
+    assert snap.free_queue.tolist() == [2, 4, 5, 6, 7]
+    assert [r.request_id for r in snap.requests] == ["a", "b", "c"]  # the finished ones kept, as kvscope's engine
+    assert snap.request("b").status == "FINISHED_LENGTH"
+    assert m.audit().ok
+    # a cached free block handed out again: its hash leaves the cache (an eviction), then it is allocated
+    m.apply(Step(3, 3, 0.0, [[OP_REQUEST, "c"], [OP_REF, 1, 0], [OP_APPEND, [1]]], [], [], None,
+                 {"hash_map_size": 1}, False))
+    order = m.snapshot(3).free_queue.tolist()
+    ops = [[OP_REQUEST, "d"], [OP_POP, order]] + [[OP_REF, b, 1] for b in order] + [[OP_HASH, 1, None, [], None]]
+    events = m.apply(Step(4, 4, 0.0, ops, [], [], None, {"hash_map_size": 0}, False))
+    assert BlockEvicted(1, f"{h0:016x}") in events and BlockAllocated(1, "d") in events
+    assert m.snapshot(4).block_hashes == {} and m.counters_now()["evictions"] == 1
+    del h1
+
+
+def test_the_audit_names_a_leaked_block_and_the_request_that_held_it():
+    m = VllmPoolMirror(keyframe())
+    m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
+                 [row("a", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [1, 2])], [], None, {}, False))
+    # vLLM freed block 1 only: block 2 left the table but kept its reference
+    m.apply(Step(2, 2, 0.0, [[OP_REQUEST, "a"], [OP_REF, 1, 0], [OP_PREPEND, [1]]], [],
+                 [("a", "FINISHED_STOPPED")], None, {}, False))
+    problems = m.audit().problems
+    assert [(p.block_id, p.problem, p.last_owner) for p in problems] == [(2, "leaked", "a")]
+    assert "block 2: leaked (ref count 1, tables hold 0, request a)" == str(problems[0])
+
+
+def test_deferred_frees_count_as_held_and_the_hash_map_is_checked():
+    m = VllmPoolMirror(keyframe())
+    m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]], [],
+                 [("a", "FINISHED_STOPPED")], [[1]], {"hash_map_size": 0}, False))
+    assert m.audit().ok  # out of its table, waiting in vLLM's deferred frees: not a leak
+    m.apply(Step(2, 2, 0.0, [], [], [], [], {"hash_map_size": 3}, False))
+    kinds = {p.problem for p in m.audit().problems}
+    assert kinds == {"leaked", "hash_map"}
+
+
+def test_a_gap_or_a_block_out_of_range_is_refused_before_anything_changes():
+    m = VllmPoolMirror(keyframe())
+    with pytest.raises(MirrorError, match="1 missed"):
+        m.apply(Step(2, 2, 0.0, [], [], [], None, {}, False))
+    with pytest.raises(MirrorError, match="blocks 0..7"):
+        m.apply(Step(1, 1, 0.0, [[OP_REF, 99, 1]], [], [], None, {}, False))
+    assert m.apply(Step(0, 0, 0.0, [[OP_REF, 1, 5]], [], [], None, {}, False)) == []  # before the keyframe: skipped
+
+
+class FakeProbe:
+    """A probe's socket played by hand: what it sends is up to the test."""
+
+    def __init__(self, answer) -> None:
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.answer = answer
+        self.got: list = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.sock.poll(50):
+                ident, data = self.sock.recv_multipart()
+                msg = decode_to_probe(data)
+                self.got.append(msg)
+                for out in self.answer(msg):
+                    self.sock.send_multipart([ident, out])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(2)
+        self.sock.close(0)
+
+
+def test_no_probe_at_the_address_is_one_line():
+    with pytest.raises(ValueError, match=r"no probe answered at tcp://127.0.0.1:1 in 1 s: start vLLM with "
+                                         r"KVSCOPE_PROBE_ENDPOINT=tcp://127.0.0.1:1"):
+        ProbeSource("tcp://127.0.0.1:1", wait_s=1.0)
+
+
+def test_a_refusal_is_one_line():
+    from kvscope_vllm_probe.wire import Refused
+    fake = FakeProbe(lambda msg: [encode(Refused("the probe in vLLM speaks probe protocol 7"))]
+                     if isinstance(msg, Hello) else [])
+    try:
+        with pytest.raises(ValueError, match="refused: the probe in vLLM speaks probe protocol 7"):
+            ProbeSource(fake.endpoint, wait_s=5)
+    finally:
+        fake.close()
+
+
+def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
+    def answer(msg):
+        if isinstance(msg, Hello):
+            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe()), b"\x93not a message",
+                    encode(Step(1, 1, 0.0, [[OP_POP, [1]], [OP_REF, 1, 1]], [], [], None, {}, False))]
+        if isinstance(msg, Resync):
+            return [encode(keyframe(1, 1))]
+        return []
+
+    fake = FakeProbe(answer)
+    try:
+        src = ProbeSource(fake.endpoint, wait_s=5)
+        notices, deadline = [], time.monotonic() + 10
+        while time.monotonic() < deadline and not any(isinstance(m, Resync) for m in fake.got):
+            rec = src.step()
+            notices += [rec.notice] if rec.notice else []
+        assert any("a message kvscope cannot read was skipped" in n for n in notices)
+        assert any(isinstance(m, Resync) for m in fake.got)
+        src.step()  # the fresh keyframe
+        assert src.mirror.seq == 1 and src.current().audit.ok
+        src.close()
+    finally:
+        fake.close()
+
+
+def test_the_wire_refuses_what_is_not_one_of_its_messages():
+    with pytest.raises(msgspec.DecodeError):
+        decode_to_probe(b"\x01\x02")

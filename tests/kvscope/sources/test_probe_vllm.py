@@ -1,0 +1,261 @@
+"""The probe inside vLLM's real scheduler, block pool and KV cache manager (vLLM's CPU build, no model: the harness
+steps the scheduler with made-up outputs), against kvscope's ``ProbeSource``.
+
+What kvscope shows must be what vLLM holds: after every step the audit is clean, and at any pause the ref counts,
+the free queue, the hashes and the tables equal those read straight from vLLM's objects. Step runs exactly one
+schedule; a window that goes while vLLM is paused lets it run on; the leak fault is found and named; a release the
+probe does not know is refused in one line and vLLM runs untouched; kvscope may start before vLLM, and vLLM may
+restart while kvscope watches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from vllm_live import Harness, free_port, need_vllm
+
+from kvscope.sources.probe import ProbeReplay, ProbeSource
+
+SYSTEM = list(range(100, 164))  # a shared system prompt: 4 blocks of 16
+
+
+def endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def chats(h: Harness, n: int, max_tokens: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        h.cmd("add", id=f"chat-{i}", prompt=SYSTEM + [300 + i] * (5 + 7 * (i % 5)), max_tokens=max_tokens)
+
+
+def drain(src: ProbeSource, until, timeout: float = 60.0) -> list:
+    """Records until ``until(record)`` holds, each one's audit checked."""
+    recs, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = src.step()
+        recs.append(rec)
+        assert rec.audit.ok, f"step {rec.step}: {rec.audit}"
+        if until(rec):
+            return recs
+    raise AssertionError(f"not reached in {timeout} s; last step {recs[-1].step if recs else None}")
+
+
+def same_as_vllm(rec, dump: dict) -> None:
+    snap = rec.snapshot
+    ref = snap.ref_cnt.tolist()
+    assert ref[1:] == dump["ref_cnt"][1:]  # block 0 is vLLM's null block, whose count vLLM does not keep
+    assert snap.free_queue.tolist() == dump["free_queue"]
+    assert {str(b): int(h, 16) for b, h in snap.block_hashes.items()} == dump["hashes"]
+    shown = {r.request_id: list(r.block_ids) for r in snap.requests if r.block_ids}
+    assert shown == {rid: t for rid, t in dump["tables"].items() if t}
+
+
+@pytest.fixture(scope="module")
+def vllm_python():
+    return need_vllm()
+
+
+def test_kvscope_shows_what_vllm_holds_under_sharing_and_preemption(vllm_python):
+    ep = endpoint()
+    with Harness(ep, num_blocks=12) as h:
+        assert h.ready["probed"] and h.ready["scheduler"] == "KvscopeProbedScheduler"
+        src = ProbeSource(ep, wait_s=30)
+        try:
+            h.cmd("spin", on=True, pace=0.01)
+            chats(h, 6, max_tokens=30)
+            recs = drain(src, lambda r: r.snapshot.counters["num_preemptions"] >= 1)  # the pool ran out
+            src.hold(True)  # vLLM waits at its next schedule: read both sides there
+            drain(src, lambda r: src.mirror.paused, timeout=10)
+            while (rec := src._next(0.5)) is not None:
+                recs.append(rec)
+            rec = src.current()
+            same_as_vllm(rec, h.cmd("dump"))
+            assert any(r.block_ids for r in rec.snapshot.requests)  # read mid-run, with tables to compare
+            src.hold(False)
+            recs += drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 0
+                          and not src.mirror.requests)
+            same_as_vllm(recs[-1], h.cmd("dump"))
+            c = recs[-1].snapshot.counters
+            assert c["prefix_cache_hits"] > 0 and c["evictions"] > 0 and c["num_preemptions"] >= 1
+            kinds = {e.kind for r in recs for e in r.events}
+            assert {"allocated", "hit", "freed", "stored", "evicted", "admitted", "preempted", "finished"} <= kinds
+            assert [r.step for r in recs] == sorted(r.step for r in recs)
+        finally:
+            src.close()
+
+
+def test_step_runs_exactly_one_schedule_and_a_window_that_goes_lets_vllm_run(vllm_python):
+    ep = endpoint()
+    with Harness(ep, num_blocks=64) as h:
+        src = ProbeSource(ep, wait_s=30)
+        h.cmd("spin", on=True, pace=0.01)
+        chats(h, 3, max_tokens=400)
+        drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 3)
+        src.hold(True)
+        drain(src, lambda r: src.mirror.paused, timeout=10)
+        while src._next(0.5) is not None:
+            pass
+        held_at = src.mirror.vllm_step
+        time.sleep(0.5)
+        assert h.cmd("dump")["step"] == held_at  # held: vLLM schedules nothing
+        before = {r.request_id: r.num_computed_tokens for r in src.current().snapshot.requests}
+        for k in range(1, 4):
+            rec = src.step()
+            assert rec.step_output is not None and src.mirror.vllm_step == held_at + k
+            assert h.cmd("dump")["step"] == held_at + k
+            now = {r.request_id: r.num_computed_tokens for r in rec.snapshot.requests}
+            assert all(now[rid] == before[rid] + k for rid in before)  # one decode token each, per Step
+        src.close()  # the window goes while vLLM is held
+        deadline = time.monotonic() + 10
+        while h.cmd("dump")["step"] <= held_at + 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert h.cmd("dump")["step"] > held_at + 3, "vLLM stayed held by a window that is gone"
+        assert "said goodbye" in h.log_text()
+
+
+def test_the_leak_fault_is_found_with_its_block_request_and_step(vllm_python):
+    ep = endpoint()
+    with Harness(ep, num_blocks=32, env={"KVSCOPE_PROBE_FAULT": "leak-last-block"}) as h:
+        src = ProbeSource(ep, wait_s=30)
+        try:
+            assert src.info.extra["fault"] == "leak-last-block"
+            h.cmd("spin", on=True, pace=0.01)
+            h.cmd("add", id="victim", prompt=SYSTEM + [7] * 9, max_tokens=12)
+            found = None
+            deadline = time.monotonic() + 30
+            while found is None and time.monotonic() < deadline:
+                rec = src.step()
+                if not rec.audit.ok:
+                    found = rec
+            assert found is not None, "the audit never found the leak"
+            (p,) = found.audit.problems
+            assert p.problem == "leaked" and p.last_owner == "victim" and p.actual_ref == 1 and p.expected_ref == 0
+            assert f"block {p.block_id} of request victim will not be freed" in h.log_text()
+            assert any(e.kind == "finished" and e.request_id == "victim" for e in found.events)  # found that step
+            assert found.snapshot.ref_cnt[p.block_id] == 1 and h.cmd("dump")["ref_cnt"][p.block_id] == 1
+        finally:
+            src.close()
+
+
+def test_a_fault_switched_on_from_kvscope(vllm_python):
+    ep = endpoint()
+    with Harness(ep, num_blocks=32) as h:
+        src = ProbeSource(ep, wait_s=30)
+        try:
+            src.client.set_fault("leak-last-block", True)  # what --probe-fault sends
+            time.sleep(0.3)
+            h.cmd("spin", on=True, pace=0.01)
+            h.cmd("add", id="r", prompt=SYSTEM[:20], max_tokens=4)
+            rec = drain_until_problem(src)
+            assert [(p.problem, p.last_owner) for p in rec.audit.problems] == [("leaked", "r")]
+        finally:
+            src.close()
+
+
+def drain_until_problem(src, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = src.step()
+        if not rec.audit.ok:
+            return rec
+    raise AssertionError("no audit problem")
+
+
+def test_an_unknown_release_is_refused_in_one_line_and_vllm_runs_untouched(vllm_python):
+    ep = endpoint()
+    with Harness(ep, args=("--pretend-version", "0.99.1")) as h:
+        assert not h.ready["probed"] and h.ready["scheduler"] == "Scheduler"
+        h.cmd("add", id="r", prompt=SYSTEM, max_tokens=3)
+        assert h.cmd("run")["stepped"] >= 3
+        lines = [ln for ln in h.log_text().splitlines() if "kvscope probe" in ln]
+        assert len(lines) == 1 and "vLLM 0.99.1 is not a release the probe was checked against" in lines[0]
+
+
+def test_kvscope_started_before_vllm_and_vllm_restarted_while_watched(vllm_python):
+    ep = endpoint()
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(ProbeSource(ep, wait_s=60)), daemon=True)
+    t.start()
+    time.sleep(1.0)  # kvscope waits for a probe that is not there yet
+    h = Harness(ep, num_blocks=32)
+    t.join(60)
+    src = got[0]
+    try:
+        h.cmd("spin", on=True, pace=0.01)
+        chats(h, 2, max_tokens=20)
+        recs = drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 0 and r.step > 5)
+        last = recs[-1].step
+        h.kill()  # vLLM dies...
+        h = Harness(ep, num_blocks=32)  # ...and a new one starts at the same address
+        h.cmd("spin", on=True, pace=0.01)
+        chats(h, 1, max_tokens=5, start=10)
+        notices = []
+        rec = None
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            rec = src.step()
+            notices += [rec.notice] if rec.notice else []
+            assert rec.audit.ok
+            if any("restarted" in n for n in notices) and "chat-10" in {r.request_id for r in rec.snapshot.requests}:
+                break
+        assert any("has not answered" in n for n in notices), notices
+        assert any(f"vLLM at {ep} restarted" in n for n in notices), notices
+        assert rec.step > last  # kvscope's steps go on from where they were
+        h.cmd("spin", on=False)
+        drain(src, lambda r: not src.mirror.requests)
+        same_as_vllm(src.current(), h.cmd("dump"))
+    finally:
+        src.close()
+        h.close()
+
+
+def test_a_probe_of_another_protocol_refuses_kvscope_in_one_line(vllm_python, monkeypatch):
+    import kvscope_vllm_probe.client as client
+    monkeypatch.setattr(client, "PROTOCOL", 999)
+    ep = endpoint()
+    with Harness(ep) as h:
+        with pytest.raises(ValueError, match=r"speaks probe protocol 1 .*speaks 999: install the probe"):
+            ProbeSource(ep, wait_s=20)
+        assert h.cmd("add", id="r", prompt=SYSTEM, max_tokens=2)["ok"]
+        assert h.cmd("run")["stepped"] >= 2  # vLLM goes on
+
+
+def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_path):
+    ep = endpoint()
+    trace = tmp_path / "vllm.probe.jsonl"
+    with Harness(ep, num_blocks=12) as h:
+        h.cmd("spin", on=True, pace=0.05)
+        chats(h, 6, max_tokens=60)
+        env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+        out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", ep, "--duration", "6",
+                              "--trace", str(trace)], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        live = json.loads(out.stdout)
+    for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "num_preemptions", "audit_problems"):
+        assert key in live
+    assert live["steps"] > 0 and live["blocks_used_peak"] > 1 and live["audit_problems"] == []
+    out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--replay", str(trace)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    replayed = json.loads(out.stdout)
+    for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "prefix_cache_queries", "num_preemptions",
+                "evictions", "audit_problems", "num_blocks"):
+        assert replayed[key] == live[key], key
+    src = ProbeReplay(str(trace))
+    assert src.info.read_only and src.has_work()
+
+
+def test_bad_probe_flags_are_refused_in_one_line():
+    for argv, want in (
+            (["--probe", "localhost:5570"], "give the probe's ZeroMQ address"),
+            (["--probe", "tcp://127.0.0.1:5570", "--scenario", "four-score"], "not with --scenario"),
+            (["--probe-fault", "leak-last-block"], "needs --probe ADDR"),
+    ):
+        out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and want in out.stderr, out.stderr
