@@ -116,7 +116,8 @@ class VllmServer:
     with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
 
     def __init__(self, probe: str | None = None, extra: tuple = (), env: dict | None = None,
-                 startup_s: float = 240) -> None:
+                 startup_s: float = 240, max_model_len: int = 2048) -> None:
+        """``max_model_len``: with ``--num-gpu-blocks-override`` the pool must hold one whole request."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model_folder()
@@ -127,7 +128,7 @@ class VllmServer:
         self.log: deque[str] = deque(maxlen=2000)
         self.proc = subprocess.Popen(
             [need_vllm(), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(self.port),
-             "--host", "127.0.0.1", "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+             "--host", "127.0.0.1", "--enforce-eager", "--dtype", "float32", "--max-model-len", str(max_model_len),
              "--block-size", "32", "--disable-log-stats", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
         threading.Thread(target=self._read_log, daemon=True).start()

@@ -16,6 +16,9 @@ import numpy as np
 from kvscope_vllm_probe.wire import (
     OP_APPEND,
     OP_HASH,
+    OP_MAP_CLEAR,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
     OP_POP,
     OP_PREPEND,
     OP_REF,
@@ -169,6 +172,13 @@ class VllmPoolMirror:
         for b in kf.free_queue:
             self._check(b)
         self.free = FreeList(n, kf.free_queue)
+        # vLLM's hash map as (block -> its keys); a block whose hash and entries disagree is kept in ``map_bad``,
+        # looked at again only when an op touches it
+        self.map_keys: dict[int, set[int]] = {}
+        for h, b in kf.hash_map:
+            self._check(b)
+            self.map_keys.setdefault(b, set()).add(h)
+        self.map_bad: set[int] = {b for b in set(self.map_keys) | set(self.hashes) if not self._map_ok(b)}
         self.holders: dict[int, list[str]] = {}
         self.evictions = 0
         self.generated = 0
@@ -219,6 +229,7 @@ class VllmPoolMirror:
         n = self.n
         request = ""
         popped: set[int] = set()
+        mapped: set[int] = set()  # blocks whose hash or map entries changed: their agreement is checked after
         for op in ops:
             code = op[0]
             if code == OP_REQUEST:
@@ -262,6 +273,22 @@ class VllmPoolMirror:
                     ev = BlockStored(b, hex64(h), request, tuple(op[3]), hex64(op[4]) if op[4] is not None else None)
                 apply_cache_event(ev, self.tokens, self.hashes)  # the cache's rules, as every copy of it keeps them
                 events.append(ev)
+                mapped.add(b)
+            elif code == OP_MAP_INSERT:
+                self._check(op[2])
+                self.map_keys.setdefault(op[2], set()).add(op[1])
+                mapped.add(op[2])
+            elif code == OP_MAP_POP:
+                self._check(op[2])
+                keys = self.map_keys.get(op[2])
+                if keys is not None:
+                    keys.discard(op[1])
+                    if not keys:
+                        del self.map_keys[op[2]]
+                mapped.add(op[2])
+            elif code == OP_MAP_CLEAR:
+                mapped.update(self.map_keys)
+                self.map_keys.clear()
             elif code == OP_POP:
                 for b in op[1]:
                     self._check(b)
@@ -280,6 +307,17 @@ class VllmPoolMirror:
                 free.prepend(op[1])
             else:
                 raise MirrorError(f"unknown op {code} in the probe's step")
+        for b in mapped:
+            (self.map_bad.discard if self._map_ok(b) else self.map_bad.add)(b)
+
+    def _map_ok(self, b: int) -> bool:
+        """A hashed block is in the hash map under its hash; an unhashed one is in it under no key (a block
+        may carry more keys than its own hash: vLLM keeps a second key for a block promoted in place)."""
+        h = self.hashes.get(b)
+        keys = self.map_keys.get(b)
+        if h is None:
+            return not keys
+        return keys is not None and int(h, 16) in keys
 
     def _apply_row(self, row: RequestRow, events: list[Event]) -> None:
         r = self.requests.get(row.request_id)
@@ -352,8 +390,8 @@ class VllmPoolMirror:
 
     def audit(self) -> AuditReport:
         """vLLM's pool against its tables: ref counts against the tables plus the deferred frees (blocks out
-        of a table, freed after a later step), the free queue against ref count 0, and the hash map's size
-        against the hashed blocks. The null block (vLLM keeps no count for it) is left out."""
+        of a table, freed after a later step), the free queue against ref count 0, and the hash map against the
+        blocks' hashes (``_map_ok``). The null block (vLLM keeps no count for it) is left out."""
         n = self.n
         held = [b for r in self.requests.values() for b in r.table] + [b for d in self.deferred for b in d]
         expected = np.bincount(np.asarray(held, np.int64), minlength=n)[:n] if held else np.zeros(n, np.int64)
@@ -377,9 +415,9 @@ class VllmPoolMirror:
             kind = queue_problem(r, e, bool(queued[b]))
             if kind is not None:
                 problems.append(AuditProblem(b, kind, e, r, self._culprit(b, set(), False)))
-        size = self.counters.get("hash_map_size")
-        if size is not None and int(size) != len(self.hashes):
-            problems.append(AuditProblem(-1, "hash_map", int(size), len(self.hashes)))
+        for b in sorted(self.map_bad):
+            r = int(ref[b])
+            problems.append(AuditProblem(b, "hash_map", int(expected[b]), r, self._culprit(b, set(), False)))
         return AuditReport(tuple(problems))
 
     def _culprit(self, b: int, mapped_by: set[str], too_many: bool) -> str:

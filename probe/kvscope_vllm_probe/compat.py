@@ -10,7 +10,8 @@ Read from the released wheels' files (``vllm/v1/core/block_pool.py``, ``kv_cache
   back in the pool.
 In all three: ``SchedulerConfig.get_scheduler_cls``, ``Scheduler.schedule``/``update_from_output``/
 ``finish_requests``/``add_request``, ``scheduler.kv_cache_manager.block_pool`` with ``blocks``,
-``free_block_queue``, ``null_block``, ``cached_block_hash_to_block``, ``cache_full_blocks``, and
+``free_block_queue``, ``null_block``, ``cached_block_hash_to_block`` (a ``BlockHashToBlockMap``: ``insert``, ``pop``,
+``_cache``), ``cache_full_blocks``, ``reset_prefix_cache``, and
 ``kv_cache_manager.coordinator.single_type_managers[i].req_to_blocks`` (a defaultdict: only ``.get``).
 """
 from __future__ import annotations
@@ -60,6 +61,8 @@ def missing(scheduler) -> list[str]:
             if type(cls.__dict__.get(slot)).__name__ not in ("member_descriptor", "property"):
                 out.append(f"KVCacheBlock.{slot} (a slot)")
         out += [f"KVCacheBlock.{n}" for n in REQUIRED["block"] if not hasattr(pool.blocks[0], n)]
+    hash_map = getattr(pool, "cached_block_hash_to_block", None)
+    out += [f"cached_block_hash_to_block.{n}" for n in ("_cache", "insert", "pop") if not hasattr(hash_map, n)]
     coordinator = getattr(manager, "coordinator", None)
     managers = getattr(coordinator, "single_type_managers", None)
     if not managers or not hasattr(managers[0], "req_to_blocks"):

@@ -14,4 +14,7 @@ OP_REMOVE = 3  # [3, block]: taken from the middle of the free queue (a prefix h
 OP_APPEND = 4  # [4, [blocks]]: joined the free queue's tail, in this order
 OP_PREPEND = 5  # [5, [blocks]]: joined the free queue's head, in this order (the first is the new head)
 OP_REQUEST = 6  # [6, request id]: the ops after this one are done for this request ("" for none)
+OP_MAP_INSERT = 7  # [7, hash64, block]: the prefix cache's hash map gained this entry
+OP_MAP_POP = 8  # [8, hash64, block]: the hash map lost this entry
+OP_MAP_CLEAR = 9  # [9]: the hash map was emptied (reset_prefix_cache)
 FAULTS = ("leak-last-block",)  # the faults the probe can switch on (see faults.py)

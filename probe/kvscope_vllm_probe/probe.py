@@ -135,11 +135,10 @@ class Probe:
             h = b._block_hash
             if h is not None and b.block_id >= 0:
                 hashes.append((b.block_id, _h64(h), rec.tokens_of.get(b.block_id, [])))
-        free, node, tail = [], pool.free_block_queue.fake_free_list_head.next_free_block, None
+        free, node = [], pool.free_block_queue.fake_free_list_head.next_free_block
         while node is not None and node.block_id >= 0:  # the fake tail has id -1
             free.append(node.block_id)
             node = node.next_free_block
-        del tail
         s = self.scheduler
         cfg = getattr(s, "vllm_config", None)
         info = PoolInfo(
@@ -153,13 +152,26 @@ class Probe:
             max_model_len=int(getattr(getattr(cfg, "model_config", None), "max_model_len", 0) or 0),
             fault=self.faults.name, notes=list(self.notes))
         rows = self.rows.all_rows(rec)
-        return Keyframe(self.seq, self.step, info, [b.ref_cnt for b in blocks], hashes, free, rows,
+        return Keyframe(self.seq, self.step, info, [b.ref_cnt for b in blocks], hashes, _map_entries(pool), free, rows,
                         self.rows.deferred(), self.gate.paused, self.gate.holder, self.counters())
 
     def close(self) -> None:
         self.gate.close()
         self.io.stop()
         self.recorder.uninstall()
+
+
+def _map_entries(pool) -> list[tuple[int, int]]:
+    """Every (hash64, block) entry of vLLM's hash map (``BlockHashToBlockMap._cache``: a key maps to one block,
+    or to a dict of the blocks that share it)."""
+    out = []
+    for key, blocks in pool.cached_block_hash_to_block._cache.items():
+        h = _h64(key)
+        if isinstance(blocks, dict):
+            out += [(h, b) for b in blocks]
+        else:
+            out.append((h, blocks.block_id))
+    return out
 
 
 def _h64(key: bytes) -> int:

@@ -9,6 +9,8 @@ the pool's size (a full dump costs 54 ms at 65,536 blocks):
 - The free queue's mutators (``popleft``, ``popleft_n``, ``remove``, ``append``, ``append_n``, ``prepend_n``)
   are wrapped on this pool's queue instance: they say where in the queue a block went, which a ref count
   alone does not (vLLM puts an unhashed block at the head, a hashed one at the tail).
+- The hash map's ``insert`` and ``pop`` (``BlockHashToBlockMap``, patched on the class: ``reset_prefix_cache``
+  replaces the map with a new one) say what the map holds, so that the audit checks it against the blocks.
 - The KV cache manager's request-taking methods are wrapped to say which request the ops are for, and
   ``BlockPool.cache_full_blocks`` to say which tokens a newly hashed block holds (vLLM keeps no tokens in a
   block; its KV events read them from the request, and so does this).
@@ -18,7 +20,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from .constants import OP_APPEND, OP_HASH, OP_POP, OP_PREPEND, OP_REF, OP_REMOVE, OP_REQUEST
+from .constants import (
+    OP_APPEND,
+    OP_HASH,
+    OP_MAP_CLEAR,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
+    OP_POP,
+    OP_PREPEND,
+    OP_REF,
+    OP_REMOVE,
+    OP_REQUEST,
+)
 from .wire import hash64
 
 QUEUE_OPS = {"popleft": OP_POP, "popleft_n": OP_POP, "remove": OP_REMOVE, "append": OP_APPEND,
@@ -54,6 +67,8 @@ class Recorder:
     def install(self) -> None:
         global _active
         _install_block_hooks(type(self.pool.blocks[0]))
+        _install_map_hooks(type(self.pool.cached_block_hash_to_block))
+        self._wrap(self.pool, "reset_prefix_cache", self._reset(self.pool.reset_prefix_cache))
         for name, code in QUEUE_OPS.items():
             if hasattr(self.queue, name):
                 self._wrap(self.queue, name, _queue_wrapper(self, getattr(self.queue, name), code))
@@ -120,6 +135,15 @@ class Recorder:
                 store.clear()
         return wrapper
 
+    def _reset(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            ok = fn(*args, **kwargs)
+            if ok:
+                self.ops.append([OP_MAP_CLEAR])
+            return ok
+        return wrapper
+
     def _table_rewritten(self, fn):
         @functools.wraps(fn)
         def wrapper(request_id, *args, **kwargs):
@@ -164,6 +188,11 @@ class Recorder:
         self.tokens_of[b] = tokens
         self.ops.append([OP_HASH, b, hash64(value), tokens, parent])
 
+    def on_map(self, code: int, key: bytes, block) -> None:
+        if self.request != self._said_request:
+            self._say_request()
+        self.ops.append([code, hash64(key), block.block_id])
+
     def on_queue(self, code: int, blocks) -> None:
         if self.request != self._said_request:
             self._say_request()
@@ -205,6 +234,33 @@ def _queue_wrapper(rec: Recorder, fn, code: int):
         else:
             rec.on_queue(code, [arg])  # append(block)
     return put
+
+
+_map_installed = False
+
+
+def _install_map_hooks(cls) -> None:
+    """Make ``cls.insert`` and ``cls.pop`` record changes to the active pool's hash map (once a process)."""
+    global _map_installed
+    if _map_installed:
+        return
+    insert, pop = cls.insert, cls.pop
+
+    def recorded_insert(self, key, block):
+        insert(self, key, block)
+        rec = _active
+        if rec is not None and self is rec.pool.cached_block_hash_to_block:
+            rec.on_map(OP_MAP_INSERT, key, block)
+
+    def recorded_pop(self, key, block_id):
+        block = pop(self, key, block_id)
+        rec = _active
+        if block is not None and rec is not None and self is rec.pool.cached_block_hash_to_block:
+            rec.on_map(OP_MAP_POP, key, block)
+        return block
+
+    cls.insert, cls.pop = recorded_insert, recorded_pop
+    _map_installed = True
 
 
 def _install_block_hooks(cls) -> None:

@@ -27,6 +27,9 @@ from .constants import (  # noqa: F401 - the wire's names, one import for both e
     HEARTBEAT_S,
     OP_APPEND,
     OP_HASH,
+    OP_MAP_CLEAR,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
     OP_POP,
     OP_PREPEND,
     OP_REF,
@@ -115,6 +118,7 @@ class Keyframe(Message):
     info: PoolInfo
     ref_cnt: list[int]
     hashes: list[tuple[int, int, list[int]]]  # (block, hash64, token ids) for every hashed block
+    hash_map: list[tuple[int, int]]  # (hash64, block) for every entry of vLLM's hash map
     free_queue: list[int]  # head (next to be handed out) first
     requests: list[RequestRow]
     deferred: list[list[int]]  # scheduler.deferred_frees: blocks out of a table, not yet freed (0.32+)

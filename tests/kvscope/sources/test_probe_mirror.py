@@ -12,6 +12,9 @@ import zmq
 from kvscope_vllm_probe.wire import (
     OP_APPEND,
     OP_HASH,
+    OP_MAP_CLEAR,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
     OP_POP,
     OP_PREPEND,
     OP_REF,
@@ -38,7 +41,7 @@ N = 8
 
 def keyframe(seq: int = 0, step: int = 0) -> Keyframe:
     info = PoolInfo("m", "0.32.0", 4, N, 0, True, "sha256", 1, False, 2048, "")
-    return Keyframe(seq, step, info, [0] * N, [], list(range(1, N)), [], [], False, "", {"hash_map_size": 0})
+    return Keyframe(seq, step, info, [0] * N, [], [], list(range(1, N)), [], [], False, "", {})
 
 
 def row(rid: str, status: str, tokens: list[int], computed: int, blocks: list[int] | None, start: int = 0,
@@ -63,10 +66,10 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     h0, h1 = 0xAB, 0xCD
     st = Step(1, 1, 0.01, [
         [OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1],
-        [OP_HASH, 1, h0, [10, 11, 12, 13], None],
+        [OP_HASH, 1, h0, [10, 11, 12, 13], None], [OP_MAP_INSERT, h0, 1],
         [OP_REQUEST, "b"], [OP_REF, 1, 2], [OP_POP, [3]], [OP_REF, 3, 1],
     ], [row("a", "RUNNING", [10, 11, 12, 13, 14, 15], 6, [1, 2]),
-        row("b", "RUNNING", [10, 11, 12, 13, 20, 21], 6, [1, 3])], [], None, {"hash_map_size": 1}, False)
+        row("b", "RUNNING", [10, 11, 12, 13, 20, 21], 6, [1, 3])], [], None, {}, False)
     events = m.apply(st)
     kinds = [type(e) for e in events]
     assert kinds[:4] == [BlockAllocated, BlockAllocated, BlockStored, BlockTouched]
@@ -83,7 +86,7 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
                             [OP_REMOVE, 1], [OP_REF, 1, 1]],
                [row("c", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [3, 1])], [("a", "FINISHED_STOPPED"),
                                                                        ("b", "FINISHED_LENGTH_CAPPED")],
-               None, {"hash_map_size": 1}, False)
+               None, {}, False)
     events = m.apply(st2)
     assert events[0] == BlockFreed(2, "a", 0) and BlockTouched(1, "c", 1) in events  # a hit on a cached free block
     snap = m.snapshot(2)
@@ -93,10 +96,11 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     assert m.audit().ok
     # a cached free block handed out again: its hash leaves the cache (an eviction), then it is allocated
     m.apply(Step(3, 3, 0.0, [[OP_REQUEST, "c"], [OP_REF, 1, 0], [OP_APPEND, [1]]], [], [], None,
-                 {"hash_map_size": 1}, False))
+                 {}, False))
     order = m.snapshot(3).free_queue.tolist()
-    ops = [[OP_REQUEST, "d"], [OP_POP, order]] + [[OP_REF, b, 1] for b in order] + [[OP_HASH, 1, None, [], None]]
-    events = m.apply(Step(4, 4, 0.0, ops, [], [], None, {"hash_map_size": 0}, False))
+    ops = [[OP_REQUEST, "d"], [OP_POP, order], [OP_MAP_POP, h0, 1], [OP_HASH, 1, None, [], None]]
+    ops += [[OP_REF, b, 1] for b in order]
+    events = m.apply(Step(4, 4, 0.0, ops, [], [], None, {}, False))
     assert BlockEvicted(1, f"{h0:016x}") in events and BlockAllocated(1, "d") in events
     assert m.snapshot(4).block_hashes == {} and m.counters_now()["evictions"] == 1
     del h1
@@ -117,11 +121,18 @@ def test_the_audit_names_a_leaked_block_and_the_request_that_held_it():
 def test_deferred_frees_count_as_held_and_the_hash_map_is_checked():
     m = VllmPoolMirror(keyframe())
     m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]], [],
-                 [("a", "FINISHED_STOPPED")], [[1]], {"hash_map_size": 0}, False))
+                 [("a", "FINISHED_STOPPED")], [[1]], {}, False))
     assert m.audit().ok  # out of its table, waiting in vLLM's deferred frees: not a leak
-    m.apply(Step(2, 2, 0.0, [], [], [], [], {"hash_map_size": 3}, False))
-    kinds = {p.problem for p in m.audit().problems}
-    assert kinds == {"leaked", "hash_map"}
+    m.apply(Step(2, 2, 0.0, [], [], [], [], {}, False))
+    assert [p.problem for p in m.audit().problems] == ["leaked"]
+    # a hash without its map entry, and a map entry for a block without a hash: both wrong in the hash map
+    m.apply(Step(3, 3, 0.0, [[OP_REF, 1, 0], [OP_APPEND, [1]], [OP_HASH, 1, 5, [1, 2, 3, 4], None],
+                             [OP_MAP_INSERT, 9, 2]], [], [], None, {}, False))
+    assert sorted((p.block_id, p.problem) for p in m.audit().problems) == [(1, "hash_map"), (2, "hash_map")]
+    m.apply(Step(4, 4, 0.0, [[OP_MAP_INSERT, 5, 1], [OP_MAP_POP, 9, 2]], [], [], None, {}, False))
+    assert m.audit().ok
+    m.apply(Step(5, 5, 0.0, [[OP_HASH, 1, None, [], None], [OP_MAP_CLEAR]], [], [], None, {}, False))
+    assert m.audit().ok
 
 
 def test_a_gap_or_a_block_out_of_range_is_refused_before_anything_changes():
