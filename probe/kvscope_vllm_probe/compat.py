@@ -18,19 +18,26 @@ from __future__ import annotations
 
 KNOWN_RELEASES = ("0.20", "0.32", "0.33")
 
-# what the probe reads or wraps, by object; checked on the live objects before anything is patched
+# what the probe reads or wraps, by vLLM's class name: checked on the live objects before anything is patched,
+# and against each known release's files (tests/probe/test_compat.py)
 REQUIRED = {
-    "scheduler": ("schedule", "update_from_output", "finish_requests", "add_request", "kv_cache_manager",
+    "Scheduler": ("schedule", "update_from_output", "finish_requests", "add_request", "kv_cache_manager",
                   "running", "requests"),
-    "kv_cache_manager": ("block_pool", "coordinator", "allocate_slots", "free", "get_computed_blocks"),
-    "block_pool": ("blocks", "free_block_queue", "null_block", "cached_block_hash_to_block", "cache_full_blocks",
-                   "get_new_blocks", "touch", "free_blocks"),
-    "free_block_queue": ("popleft", "popleft_n", "remove", "append", "append_n", "num_free_blocks",
-                         "fake_free_list_head"),
-    "block": ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null"),
-    "request": ("request_id", "status", "num_prompt_tokens", "num_tokens", "all_token_ids", "num_computed_tokens",
-                "block_hashes", "arrival_time"),
+    "KVCacheManager": ("block_pool", "coordinator", "allocate_slots", "free", "get_computed_blocks"),
+    "BlockPool": ("blocks", "free_block_queue", "null_block", "cached_block_hash_to_block", "cache_full_blocks",
+                  "get_new_blocks", "touch", "free_blocks", "reset_prefix_cache"),
+    "BlockHashToBlockMap": ("_cache", "insert", "pop"),
+    "FreeKVCacheBlockQueue": ("popleft", "popleft_n", "remove", "append", "append_n", "num_free_blocks",
+                              "fake_free_list_head"),
+    "KVCacheCoordinator": ("single_type_managers", "block_pool"),
+    "SingleTypeKVCacheManager": ("req_to_blocks",),
+    "KVCacheBlock": ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null"),
+    "Request": ("request_id", "status", "num_prompt_tokens", "num_tokens", "all_token_ids", "num_computed_tokens",
+                "block_hashes", "arrival_time", "is_finished"),
+    "SchedulerConfig": ("get_scheduler_cls",),
 }
+SLOTS = ("ref_cnt", "_block_hash")  # KVCacheBlock's slots the recorder puts its descriptors over
+OPTIONAL = {"FreeKVCacheBlockQueue": ("prepend_n",), "Scheduler": ("deferred_frees",)}  # read when there
 
 
 def release_of(version: str) -> str | None:
@@ -44,27 +51,20 @@ def release_of(version: str) -> str | None:
 
 
 def missing(scheduler) -> list[str]:
-    """What the probe needs and this scheduler does not have ("block_pool.touch", ...): empty when it fits."""
-    out = []
+    """What the probe needs and this scheduler does not have ("BlockPool.touch", ...): empty when it fits."""
     manager = getattr(scheduler, "kv_cache_manager", None)
     pool = getattr(manager, "block_pool", None)
-    objects = {"scheduler": scheduler, "kv_cache_manager": manager, "block_pool": pool,
-               "free_block_queue": getattr(pool, "free_block_queue", None)}
-    for what, names in REQUIRED.items():
-        if what in ("block", "request"):
-            continue
-        obj = objects[what]
-        out += [f"{what}.{n}" for n in names if obj is None or not hasattr(obj, n)]
-    if pool is not None and getattr(pool, "blocks", None):
-        cls = type(pool.blocks[0])
-        for slot in ("ref_cnt", "_block_hash"):
-            if type(cls.__dict__.get(slot)).__name__ not in ("member_descriptor", "property"):
-                out.append(f"KVCacheBlock.{slot} (a slot)")
-        out += [f"KVCacheBlock.{n}" for n in REQUIRED["block"] if not hasattr(pool.blocks[0], n)]
-    hash_map = getattr(pool, "cached_block_hash_to_block", None)
-    out += [f"cached_block_hash_to_block.{n}" for n in ("_cache", "insert", "pop") if not hasattr(hash_map, n)]
     coordinator = getattr(manager, "coordinator", None)
-    managers = getattr(coordinator, "single_type_managers", None)
-    if not managers or not hasattr(managers[0], "req_to_blocks"):
-        out.append("coordinator.single_type_managers[0].req_to_blocks")
+    managers = getattr(coordinator, "single_type_managers", None) or (None,)
+    blocks = getattr(pool, "blocks", None) or (None,)
+    objects = {"Scheduler": scheduler, "KVCacheManager": manager, "BlockPool": pool,
+               "BlockHashToBlockMap": getattr(pool, "cached_block_hash_to_block", None),
+               "FreeKVCacheBlockQueue": getattr(pool, "free_block_queue", None), "KVCacheCoordinator": coordinator,
+               "SingleTypeKVCacheManager": managers[0], "KVCacheBlock": blocks[0]}
+    out = [f"{what}.{n}" for what, obj in objects.items() for n in REQUIRED[what]
+           if obj is None or not hasattr(obj, n)]
+    if blocks[0] is not None:
+        cls = type(blocks[0])
+        out += [f"KVCacheBlock.{n} (a slot)" for n in SLOTS
+                if type(cls.__dict__.get(n)).__name__ not in ("member_descriptor", "property")]
     return out
