@@ -12,8 +12,6 @@ import dataclasses
 import os
 import sys
 
-from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
-
 from engine import EngineConfig
 from engine.config import check_value, config_fields, field_type
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
@@ -28,6 +26,7 @@ from kvscope.arg_types import (
 )
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.serve.options import ServeOptions
+from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
 
 ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
 

@@ -18,6 +18,9 @@ import json
 import time
 from pathlib import Path
 
+from engine.outputs import StepOutput
+from kvscope.sources.base import PROBE_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
 from kvscope_vllm_probe.wire import (
@@ -30,10 +33,6 @@ from kvscope_vllm_probe.wire import (
     decode_from_probe,
     encode,
 )
-
-from engine.outputs import StepOutput
-from kvscope.sources.base import PROBE_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
-from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
 
 TRACE_FORMAT = "kvscope-probe-trace"
 TRACE_VERSION = 1

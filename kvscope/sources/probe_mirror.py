@@ -13,21 +13,6 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from kvscope_vllm_probe.wire import (
-    OP_APPEND,
-    OP_HASH,
-    OP_MAP_CLEAR,
-    OP_MAP_INSERT,
-    OP_MAP_POP,
-    OP_POP,
-    OP_PREPEND,
-    OP_REF,
-    OP_REMOVE,
-    OP_REQUEST,
-    Keyframe,
-    RequestRow,
-    Step,
-)
 
 from engine.inspect.audit import AuditProblem, AuditReport, queue_problem, ref_problem
 from engine.inspect.chunked_map import ChunkedMap
@@ -45,6 +30,21 @@ from engine.inspect.events import (
 )
 from engine.inspect.replay import apply_cache_event
 from engine.inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
+from kvscope_vllm_probe.wire import (
+    OP_APPEND,
+    OP_HASH,
+    OP_MAP_CLEAR,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
+    OP_POP,
+    OP_PREPEND,
+    OP_REF,
+    OP_REMOVE,
+    OP_REQUEST,
+    Keyframe,
+    RequestRow,
+    Step,
+)
 
 KEEP_FINISHED = 64  # finished requests kept in the snapshot, as kvscope's engine keeps them
 

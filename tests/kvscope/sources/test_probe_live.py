@@ -17,13 +17,13 @@ import time
 
 import pytest
 import zmq
-from kvscope_vllm_probe.client import ProbeClient
-from kvscope_vllm_probe.wire import Keyframe
 from vllm_live import VllmServer, free_port, need_vllm
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch
 from kvscope.sources.probe import ProbeSource
+from kvscope_vllm_probe.client import ProbeClient
+from kvscope_vllm_probe.wire import Keyframe
 
 SYSTEM = ("You are kvscope's test assistant. You answer every question in one short sentence, politely, "
           "and you never repeat the question. ") * 3

@@ -9,6 +9,10 @@ import time
 import msgspec
 import pytest
 import zmq
+
+from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched
+from kvscope.sources.probe import ProbeSource
+from kvscope.sources.probe_mirror import FreeList, MirrorError, VllmPoolMirror
 from kvscope_vllm_probe.wire import (
     OP_APPEND,
     OP_HASH,
@@ -31,10 +35,6 @@ from kvscope_vllm_probe.wire import (
     decode_to_probe,
     encode,
 )
-
-from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched
-from kvscope.sources.probe import ProbeSource
-from kvscope.sources.probe_mirror import FreeList, MirrorError, VllmPoolMirror
 
 N = 8
 
