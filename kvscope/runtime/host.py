@@ -223,9 +223,10 @@ class EngineHost:
         if on != self.running:
             self.running = on
             src = self.source
-            if src is not None and REMOTE_STEPPING in src.info.capabilities:
-                src.hold(not on)  # Pause holds the engine itself, Run lets it go
             self.emit(p.RunningChanged(on))
+            if src is not None and REMOTE_STEPPING in src.info.capabilities:
+                for rec in src.hold(not on):  # Pause holds the engine itself (and shows where it stopped)
+                    self._send(rec)
 
     def tick(self) -> bool:
         """One step of a run; returns whether a step ran. With nothing left to do it pauses, except

@@ -188,10 +188,23 @@ class ProbeSource(_Base):
     def has_work(self) -> bool:
         return True  # a live vLLM: there is always a next step to wait for
 
-    def hold(self, paused: bool) -> None:
-        """The host paused (True) or ran (False): vLLM's scheduler is held at its next schedule, or let go."""
+    def hold(self, paused: bool) -> list[StepRecord]:
+        """The host paused (True) or ran (False): vLLM's scheduler is held at its next schedule, or let go.
+        Holding returns the records of the steps vLLM made before it stopped (the window shows where vLLM stands
+        before its next Step)."""
         self.running = not paused
         self.client.command("pause" if paused else "run")
+        if not paused:
+            return []
+        out, deadline = list(self._pending), time.monotonic() + 5.0
+        self._pending.clear()
+        while time.monotonic() < deadline:
+            rec = self._next(0.2)
+            if rec is not None:
+                out.append(rec)
+            elif self.mirror.paused:  # vLLM said it holds, and nothing more came
+                break
+        return out
 
     def step(self) -> StepRecord:
         """The next vLLM step's record. Running: what vLLM did next (within ``POLL_S``, else the same state
@@ -246,6 +259,8 @@ class ProbeSource(_Base):
             return None
         if isinstance(msg, Held):
             self.mirror.paused, self.mirror.holder = msg.paused, msg.holder
+            if msg.paused and msg.step > self.mirror.vllm_step:
+                self.mirror.paused = False  # held after a step not applied yet: it is on its way
             if not msg.paused and msg.reason:
                 self.notice = f"vLLM runs again: {msg.reason}"
             return None

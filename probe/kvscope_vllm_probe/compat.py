@@ -32,8 +32,8 @@ REQUIRED = {
     "KVCacheCoordinator": ("single_type_managers", "block_pool"),
     "SingleTypeKVCacheManager": ("req_to_blocks",),
     "KVCacheBlock": ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null"),
-    "Request": ("request_id", "status", "num_prompt_tokens", "num_tokens", "all_token_ids", "num_computed_tokens",
-                "block_hashes", "arrival_time", "is_finished"),
+    "Request": ("request_id", "status", "num_prompt_tokens", "num_tokens", "all_token_ids", "_all_token_ids",
+                "num_computed_tokens", "block_hashes", "arrival_time", "is_finished"),
     "SchedulerConfig": ("get_scheduler_cls",),
 }
 SLOTS = ("ref_cnt", "_block_hash")  # KVCacheBlock's slots the recorder puts its descriptors over

@@ -97,6 +97,7 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
                 return super().schedule(*args, **kwargs)
             p.before_schedule()
             with p.lock:
+                p.recorder.begin()
                 return super().schedule(*args, **kwargs)
 
         def update_from_output(self, *args, **kwargs):
@@ -104,6 +105,7 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
             if p is None:
                 return super().update_from_output(*args, **kwargs)
             with p.lock:
+                p.recorder.begin()
                 out = super().update_from_output(*args, **kwargs)
                 _guarded(self, p.end_step)
             return out
@@ -113,6 +115,7 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
             if p is None:
                 return super().add_request(request, *args, **kwargs)
             with p.lock:
+                p.recorder.begin()
                 out = super().add_request(request, *args, **kwargs)
                 p.rows.added.add(request.request_id)
             return out
@@ -122,6 +125,7 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
             if p is None:
                 return super().finish_requests(*args, **kwargs)
             with p.lock:
+                p.recorder.begin()
                 return super().finish_requests(*args, **kwargs)
 
         def reset_prefix_cache(self, *args, **kwargs):
@@ -129,6 +133,7 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
             if p is None:
                 return super().reset_prefix_cache(*args, **kwargs)
             with p.lock:
+                p.recorder.begin()
                 return super().reset_prefix_cache(*args, **kwargs)
 
         def shutdown(self, *args, **kwargs):

@@ -102,12 +102,12 @@ class Probe:
             return None
         if between and not ops and not touched and not self.rows.pending:
             return None
-        rows, gone = self.rows.changed(touched, self.recorder)
+        rows, advanced, gone = self.rows.changed(touched, self.recorder)
         deferred = self.rows.deferred_if_changed()
         self.seq += 1
         seconds = 0.0 if between else time.perf_counter() - self._t0
         return Step(self.seq, self.step, seconds, ops, rows, gone, deferred, self.counters(), self.gate.paused,
-                    between)
+                    between, advanced)
 
     def counters(self) -> dict[str, float]:
         s, pool = self.scheduler, self.pool

@@ -1,9 +1,10 @@
 """The requests' rows as deltas: what a subscriber has not been sent yet of each request vLLM holds.
 
-A step looks only at the requests that can have changed: the running ones, those the KV cache manager
-worked for (admitted, preempted, freed), those just added and those gone from the scheduler. A running
-request that only went on sends its new tokens, its computed count and its table's new blocks; a request
-whose table changed other than by growing (a sliding window's null blocks) sends its table whole.
+A step looks only at the requests that can have changed: the running ones, those the pool worked for (a
+block handed out, hit or freed for them: admitted, grown, preempted, finished), those just added and those
+gone from the scheduler. A running request that only went on sends its new tokens and its computed count; a
+request the pool worked for sends its row as a delta (its table's new blocks, or the whole table when it
+changed other than by growing: a sliding window's null blocks).
 """
 from __future__ import annotations
 
@@ -86,25 +87,38 @@ class RowTracker:
         sent.computed, sent.cached = computed, cached
         return row, sent
 
-    def changed(self, touched: set[str], recorder) -> tuple[list[RequestRow], list[tuple[str, str]]]:
+    def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
+        """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
+        table, status or prefix hit may have changed) or new; for a running request that only went on, the short
+        form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size);
+        and the requests gone from the scheduler."""
         s = self.scheduler
         requests = s.requests
         rows: list[RequestRow] = []
+        advanced: list[tuple] = []
         sent = self.sent
-        seen = set()
-        for r in s.running:
+        dirty = dirty | self.added | recorder.whole_table
+        get, add, tables = sent.get, advanced.append, self.tables
+        for r in s.running:  # the hot loop: a few attribute reads a request
             rid = r.request_id
-            seen.add(rid)
-            row, sent[rid] = self._row(r, sent.get(rid), recorder, False)
-            if row is not None:
-                rows.append(row)
-        for rid in touched | self.added:
-            if rid in seen:
+            st = get(rid)
+            table = tables.get(rid)
+            if st is None or rid in dirty or (len(table) if table else 0) != st.num_blocks or (
+                    table and table[-1].block_id != st.last_block):  # its table changed: the whole row's delta
+                row, sent[rid] = self._row(r, st, recorder, False)
+                if row is not None:
+                    rows.append(row)
                 continue
-            seen.add(rid)
+            tokens = r._all_token_ids
+            n, c = len(tokens), r.num_computed_tokens
+            if n != st.num_tokens or c != st.computed:
+                k = st.num_tokens
+                add((rid, k, tokens[k:n], c))
+                st.num_tokens, st.computed = n, c
+        for rid in dirty:
             r = requests.get(rid)
-            if r is None:
-                continue
+            if r is None or r.status.name == "RUNNING":
+                continue  # gone (below), or done above
             row, sent[rid] = self._row(r, sent.get(rid), recorder, False)
             if row is not None:
                 rows.append(row)
@@ -118,7 +132,7 @@ class RowTracker:
                 rows.append(row)
             gone.append((rid, r.status.name))
             recorder.cached_tokens.pop(rid, None)
-        return rows, gone
+        return rows, advanced, gone
 
     def all_rows(self, recorder) -> list[RequestRow]:
         """Every request the scheduler holds, whole (a keyframe's); what is sent from now on follows these."""

@@ -138,6 +138,8 @@ class Step(Message):
     counters: dict[str, int | float]
     paused: bool
     between: bool = False  # changes between two steps (an abort, a new request): no schedule ran
+    # running requests that only went on: (request id, tokens_from, new tokens, num_computed_tokens)
+    advanced: list[tuple[str, int, list[int], int]] = []
 
 
 class Held(Message):

