@@ -59,6 +59,8 @@ class Scenario:
     notes: list[tuple[int, str]] = field(default_factory=list)  # (step, text), sorted by step
     view: str = ""  # the window's panel that tells this scenario's story, brought to the front on load
     plot: str = ""  # with view "plots": the series whose plot the lesson reads, scrolled into view
+    # a recorded probe trace of a real vLLM (kvscope --probe ... --trace) played instead of kvscope's engine
+    probe_trace: str = ""
 
 
 def _int(v: object) -> bool:
@@ -156,8 +158,16 @@ def load_scenario(name_or_file: str) -> Scenario:
             check_request(spec)
         except ValueError as e:
             raise ValueError(f"scenario {p}: request {i}: {e}") from None
+    probe_trace = data.get("probe_trace", "")
+    if probe_trace:
+        trace = (p.parent / probe_trace) if isinstance(probe_trace, str) else None
+        if trace is None or not trace.is_file() or data["requests"] or config:
+            raise ValueError(f"scenario {p}: 'probe_trace' names a probe trace file beside it (and then the "
+                             f"scenario has no requests or config of its own)")
+        probe_trace = str(trace.resolve())
     return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
-                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view, plot)
+                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view, plot,
+                    probe_trace)
 
 
 def _notes(p: Path, notes) -> list[tuple[int, str]]:

@@ -73,6 +73,9 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
     config, runner = spec.config, None
     if spec.scenario:
         sc = load_scenario(spec.scenario)
+        if sc.probe_trace:  # a lab recorded from a real vLLM: played back, no engine of kvscope's
+            from kvscope.sources.probe import ProbeReplay
+            return ProbeReplay(sc.probe_trace, scenario=sc)
         config = dataclasses.replace(config, **sc.config)
         config.validate()
         runner = ScenarioRunner(sc)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from engine.outputs import StepOutput
-from kvscope.sources.base import PROBE_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
@@ -83,7 +83,7 @@ class _Base:
         self.notice: str | None = None
         self.tokenizer = None  # the served model's, when its folder is on this machine
 
-    def _info(self, kf: Keyframe, where: str, load_seconds: float) -> SourceInfo:
+    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None) -> SourceInfo:
         i = kf.info
         notes = list(i.notes)
         if i.num_kv_groups > 1:
@@ -93,9 +93,18 @@ class _Base:
                  "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
                  "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
                  "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes))
+        if scenario is not None:  # a lab on a recorded vLLM: the lesson's own words
+            return SourceInfo(
+                model_name=f"vLLM {i.vllm_version} (recorded)", device=where, dtype=i.dtype or "-",
+                num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=i.block_bytes,
+                max_model_len=i.max_model_len, load_seconds=load_seconds,
+                capabilities=REPLAY_CAPABILITIES, prefix_caching=i.enable_caching, events_rebuild_pool=False,
+                scenario=scenario.title, scenario_name=scenario.name, watch=scenario.watch,
+                notes=tuple(scenario.notes), view=scenario.view, plot=scenario.plot,
+                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault})
         return SourceInfo(
-            model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}", device=where, dtype="-",
-            num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=0, max_model_len=i.max_model_len,
+            model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}", device=where, dtype=i.dtype or "-",
+            num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=i.block_bytes, max_model_len=i.max_model_len,
             load_seconds=load_seconds, capabilities=PROBE_CAPABILITIES, prefix_caching=i.enable_caching, watch=watch,
             events_rebuild_pool=False, extra={"vllm_version": i.vllm_version, "probe_notes": notes,
                                               "fault": i.fault, "async_scheduling": i.async_scheduling})
@@ -283,7 +292,8 @@ class ProbeSource(_Base):
 class ProbeReplay(_Base):
     """A probe trace played back: the same messages through the same mirror, one record a vLLM step."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, scenario=None) -> None:
+        """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
         self.path = path
         try:
@@ -305,8 +315,9 @@ class ProbeReplay(_Base):
         first = self._messages.pop(0) if self._messages else None
         if not isinstance(first, Keyframe):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")
+        self.tokenizer = _tokenizer(first.info.model)  # the recorded model's, if its folder is here too
         self._load(first)
-        self.info = self._info(first, "probe trace", 0.0)
+        self.info = self._info(first, "a recorded probe trace", 0.0, scenario)
         self._started = False
 
     def has_work(self) -> bool:

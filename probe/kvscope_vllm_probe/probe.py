@@ -150,7 +150,8 @@ class Probe:
             num_kv_groups=len(self.managers),
             async_scheduling=bool(getattr(getattr(cfg, "scheduler_config", None), "async_scheduling", False)),
             max_model_len=int(getattr(getattr(cfg, "model_config", None), "max_model_len", 0) or 0),
-            fault=self.faults.name, notes=list(self.notes))
+            fault=self.faults.name, notes=list(self.notes), block_bytes=_block_bytes(s),
+            dtype=str(getattr(getattr(cfg, "model_config", None), "dtype", "")).replace("torch.", ""))
         rows = self.rows.all_rows(rec)
         return Keyframe(self.seq, self.step, info, [b.ref_cnt for b in blocks], hashes, _map_entries(pool), free, rows,
                         self.rows.deferred(), self.gate.paused, self.gate.holder, self.counters())
@@ -159,6 +160,15 @@ class Probe:
         self.gate.close()
         self.io.stop()
         self.recorder.uninstall()
+
+
+def _block_bytes(scheduler) -> int:
+    """A block's KV in bytes: each KV cache group's page size times its layers (0 when vLLM does not say)."""
+    try:
+        return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes
+                   for g in scheduler.kv_cache_config.kv_cache_groups)
+    except (AttributeError, TypeError, NotImplementedError):
+        return 0
 
 
 def _map_entries(pool) -> list[tuple[int, int]]:

@@ -97,6 +97,8 @@ class PoolInfo(msgspec.Struct, array_like=True):
     max_model_len: int
     fault: str  # the fault switched on ("" for none)
     notes: list[str] = []  # what the probe could not follow in this vLLM, one line each
+    block_bytes: int = 0  # a block's KV in bytes, every layer of every group (0: not known)
+    dtype: str = ""  # the model's
 
 
 class RequestRow(msgspec.Struct, array_like=True):
