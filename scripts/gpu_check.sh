@@ -14,7 +14,7 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 export PY
 # shellcheck source=scripts/gpu_env.sh
 [ -f scripts/gpu_env.sh ] && . scripts/gpu_env.sh
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+export PYTHONPATH="$PWD:$PWD/probe${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   QT_QPA_PLATFORM=offscreen TOKENIZERS_PARALLELISM=false
 if [[ " $* " == *" --dry-run "* ]]; then
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
