@@ -194,8 +194,10 @@ class ProbeSource(_Base):
                          f"KVSCOPE_PROBE_ENDPOINT={self.endpoint} and kvscope's probe installed (pip install ./probe)")
 
     # -- the host's pace ----------------------------------------------------------------------------------
+    ended: str | None = None  # why this source has nothing more to show (a vLLM restarted with another pool)
+
     def has_work(self) -> bool:
-        return True  # a live vLLM: there is always a next step to wait for
+        return self.ended is None  # a live vLLM: there is always a next step to wait for
 
     def hold(self, paused: bool) -> list[StepRecord]:
         """The host paused (True) or ran (False): vLLM's scheduler is held at its next schedule, or let go.
@@ -218,6 +220,8 @@ class ProbeSource(_Base):
     def step(self) -> StepRecord:
         """The next vLLM step's record. Running: what vLLM did next (within ``POLL_S``, else the same state
         again). Held: one schedule asked of vLLM, and its record once it arrives."""
+        if self.ended:
+            return self._record([], 0.0, False)
         if self._pending:
             return self._pending.pop(0)
         if self.running:
@@ -259,6 +263,12 @@ class ProbeSource(_Base):
                 return None
             return self._record(events, msg.seconds, not msg.between)
         if isinstance(msg, Keyframe):
+            i = msg.info
+            if (i.num_blocks, i.block_size) != (self.info.num_blocks, self.info.block_size):
+                self.ended = (f"vLLM at {self.endpoint} restarted with a pool of {i.num_blocks} blocks of "
+                              f"{i.block_size} tokens (it had {self.info.num_blocks} of {self.info.block_size}): "
+                              f"open kvscope --probe {self.endpoint} again to read it")
+                return self._record([], 0.0, False, notice=self.ended)
             self._load(msg)
             return self._record([], 0.0, False)
         if isinstance(msg, Welcome):
