@@ -182,3 +182,12 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+def first_audit_problem(src, timeout: float = 60.0):
+    """Step a probe's source until a record's audit finds something; that record."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = src.step()
+        if not rec.audit.ok:
+            return rec
+    raise AssertionError(f"the audit found nothing in {timeout:.0f} s")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import zmq
-from vllm_live import VllmServer, free_port, need_vllm
+from vllm_live import VllmServer, first_audit_problem, free_port, need_vllm
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch
@@ -175,12 +175,7 @@ def test_the_leak_fault_is_found_in_a_real_vllm(server):
         src.client.set_fault("leak-last-block", True)  # as kvscope --probe-fault leak-last-block does
         time.sleep(0.5)
         threads = load(server, 1, max_tokens=6)
-        found, deadline = None, time.monotonic() + 60
-        while found is None and time.monotonic() < deadline:
-            rec = src.step()
-            if not rec.audit.ok:
-                found = rec
-        assert found is not None, "the audit did not find the leak"
+        found = first_audit_problem(src)
         (p,) = found.audit.problems
         assert p.problem == "leaked" and p.expected_ref == 0 and p.actual_ref == 1
         assert p.last_owner and any(e.kind == "finished" and e.request_id == p.last_owner for e in found.events)

@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from vllm_live import Harness, free_port, need_vllm
+from vllm_live import Harness, first_audit_problem, free_port, need_vllm
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
 
@@ -124,13 +124,7 @@ def test_the_leak_fault_is_found_with_its_block_request_and_step(vllm_python):
             assert src.info.extra["fault"] == "leak-last-block"
             h.cmd("spin", on=True, pace=0.01)
             h.cmd("add", id="victim", prompt=SYSTEM + [7] * 9, max_tokens=12)
-            found = None
-            deadline = time.monotonic() + 30
-            while found is None and time.monotonic() < deadline:
-                rec = src.step()
-                if not rec.audit.ok:
-                    found = rec
-            assert found is not None, "the audit never found the leak"
+            found = first_audit_problem(src, 30)
             (p,) = found.audit.problems
             assert p.problem == "leaked" and p.last_owner == "victim" and p.actual_ref == 1 and p.expected_ref == 0
             assert f"block {p.block_id} of request victim will not be freed" in h.log_text()
@@ -149,19 +143,10 @@ def test_a_fault_switched_on_from_kvscope(vllm_python):
             time.sleep(0.3)
             h.cmd("spin", on=True, pace=0.01)
             h.cmd("add", id="r", prompt=SYSTEM[:20], max_tokens=4)
-            rec = drain_until_problem(src)
+            rec = first_audit_problem(src, 30)
             assert [(p.problem, p.last_owner) for p in rec.audit.problems] == [("leaked", "r")]
         finally:
             src.close()
-
-
-def drain_until_problem(src, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = src.step()
-        if not rec.audit.ok:
-            return rec
-    raise AssertionError("no audit problem")
 
 
 def test_an_unknown_release_is_refused_in_one_line_and_vllm_runs_untouched(vllm_python):
