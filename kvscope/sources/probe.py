@@ -101,13 +101,15 @@ class _Base:
                 capabilities=REPLAY_CAPABILITIES, prefix_caching=i.enable_caching, events_rebuild_pool=False,
                 scenario=scenario.title, scenario_name=scenario.name, watch=scenario.watch,
                 notes=tuple(scenario.notes), view=scenario.view, plot=scenario.plot,
-                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault})
+                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault,
+                       "always_audited": True})
         return SourceInfo(
             model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}", device=where, dtype=i.dtype or "-",
             num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=i.block_bytes, max_model_len=i.max_model_len,
             load_seconds=load_seconds, capabilities=PROBE_CAPABILITIES, prefix_caching=i.enable_caching, watch=watch,
             events_rebuild_pool=False, extra={"vllm_version": i.vllm_version, "probe_notes": notes,
-                                              "fault": i.fault, "async_scheduling": i.async_scheduling})
+                                              "fault": i.fault, "async_scheduling": i.async_scheduling,
+                                              "always_audited": True})
 
     def _load(self, kf: Keyframe) -> None:
         if getattr(self, "mirror", None) is None:

@@ -210,11 +210,16 @@ class MainWindow(QMainWindow):
         self.audit_box = QCheckBox("Audit")
         self.audit_box.setToolTip("after every step, recompute every ref count from the block tables: "
                                   "wrong ones turn red and a banner names them")
-        self.audit_box.toggled.connect(lambda on: self.worker.send(cmd.SetAudit(on)))
+        self.audit_chosen = False  # the user's choice (a probed vLLM's box shows its own audit, always on)
+        self.audit_box.toggled.connect(self._audit_toggled)
         bar.addWidget(self.audit_box)
         self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
                          self.act_fork, self.act_reset]
         self.write_controls = [self.act_inject, self.act_abort, self.act_fork, self.act_reset]
+
+    def _audit_toggled(self, on: bool) -> None:
+        self.audit_chosen = on
+        self.worker.send(cmd.SetAudit(on))
 
     def _build_menu(self) -> None:
         menu = self.menuBar().addMenu("&Scenario")
@@ -395,7 +400,13 @@ class MainWindow(QMainWindow):
         self.requests.select([])
         for a in self.controls:
             a.setEnabled(not (info.read_only and a in self.write_controls))
-        self.audit_box.setEnabled(not info.read_only)
+        # a probed vLLM is audited after every step on its own: the box says so (and is not the user's to change);
+        # any other source shows the user's own choice (which the host keeps across loads)
+        always = bool(info.extra.get("always_audited"))
+        self.audit_box.blockSignals(True)
+        self.audit_box.setChecked(always or self.audit_chosen)
+        self.audit_box.blockSignals(False)
+        self.audit_box.setEnabled(not info.read_only and not always)
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
         self.cpu_grid.set_title(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")

@@ -31,6 +31,7 @@ def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
         shared = win.latest.snapshot.ref_cnt[1:5].tolist()
         assert shared == [3, 3, 3, 3]  # the system prompt's 4 blocks, held by the three chats
         assert not win.act_inject.isEnabled()  # requests come through vLLM's own API
+        assert win.audit_box.isChecked() and not win.audit_box.isEnabled()  # audited every step, always
         win.act_run.trigger()  # Pause: vLLM's scheduler is held at its next schedule
         qtbot.waitUntil(lambda: not win.running, timeout=5000)
         deadline = time.monotonic() + 10
