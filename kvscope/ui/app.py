@@ -221,6 +221,24 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
             print(f"kvscope: {e}", file=sys.stderr)
             return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way. The handler goes in
+    # before the window is built: a Ctrl+C while it is being built closes it as soon as it exists.
+    interrupted: list[int] = []
+    shown: list[MainWindow] = []
+
+    def on_sigint(signum, _frame) -> None:
+        interrupted.append(signum)
+        for w in shown:
+            QTimer.singleShot(0, w.close)  # runs once the event loop does, even if it has not started yet
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return _run_window(app, opts, early, server, interrupted, shown)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | None, server,
+                interrupted: list[int], shown: list[MainWindow]) -> int:
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
     apply_style(app)
@@ -245,13 +263,9 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, opts.screenshot, opts.steps, list(opts.prompts), opts.max_tokens, opts.replay_steps,
                            list(opts.select), opts.select_block, opts.compare, opts.view)
-    # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way.
-    interrupted: list[int] = []
-
-    def on_sigint(signum, _frame) -> None:
-        interrupted.append(signum)
-        QTimer.singleShot(0, win.close)  # runs once the event loop does, even if it has not started yet
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    shown.append(win)
+    if interrupted:  # Ctrl+C came while the window was being built
+        QTimer.singleShot(0, win.close)
     poll = QTimer()
     poll.timeout.connect(lambda: None)
     poll.start(SIGNAL_POLL_MS)
@@ -261,7 +275,6 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         code = app.exec()
     finally:
         poll.stop()
-        signal.signal(signal.SIGINT, previous)
     win.shutdown()  # detaches the bridge: open responses end before the server stops
     if server is not None:
         server.stop()

@@ -267,7 +267,8 @@ def test_a_screenshot_of_a_replay_counts_replayed_steps_and_stops_at_the_end(sma
     assert shot.stat().st_size > 10_000 and "saved" in r.stdout
 
 
-def test_ctrl_c_closes_the_window_cleanly(tiny_dir, tmp_path):
+@pytest.mark.parametrize("delay", [0.0, 0.5])  # 0: while the window is still being built
+def test_ctrl_c_closes_the_window_cleanly(tiny_dir, tmp_path, delay):
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path)}
     p = subprocess.Popen([sys.executable, "-m", "kvscope", "--model", tiny_dir, "--num-gpu-blocks", "16",
                           "--block-size", "4"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
@@ -277,7 +278,7 @@ def test_ctrl_c_closes_the_window_cleanly(tiny_dir, tmp_path):
         lines.append(line)
         if "KV pool" in line or time.monotonic() > deadline:
             break
-    time.sleep(0.5)
+    time.sleep(delay)
     p.send_signal(signal.SIGINT)
     try:
         rest = p.communicate(timeout=30)[1]
