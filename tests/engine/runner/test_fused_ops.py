@@ -174,12 +174,15 @@ def _pool_bytes(pool) -> list[torch.Tensor]:
 SHAPES = [(4, 4, 64), (8, 2, 128), (6, 2, 64), (32, 32, 128)]  # MHA, GQA 4, GQA 3 (a partial group), 7B
 
 
+# 130 tokens at the 7B shape is left out of the grid (not skipped): the smaller shapes cover 130 tokens, and
+# under the interpreter that one case costs more than the rest together.
+ROPE_CASES = [(*shape, tokens) for shape in SHAPES for tokens in (1, 3, 17, 130)
+              if not (tokens == 130 and shape[0] == 32)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
-@pytest.mark.parametrize("tokens", [1, 3, 17, 130])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,tokens", ROPE_CASES)
 def test_rope_and_store_rotates_q_in_place_and_fills_the_cache(dtype, heads, kv_heads, head_dim, tokens):
-    if tokens == 130 and heads == 32:
-        pytest.skip("covered by the smaller shapes; slow under the interpreter")
     case = Case(tokens, heads, kv_heads, head_dim, dtype, seed=tokens + heads)
     q0, k0, v0 = case.q.clone(), case.k.clone(), case.v.clone()
     kc, vc = (_poisoned_pool("none", case, kv_heads, head_dim) for _ in range(2))
