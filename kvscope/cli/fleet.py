@@ -54,6 +54,9 @@ def fleet_spec(args: argparse.Namespace) -> FleetSpec:
                          f"--attach, in the same order, or none")
     if args.dp_size < 1:
         raise ValueError("--dp-size must be >= 1")
+    twice = next((a for i, a in enumerate(args.attach) if a in args.attach[:i]), None)
+    if twice is not None:
+        raise ValueError(f"--attach {twice} is given twice")
     instances = []
     for i, addr in enumerate(args.attach):
         check_zmq_address(addr, "--attach")
