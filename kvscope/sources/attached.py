@@ -331,7 +331,10 @@ class AttachedSource(_ReadOnly):
                 ev = recv_monitor_message(s.monitor)["event"]
                 con = s.connection
                 if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED and con.state != "up":
+                    joined = con.state == "connecting"
                     con.state, con.since = "up", self._clock()
+                    if joined and s.dealer is not None and s.last_seq is None:
+                        self._repair(s, 0, None)  # what it already holds, now, though it may publish nothing
                 elif ev == zmq.EVENT_DISCONNECTED and con.state == "up":
                     con.state, con.since = "down", self._clock()
                     con.disconnects += 1
@@ -392,10 +395,12 @@ class AttachedSource(_ReadOnly):
             s.ranks.add(rank)
         s.last_seq = seq
 
-    def _repair(self, s: _Stream, first: int, last: int) -> None:
+    def _repair(self, s: _Stream, first: int, last: int | None) -> None:
         """Ask the replay socket for ``first..last``; what does not come back is an unrepaired gap.
 
-        Only the missing range is applied from the replay; later batches come live as usual.
+        Only the missing range is applied from the replay; later batches come live as usual. ``last`` None: every
+        batch it still holds (a fleet catching up with an instance it just joined, which may be idle: nothing
+        live would show its gap from batch 0); only a start already gone from its buffer is a gap then.
         """
         a = self._applier
         if s.dealer is None:
@@ -406,7 +411,7 @@ class AttachedSource(_ReadOnly):
         s.dealer.send_multipart((b"", first.to_bytes(8, "big")))
         deadline = time.monotonic() + self.config.replay_timeout
         ended = timed_out = lost = False
-        while s.last_seq is None or s.last_seq < last:
+        while last is None or s.last_seq is None or s.last_seq < last:
             left = deadline - time.monotonic()
             if left <= 0 or not s.dealer.poll(int(left * 1000) + 1):
                 timed_out = True
@@ -424,7 +429,7 @@ class AttachedSource(_ReadOnly):
                 break
             if s.last_seq is not None and rseq <= s.last_seq:
                 continue
-            if rseq > last:
+            if last is not None and rseq > last:
                 break  # the buffer is in order: nothing more of the range will come
             nxt = 0 if s.last_seq is None else s.last_seq + 1
             if rseq > nxt:
@@ -441,6 +446,8 @@ class AttachedSource(_ReadOnly):
             # The rest of this answer must not be read as the answer to the next request.
             s.dealer.close(linger=0)
             s.dealer = self._open_dealer(s.replay_endpoint)
+        if last is None:
+            return
         got = s.last_seq if s.last_seq is not None else first - 1
         if got < last:
             a.gap(s.index, max(got + 1, first), last,

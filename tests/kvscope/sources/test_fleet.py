@@ -282,3 +282,21 @@ def test_headless_json_prints_the_fleet_object_with_the_route():
     assert route["best"] == [b["name"]] and route["prompt_tokens"] == len(prompt)
     assert [s["blocks"] for s in route["instances"]] == [2, 6]
     assert route["answer"].startswith(f"{b['name']}: 6 of its 6 full blocks cached")
+
+
+def test_joining_an_idle_instance_shows_what_it_already_holds():
+    """An engine with no traffic publishes nothing: the fleet asks its replay socket for its history on joining."""
+    hasher = VllmBlockHasher("sha256_cbor", SEED)
+    pubs = [publisher(), publisher(replay=None)]
+    for p in pubs:
+        p.publish(stored(hasher, list(range(1, 3 * BS + 1))))  # before anyone listens
+    fleet = FleetSource(spec_of(pubs))
+    try:
+        rec = until(fleet, lambda r: r.instances[0].blocks == 3, what="a's history")
+        assert rec.instances[0].gaps_unrepaired == 0 and rec.instances[0].reproducible
+        assert rec.instances[1].blocks == 0 and rec.instances[1].state == "up"  # no replay socket: nothing to ask
+        assert fleet.members[0].source.counters["replay_requests"] == 1
+    finally:
+        fleet.close()
+        for p in pubs:
+            p.close()
