@@ -11,7 +11,7 @@ import json
 import sys
 
 from kvscope.cli.headless import drive
-from kvscope.messages import one_line
+from kvscope.messages import bytes_text, one_line
 from kvscope.sources.fleet import FleetSource, FleetSummary
 from kvscope.sources.fleet_route import RouteAnswer
 from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec, check_fleet, check_zmq_address, read_fleet_file
@@ -110,7 +110,9 @@ def open_fleet(args: argparse.Namespace) -> tuple[FleetSource, list[int] | None,
                 raise
             error = f"no tokenizer ({e}): the prompt box takes token ids"
     tokens = route_tokens(args, tokenizer)
-    return FleetSource(spec, poll_interval=args.poll_interval, max_blocks=args.max_blocks), tokens, tokenizer, error
+    # In a window the timer polls every --poll-interval and a poll never waits: the GUI thread must not block.
+    source = FleetSource(spec, poll_interval=args.poll_interval if args.headless else 0.0, max_blocks=args.max_blocks)
+    return source, tokens, tokenizer, error
 
 
 def fleet_summary_lines(out: dict) -> list[str]:
@@ -127,7 +129,7 @@ def fleet_summary_lines(out: dict) -> list[str]:
                      f"{usage}  +{r['stored_per_s']}/s -{r['removed_per_s']}/s  {r['shared_blocks']} also "
                      f"elsewhere{flags}")
         lines.append(f"  {'':<{width}}  hashes: {r['hashes']}")
-    extra = f", {_bytes(a['extra_bytes'])} beyond one copy each" if a["extra_bytes"] else ""
+    extra = f", {bytes_text(a['extra_bytes'])} beyond one copy each" if a["extra_bytes"] else ""
     lines.append(f"  in all: {a['blocks']} blocks, {a['distinct_blocks']} distinct; {a['duplicated_blocks']} held by "
                  f"two or more instances ({a['copies']} copies, {a['extra_copies']} extra{extra})")
     route = out.get("route")
@@ -137,13 +139,6 @@ def fleet_summary_lines(out: dict) -> list[str]:
             got = f"{s['blocks']} of {s['prompt_blocks']} blocks" if s["blocks"] is not None else "not scored"
             lines.append(f"    {s['instance']:<{width}}  {got}{': ' + s['note'] if s['note'] else ''}")
     return lines
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def run_fleet_headless(source: FleetSource, args: argparse.Namespace, tokens: list[int] | None) -> int:

@@ -19,15 +19,13 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QApplication,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
@@ -42,27 +40,28 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.messages import bytes_text
 from kvscope.sources.fleet import FleetSource
 from kvscope.sources.fleet_record import FleetRecord, InstanceRow
 from kvscope.sources.fleet_route import RouteAnswer
+from kvscope.sources.hash_check import published_low64
 from kvscope.sources.remote_cache import ForestSnapshot, hash_text
 from kvscope.ui.palette import DOWN, ROUTE_PATH, hex_colour, instance_colour
-from kvscope.ui.style import apply_style
-from kvscope.ui.views.prefix_forest import layout_forest
+from kvscope.ui.views.prefix_forest import captioned, drive_window, layout_forest, styled_app
 
 Tokenizer = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int]], str]
 COLUMNS = ("instance", "state", "blocks", "tokens", "usage", "running / waiting", "stored / s", "removed / s",
            "also elsewhere", "prompt's prefix", "hashes")
-SQUARE_STEP = 0.2  # x offset between the squares of one block's holders, in blocks of depth
+SQUARE_PX = 11  # a holder's square, and the distance between the squares of one block's holders, in pixels
 
 
-def holder_squares(xs: np.ndarray, holders: list[list[int]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """One square per (block, holding instance), side by side around the block's x: (x, node index, instance)."""
+def holder_squares(xs: np.ndarray, holders: list[list[int]], step: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """One square per (block, holding instance), ``step`` apart around the block's x: (x, node index, instance)."""
     px, node, inst = [], [], []
     for i, hs in enumerate(holders):
         for k, h in enumerate(hs):
-            px.append(xs[i] + (k - (len(hs) - 1) / 2) * SQUARE_STEP)
+            px.append(xs[i] + (k - (len(hs) - 1) / 2) * step)
             node.append(i)
             inst.append(h)
     return np.array(px, dtype=float), np.array(node, dtype=int), inst
@@ -101,18 +100,20 @@ class FleetForestView(QWidget):
         self.plot.setMenuEnabled(False)
         self.edges = pg.PlotDataItem([], [], connect="pairs", pen=pg.mkPen((110, 116, 128), width=1))
         self.route_edges = pg.PlotDataItem([], [], connect="pairs", pen=pg.mkPen(*ROUTE_PATH, width=4))
-        self.squares = pg.ScatterPlotItem(size=10, symbol="s", hoverable=True, pxMode=True, tip=None)
+        self.squares = pg.ScatterPlotItem(size=SQUARE_PX - 1, symbol="s", hoverable=True, pxMode=True, tip=None)
         self.squares.sigHovered.connect(self._on_hover)
-        for item in (self.edges, self.route_edges, self.squares):
+        # the view ranges over the blocks themselves; their holders' squares sit a few pixels either side, so they
+        # are placed again whenever the scale changes (a zoom, a resize)
+        self.anchors = pg.ScatterPlotItem(size=1, pen=None, brush=None)
+        for item in (self.edges, self.route_edges, self.anchors):
             self.plot.addItem(item)
-        self.info = QLabel("no blocks cached yet")
-        self.hover = QLabel("hover a block: which instances hold it, its hash and tokens")
-        self.hover.setWordWrap(True)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.plot, 1)
-        lay.addWidget(self.info)
-        lay.addWidget(self.hover)
+        self.plot.addItem(self.squares, ignoreBounds=True)
+        vb = self.plot.getViewBox()
+        vb.sigXRangeChanged.connect(self._place_squares)
+        vb.sigResized.connect(self._place_squares)
+        self._holders: list[list[int]] = []
+        self._brushes: list = []
+        self.info, self.hover = captioned(self, self.plot, "hover a block: who holds it, its hash and tokens")
         self._layout = layout_forest(ForestSnapshot({}, 0, 0))
         self._node_of: np.ndarray = np.zeros(0, dtype=int)
         self.path: set[int] = set()
@@ -121,20 +122,26 @@ class FleetForestView(QWidget):
         snap = self.source.index.forest.snapshot(self.max_nodes)
         lay = self._layout = layout_forest(snap)
         index = self.source.index
-        holders = [index.holder_instances(n.key[2]) for n in lay.nodes]
-        px, node, inst = holder_squares(lay.x, holders)
-        self._node_of = node
-        brushes = [pg.mkBrush(*instance_colour(i)) for i in inst]
-        self.squares.setData(x=px, y=lay.y[node] if len(node) else [], brush=brushes,
-                             pen=pg.mkPen((20, 22, 26), width=1), data=list(range(len(px))))
+        holders = self._holders = [index.holder_instances(n.key[2]) for n in lay.nodes]
+        self._brushes = [pg.mkBrush(*instance_colour(i)) for hs in holders for i in hs]
+        self.anchors.setData(x=lay.x, y=lay.y)
+        self._place_squares()
         self.edges.setData(lay.edges[:, 0], lay.edges[:, 1]) if len(lay.edges) else self.edges.setData([], [])
-        on_path = {i for i, n in enumerate(lay.nodes) if _low(n.key[2]) in self.path}
+        on_path = {i for i, n in enumerate(lay.nodes) if published_low64(n.key[2]) in self.path}
         route = path_edges(lay, on_path)
         self.route_edges.setData(route[:, 0], route[:, 1]) if len(route) else self.route_edges.setData([], [])
         dup = sum(len(h) > 1 for h in holders)
         more = f" (showing {snap.shown} of {snap.total_blocks})" if snap.truncated else ""
         self.info.setText(f"{snap.total_blocks} distinct blocks{more}, {dup} of them held by two or more instances"
                           + (f"; the prompt's cached path: {len(on_path)} blocks, in white" if self.path else ""))
+
+    def _place_squares(self, *_args) -> None:
+        lay = self._layout
+        upp = self.plot.getViewBox().viewPixelSize()[0]  # data units per pixel across
+        px, node, _inst = holder_squares(lay.x, self._holders, SQUARE_PX * upp)
+        self._node_of = node
+        self.squares.setData(x=px, y=lay.y[node] if len(node) else [], brush=self._brushes,
+                             pen=pg.mkPen((20, 22, 26), width=1), data=list(range(len(px))))
 
     def node_text(self, i: int) -> str:
         n = self._layout.nodes[i]
@@ -161,10 +168,6 @@ class FleetForestView(QWidget):
             self.hover.setText(self.node_text(int(self._node_of[int(points[0].data())])))
 
 
-def _low(h) -> int:
-    return int.from_bytes(h, "big") & ((1 << 64) - 1) if isinstance(h, bytes) else h & ((1 << 64) - 1)
-
-
 class FleetTable(QTableWidget):
     """One row an instance; a row in trouble (gone, batches lost, hashes not reproducible) says so in red."""
 
@@ -179,6 +182,8 @@ class FleetTable(QTableWidget):
             head.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         head.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
         self.route: dict[str, str] = {}
+        rows = min(len(names), 8)  # every instance in view up to 8, then it scrolls
+        self.setMinimumHeight(head.sizeHint().height() + rows * self.verticalHeader().defaultSectionSize() + 6)
 
     def show_rows(self, rows: Sequence[InstanceRow]) -> None:
         for r, row in enumerate(rows):
@@ -222,8 +227,7 @@ class FleetWindow(QMainWindow):
         # the legend is the title (a legend box would sit over the lines)
         key = " ".join(f"<span style='color:{hex_colour(instance_colour(i))}'>■ {n}</span>"
                        for i, n in enumerate(names))
-        blocks = self.plots.addPlot(row=0, col=0, title=f"cached blocks: {key} <span style='color:#d8dee9'>"
-                                                        f"- - held by 2+</span>")
+        blocks = self.plots.addPlot(row=0, col=0, title=f"blocks {key} <span style='color:#d8dee9'>- - on 2+</span>")
         self.curves = [blocks.plot([], [], pen=pg.mkPen(*instance_colour(i), width=2)) for i in range(len(names))]
         self.dup_curve = blocks.plot([], [], pen=pg.mkPen((216, 222, 233), width=2, style=Qt.PenStyle.DashLine))
         blocks.setLabel("bottom", "seconds")
@@ -259,7 +263,7 @@ class FleetWindow(QMainWindow):
         vsplit = QSplitter(Qt.Orientation.Vertical)
         vsplit.addWidget(self.table)
         vsplit.addWidget(split)
-        vsplit.setSizes([150, 600])
+        vsplit.setSizes([self.table.minimumHeight(), 600])
         centre = QWidget()
         lay = QVBoxLayout(centre)
         lay.setContentsMargins(6, 6, 6, 6)
@@ -272,14 +276,15 @@ class FleetWindow(QMainWindow):
         self.setCentralWidget(centre)
         self.setWindowTitle(f"kvscope · {source.info.model_name}")
         self.setMinimumSize(1024, 600)
-        self.resize(1500, 900)
+        self.resize(1600, 1000)  # the main window's screenshot size (--window-size changes it)
         self.last: FleetRecord | None = None
         self.route_answer: RouteAnswer | None = None
         self._tokens: list[int] | None = None
         self._drawn = 0.0
 
     # -- each poll -------------------------------------------------------------------------------
-    def on_record(self, rec: FleetRecord, force: bool = False) -> None:
+    def on_record(self, rec: FleetRecord, last: bool = False) -> None:
+        """A poll: the table, totals, plots and notices; the forest twice a second (``last``: now)."""
         self.last = rec
         s = self.series
         s["t"].append(rec.t)
@@ -294,7 +299,7 @@ class FleetWindow(QMainWindow):
             self._route(self._tokens)  # the answer follows the caches
         self.table.show_rows(rec.instances)
         a, d = rec.in_all(), rec.duplication
-        extra = f" ({_bytes(d.extra_bytes)} beyond one copy each)" if d.extra_bytes else ""
+        extra = f" ({bytes_text(d.extra_bytes)} beyond one copy each)" if d.extra_bytes else ""
         self.totals.setText(f"in all: {a['up']} of {a['instances']} instances up · {rec.blocks:,} cached blocks, "
                             f"{rec.distinct_blocks:,} distinct · <b>{d.blocks:,} held by two or more instances</b>, "
                             f"{d.extra_copies:,} copies more than one each{extra} · poll {rec.tick}")
@@ -302,7 +307,7 @@ class FleetWindow(QMainWindow):
             self._notices.append(f"poll {rec.tick}: {n}")
         self.notices.setText("<br>".join(self._notices))
         now = time.monotonic()
-        if force or now - self._drawn > 0.5:  # the forest's layout is the costly part: twice a second
+        if last or now - self._drawn > 0.5:  # the forest's layout is the costly part: twice a second
             self.forest.redraw()
             self._drawn = now
 
@@ -333,72 +338,27 @@ class FleetWindow(QMainWindow):
         self.table.route = {s.instance: (f"{s.blocks} of {s.prompt_blocks} blocks" if s.blocks is not None
                                          else "not scored") for s in ans.scores}
 
+    def fill_hover(self) -> None:
+        """Offscreen there is no mouse: show what hovering the deepest block would (for a screenshot)."""
+        deepest = self.forest.deepest_text()
+        if deepest and self.forest.hover.text().startswith("hover"):
+            self.forest.hover.setText(deepest)
+
     def closeEvent(self, ev) -> None:  # noqa: N802
         self.source.close()
         super().closeEvent(ev)
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-class FleetDriver(QObject):
-    """Polls the fleet on a timer (a poll never waits: the GUI thread must not block); after ``steps`` polls with a
-    screenshot, saves it and closes. ``before_poll`` runs first on each tick (the ``--demo`` steps its engines)."""
-
-    def __init__(self, win: FleetWindow, interval: float, steps: int | None, screenshot: str | None,
-                 before_poll: Callable[[int], None] | None = None) -> None:
-        super().__init__(win)
-        self.win, self.steps, self.screenshot, self.before_poll = win, steps, screenshot, before_poll
-        self.polls = 0
-        self.exit_code = 0
-        self.timer = QTimer(self)
-        self.timer.timeout.connect(self.tick)
-        self.timer.start(max(1, int(interval * 1000)))
-
-    def tick(self) -> None:
-        src = self.win.source
-        if not src.has_work():
-            self.timer.stop()
-            return
-        if self.before_poll is not None:
-            self.before_poll(self.polls)
-        rec = src.poll(0.0)
-        self.polls += 1
-        last = self.screenshot and self.steps is not None and self.polls >= self.steps
-        self.win.on_record(rec, force=bool(last))
-        if last:
-            self.timer.stop()
-            self.save()
-
-    def save(self) -> None:
-        forest = self.win.forest
-        deepest = forest.deepest_text()
-        if deepest and forest.hover.text().startswith("hover"):
-            forest.hover.setText(deepest)
-        QApplication.processEvents()
-        Path(self.screenshot).parent.mkdir(parents=True, exist_ok=True)
-        ok = self.win.grab().save(self.screenshot)
-        print(f"kvscope: saved {self.screenshot}" if ok else f"kvscope: could not save {self.screenshot}")
-        self.exit_code = 0 if ok else 1
-        self.win.close()
 
 
 def run_fleet_window(source: FleetSource, interval: float = 0.1, screenshot: str | None = None,
                      steps: int | None = None, window_size: tuple[int, int] | None = None,
                      tokenize: Tokenizer | None = None, decode: Decode | None = None,
                      tokenizer_error: str | None = None, route: str | list[int] | None = None,
-                     before_poll: Callable[[int], None] | None = None) -> int:
-    """The fleet window until it is closed (or, with ``screenshot``, until ``steps`` polls are saved).
-    ``route``: a prompt (text, or token ids) in the box from the start, answered as the caches change."""
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    apply_style(app)
+                     before_poll: Callable[[], None] | None = None) -> int:
+    """The fleet window until it is closed (or, with ``screenshot``, until ``steps`` polls are saved); the source's
+    polls must not wait (``poll_interval`` 0). ``route``: a prompt (text, or token ids) in the box from the start,
+    answered as the caches change."""
+    styled_app()
     win = FleetWindow(source, tokenize, decode, tokenizer_error)
-    if window_size:
-        win.resize(*window_size)
     if route is not None:
         if isinstance(route, str):
             win.prompt.setText(route)
@@ -407,11 +367,7 @@ def run_fleet_window(source: FleetSource, interval: float = 0.1, screenshot: str
             win.kind.setCurrentIndex(1)
             win.prompt.setText(", ".join(map(str, route)))
             win.route_ids(list(route))
-    driver = FleetDriver(win, interval, steps if steps is not None else (40 if screenshot else None), screenshot,
-                         before_poll)
-    win.show()
-    code = app.exec()
-    return driver.exit_code or code
+    return drive_window(win, interval, screenshot, steps, window_size, before_poll)
 
 
 # --- the demo -----------------------------------------------------------------------------------
@@ -419,7 +375,8 @@ def run_fleet_window(source: FleetSource, interval: float = 0.1, screenshot: str
 def _demo(args: argparse.Namespace) -> int:
     """Four kvscope engines (one set of SmolLM2 weights, a pool each) publishing vLLM's KV events with vLLM's
     sha256_cbor hashes, watched as a fleet: chats sharing a system prompt sent round robin to a, b and c (so the
-    system prompt is cached three times), d serving other prompts until it goes away."""
+    system prompt is cached three times; their pools evict), d serving other prompts until it goes away. The prompt
+    box asks where the last chat sent to b would go."""
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.core.vllm_hashing import seed_from_env
     from kvscope.presets import QUESTIONS, SYSTEM_PROMPT
@@ -451,13 +408,16 @@ def _demo(args: argparse.Namespace) -> int:
     others = ["Write a haiku about a disk scheduler.", "List three uses of a bloom filter.",
               "Explain a TCP handshake to a child.", "Why do B-trees have a high fan-out?"]
     gone_at = args.steps - 25 if args.steps else 120
+    polls = [0]
 
     def chat(i: int) -> str:  # the system prompt, then a question long enough to fill blocks of its own
         return (f"{SYSTEM_PROMPT}\n\nQuestion {i}: {QUESTIONS[i % len(QUESTIONS)]} Please answer for a first-year "
                 f"student, with one small example from a real operating system, and say which textbook chapter "
                 f"covers it.")
 
-    def step(poll: int) -> None:
+    def step() -> None:
+        poll = polls[0]
+        polls[0] += 1
         i = asked[0]
         if all(len(e.requests) < 2 for e in engines[:3]) and i < 15:
             sessions[i % 3].inject(chat(i), params)
@@ -475,7 +435,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         return run_fleet_window(source, interval=0.05, screenshot=args.screenshot, steps=args.steps,
                                 window_size=args.window_size, tokenize=lambda t: list(tok.encode(t)),
-                                decode=tok.decode, route=chat(4),
+                                decode=tok.decode, route=chat(13),
                                 before_poll=step)
     finally:
         for s in sessions:
@@ -489,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvscope.ui.views.fleet_view",
                                 description="The fleet window over four kvscope engines in this process (--demo).")
     p.add_argument("--demo", action="store_true", help="run four kvscope engines here and watch them as a fleet")
-    p.add_argument("--demo-blocks", type=positive_int, default=28, help="each engine's pool, in blocks")
+    p.add_argument("--demo-blocks", type=positive_int, default=16, help="each engine's pool, in blocks (small: "
+                   "they evict)")
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG after --steps polls and exit")
     p.add_argument("--steps", type=positive_int, default=None)
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH", help="e.g. 1280x720")

@@ -19,6 +19,7 @@ import pytest
 from engine import SamplingParams
 from engine.core.vllm_hashing import VllmBlockHasher, low64
 from engine.inspect.events import BlockStored
+from kvscope.cli.fleet import fleet_summary_lines
 from kvscope.runtime.build import KVEventsObserver
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.runtime.kv_publisher import KVEventPublisher
@@ -282,6 +283,12 @@ def test_headless_json_prints_the_fleet_object_with_the_route():
     assert route["best"] == [b["name"]] and route["prompt_tokens"] == len(prompt)
     assert [s["blocks"] for s in route["instances"]] == [2, 6]
     assert route["answer"].startswith(f"{b['name']}: 6 of its 6 full blocks cached")
+    lines = fleet_summary_lines(fleet)  # what --headless prints without --json, from the same object
+    assert lines[0] == "fleet (--attach): 2 instances, 2 up; 20 polls in " + f"{fleet['seconds']} s"
+    assert f"{a['blocks']} blocks" in lines[1] and lines[2].strip().startswith("hashes: sha256_cbor, seed '0'")
+    assert lines[5] == (f"  in all: {a['blocks'] + b['blocks']} blocks, {a['blocks'] + b['blocks'] - 2} distinct; 2 "
+                        f"held by two or more instances (4 copies, 2 extra, 128 B beyond one copy each)")
+    assert lines[6].startswith(f"  where would it go ({len(prompt)} tokens): {b['name']}: 6 of its 6")
 
 
 def test_joining_an_idle_instance_shows_what_it_already_holds():

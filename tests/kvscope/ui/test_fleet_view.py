@@ -63,7 +63,7 @@ def test_the_window_shows_each_instance_the_shared_blocks_and_where_a_prompt_goe
     src, pubs, shared = fleet
     win = FleetWindow(src, tokenize=None)
     qtbot.addWidget(win)
-    win.on_record(src.poll(0.0), force=True)
+    win.on_record(src.poll(0.0), last=True)
     assert [cell(win, r, "blocks") for r in range(3)] == ["4", "5", "1"]
     assert [cell(win, r, "also elsewhere") for r in range(3)] == ["3", "3", "0"]
     assert cell(win, 0, "state") == "up" and cell(win, 0, "hashes").startswith("sha256_cbor, seed '0'")
@@ -77,7 +77,7 @@ def test_the_window_shows_each_instance_the_shared_blocks_and_where_a_prompt_goe
     win.prompt.setText(", ".join(map(str, shared + [60] * BS * 2 + [9])))
     win.route_box()
     assert "b: 5 of its 5 full blocks cached (20 of 21 prompt tokens)" in win.answer.text()
-    win.on_record(src.poll(0.0), force=True)
+    win.on_record(src.poll(0.0), last=True)
     assert [cell(win, r, "prompt's prefix") for r in range(3)] == ["3 of 5 blocks", "5 of 5 blocks", "0 of 5 blocks"]
     assert len(win.forest.route_edges.getData()[0]) == 2 * 4  # the path's 4 edges, in white
     win.prompt.setText("one, two")
@@ -104,7 +104,7 @@ def test_an_instance_that_goes_away_turns_its_state_red(qtbot, fleet):
 
 def test_holder_squares_sit_side_by_side_around_their_block():
     import numpy as np
-    x, node, inst = holder_squares(np.array([0.0, 1.0]), [[0, 2], [1]])
+    x, node, inst = holder_squares(np.array([0.0, 1.0]), [[0, 2], [1]], 0.2)
     assert x.tolist() == pytest.approx([-0.1, 0.1, 1.0]) and node.tolist() == [0, 0, 1] and inst == [0, 2, 1]
 
 
