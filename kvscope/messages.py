@@ -15,3 +15,8 @@ def bytes_text(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def count_text(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 block``, ``2 blocks``, ``1 batch``, ``3 batches`` (``plural``: when adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -84,13 +84,14 @@ def route_tokenizer(args: argparse.Namespace):
     """The served model's tokenizer: ``encode(text)`` makes token ids as vLLM's /v1/completions does of a text
     prompt (special tokens added as the tokenizer adds them). Raises ``ValueError`` with one line."""
     from engine.runner.models.loader import embedded_folder, load_tokenizer, resolve_model
-    name = args.tokenizer or args.model
     try:
-        if name is None:  # the embedded SmolLM2, as a folder: what a vLLM serving it reads
-            tok = load_tokenizer(str(embedded_folder()))
-        else:
-            src = resolve_model(name)
+        if args.tokenizer:  # a folder, a .gguf file or a hub id, as the engine's --tokenizer
+            tok = load_tokenizer(args.tokenizer)
+        elif args.model:  # the model's own: its short name, folder, .gguf or hub id resolved as the engine does
+            src = resolve_model(args.model)
             tok = load_tokenizer(f"{src.path}/{src.gguf_file}" if src.gguf_file else src.path)
+        else:  # the embedded SmolLM2, as a folder: what a vLLM serving it reads
+            tok = load_tokenizer(str(embedded_folder()))
     except (OSError, ValueError) as e:
         raise ValueError(one_line(e)) from None
     return tok

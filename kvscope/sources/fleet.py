@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from kvscope.messages import count_text
 from kvscope.sources.attach_record import AttachRecord
 from kvscope.sources.attached import AttachConfig, AttachedSource, _ReadOnly
 from kvscope.sources.base import FLEET_CAPABILITIES, SourceInfo, StepRecord
@@ -82,7 +83,8 @@ class FleetMember:
         if row.restarts > said.get("restarts", 0):
             out.append(f"{name} restarted (its sequence numbers went back): its cache was cleared")
         if row.batches_missing > said.get("missing", 0):
-            out.append(f"{name}: {row.batches_missing - said.get('missing', 0)} batches missing and not repaired: "
+            lost = count_text(row.batches_missing - said.get("missing", 0), "batch", "batches")
+            out.append(f"{name}: {lost} missing and not repaired: "
                        f"its cache may miss blocks")
         if not row.reproducible and self.check.failed + bool(self.check.fatal) and not said.get("unreproducible"):
             out.append(f"{name}: {row.hashes}")

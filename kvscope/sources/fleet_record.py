@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvscope.messages import count_text
 from kvscope.sources.fleet_index import Duplication
 
 
@@ -40,7 +41,7 @@ class InstanceRow:
         if self.restarts:
             out.append(f"restarted {self.restarts}x")
         if self.gaps_unrepaired:
-            out.append(f"{self.batches_missing} batches missing")
+            out.append(f"{count_text(self.batches_missing, 'batch', 'batches')} missing")
         if self.metrics and self.metrics.get("error"):
             out.append("metrics unreachable")
         return tuple(out)

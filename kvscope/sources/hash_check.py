@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from engine.core.vllm_hashing import REPRODUCIBLE, VLLM_DEFAULT_SEED, VllmBlockHasher, low64, not_reproducible
 from engine.inspect.kv_events import ExternalHash
+from kvscope.messages import count_text
 from kvscope.sources.remote_cache import ForestNode
 
 _MASK = (1 << 64) - 1
@@ -99,7 +100,7 @@ class HashCheck:
         why = self.why_not()
         if why:
             return f"not reproducible: {why}" if self.failed or self.fatal else why
-        text = f"{self.scheme.algo}, seed {self.scheme.seed!r}: {self.reproduced} blocks reproduced"
+        text = f"{self.scheme.algo}, seed {self.scheme.seed!r}: {count_text(self.reproduced, 'block')} reproduced"
         return text + (f", {self.failed} not (extra keys: LoRA, images or a cache salt)" if self.failed else "")
 
     def as_dict(self) -> dict:

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.messages import bytes_text
+from kvscope.messages import bytes_text, count_text
 from kvscope.sources.fleet import FleetSource
 from kvscope.sources.fleet_record import FleetRecord, InstanceRow
 from kvscope.sources.fleet_route import RouteAnswer
@@ -195,7 +195,7 @@ class FleetTable(QTableWidget):
             if row.restarts:
                 state += f", restarted {row.restarts}x"
             if row.gaps_unrepaired:
-                state += f", {row.batches_missing} batches lost"
+                state += f", {count_text(row.batches_missing, 'batch', 'batches')} lost"
             cells = (row.name, state, f"{row.blocks:,}", f"{row.tokens:,}", usage, load, f"{row.stored_per_s:.1f}",
                      f"{row.removed_per_s:.1f}", f"{row.shared_blocks:,}", self.route.get(row.name, ""), row.hashes)
             for c, text in enumerate(cells):

@@ -222,9 +222,9 @@ def test_an_instance_that_loses_batches_is_marked():
         pubs[0].publish(stored(hasher, [4] * BS))
         rec = caught_up(fleet, pubs)
         b = rec.instances[1]
-        assert b.gaps_unrepaired == 1 and b.batches_missing == 1 and b.flags == ("1 batches missing",)
+        assert b.gaps_unrepaired == 1 and b.batches_missing == 1 and b.flags == ("1 batch missing",)
         assert [n for n in NOTICES if "instance b" in n] == [
-            f"instance b ({connectable(pubs[1].endpoint)}): 1 batches missing and not repaired: its cache may miss "
+            f"instance b ({connectable(pubs[1].endpoint)}): 1 batch missing and not repaired: its cache may miss "
             f"blocks"]
         assert rec.instances[0].flags == () and rec.instances[0].blocks == 1  # the rest go on
     finally:
@@ -307,3 +307,22 @@ def test_joining_an_idle_instance_shows_what_it_already_holds():
         fleet.close()
         for p in pubs:
             p.close()
+
+
+def test_a_text_prompt_is_routed_with_the_models_tokenizer(capsys):
+    """``--route-prompt`` tokenizes as the served model does (the embedded SmolLM2's tokenizer by default)."""
+    from engine.runner.models.loader import embedded_folder, load_tokenizer
+    from kvscope.cli import main
+    text = "Four score and seven years ago our fathers brought forth on this continent a new nation"
+    ids = load_tokenizer(str(embedded_folder())).encode(text)
+    pub = publisher()
+    pub.publish(stored(VllmBlockHasher("sha256_cbor", SEED), ids))  # an idle instance holding the prompt
+    try:
+        code = main(["--headless", "--json", "--attach", connectable(pub.endpoint), "--replay-endpoint",
+                     connectable(pub.replay_endpoint), "--block-size", str(BS), "--hash-seed", SEED,
+                     "--route-prompt", text, "--steps", "20"])
+    finally:
+        pub.close()
+    assert code == 0
+    route = json.loads(capsys.readouterr().out)["fleet"]["route"]
+    assert route["prompt_tokens"] == len(ids) and route["instances"][0]["blocks"] == len(ids) // BS > 0

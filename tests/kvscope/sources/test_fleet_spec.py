@@ -143,6 +143,8 @@ FLAG_CASES = [
     (["--attach", "tcp://*:5557", "--attach", "tcp://127.0.0.1:5559"], "that is where an engine binds"),
     (["--attach", "tcp://127.0.0.1:5557", "--route-prompt", ""], "the prompt is empty"),
     (["--attach", "tcp://127.0.0.1:5557", "--bytes-per-block", "64"], "--bytes-per-block is for a fleet"),
+    (["--attach", "tcp://127.0.0.1:5557", "--route-prompt", "hello", "--tokenizer", "/nonexistent/tokenizer"],
+     "cannot load tokenizer '/nonexistent/tokenizer'"),
 ]
 
 
