@@ -326,3 +326,40 @@ def test_a_text_prompt_is_routed_with_the_models_tokenizer(capsys):
     assert code == 0
     route = json.loads(capsys.readouterr().out)["fleet"]["route"]
     assert route["prompt_tokens"] == len(ids) and route["instances"][0]["blocks"] == len(ids) // BS > 0
+
+
+PUBLISHER = """
+import sys, time
+from kvscope.runtime.kv_events_options import KVEventsConfig
+from kvscope.runtime.kv_publisher import KVEventPublisher
+pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 4)
+print(pub.endpoint, pub.replay_endpoint, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_frozen_instance_is_found_by_its_missing_heartbeats_and_comes_back_as_itself():
+    """A process that stops without closing its sockets (a hung host, here SIGSTOP) answers no heartbeat: it is
+    marked down within the heartbeat timeout (3 s); once it runs again it is up again, not a restart."""
+    import signal
+    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        endpoint, replay = proc.stdout.readline().split()
+        spec = FleetSpec((InstanceSpec("frozen", endpoint, replay),), "test")
+        fleet = FleetSource(spec)
+        try:
+            until(fleet, lambda r: r.instances[0].state == "up", what="the connection")
+            proc.send_signal(signal.SIGSTOP)
+            t0 = time.monotonic()
+            until(fleet, lambda r: r.instances[0].state == "down", timeout=15, what="missing heartbeats")
+            assert time.monotonic() - t0 < 6
+            proc.send_signal(signal.SIGCONT)
+            rec = until(fleet, lambda r: r.instances[0].state == "up", timeout=15, what="back")
+            assert rec.instances[0].restarts == 0
+        finally:
+            fleet.close()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
