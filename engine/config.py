@@ -20,7 +20,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")  # see runner/kv_quant.py
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 KV_LAYOUTS = ("paged", "contiguous")
-HASH_ALGOS = ("sha256", "builtin")
+HASH_ALGOS = ("sha256", "builtin", "sha256_cbor")
 # the free queue's order (engine/core/eviction.py): vLLM's LRU, or LFU with dynamic ageing
 EVICTION_POLICIES = ("lru", "lfu")
 # see KVCacheManager and Scheduler.finish_request; "shared-write": after a prefix hit, the new tokens' slots are
@@ -93,8 +93,11 @@ class EngineConfig:
     # PagedAttention did (a baseline for the benchmarks; prefix caching is off with it).
     kv_layout: str = option("paged", "contiguous reserves max_model_len per request (a pre-PagedAttention "
                             "baseline; no prefix caching)", choices=KV_LAYOUTS, group="KV cache")
-    hash_algo: str = option("sha256", "block hash: sha256, or builtin (fast, non-cryptographic; hits still "
-                            "compare tokens)", choices=HASH_ALGOS, group="KV cache")
+    hash_algo: str = option("sha256", "block hash: sha256 (kvscope's: the model's identity in every hash), builtin "
+                            "(fast, non-cryptographic; hits still compare tokens), or sha256_cbor (vLLM's "
+                            "--prefix-caching-hash-algo sha256_cbor, seeded by PYTHONHASHSEED as vLLM is: a router "
+                            "computes the same hashes for kvscope as for vLLM; docs/fleet.md)",
+                            choices=HASH_ALGOS, group="KV cache")
     eviction_policy: str = option(
         "lru", "which cached free block is evicted first: lru (vLLM's: least recently freed) or lfu (least "
         "frequently used, with dynamic ageing: prefixes hit often outlive one-off long prompts, and empty blocks "

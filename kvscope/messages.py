@@ -7,3 +7,16 @@ def one_line(e: BaseException) -> str:
     """An exception's first line (a refusal's message is written as one), or its type when it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def bytes_text(n: int) -> str:
+    """A size as a person reads it: 7.0 MiB, 1.5 GiB, 512 B."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def count_text(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 block``, ``2 blocks``, ``1 batch``, ``3 batches`` (``plural``: when adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

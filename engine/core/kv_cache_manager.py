@@ -8,6 +8,7 @@ from .block_pool import BlockPool
 from .cpu_pool import CpuBlockPool
 from .kv_cache_utils import KVCacheBlock, hash_block_tokens
 from .request import Request
+from .vllm_hashing import VllmBlockHasher, seed_from_env, vllm_extra_keys
 
 
 def cdiv(a: int, b: int) -> int:
@@ -37,6 +38,9 @@ class KVCacheManager:
         self.enable_caching = pool.enable_caching
         self.extra_keys = extra_keys
         self.hash_algo = hash_algo
+        # sha256_cbor: vLLM's own hashes (no model identity in them, the seed from PYTHONHASHSEED), so a router
+        # computes a kvscope instance's hashes as it does a vLLM's ("sha256" is kvscope's own, not vLLM's pickle)
+        self.vllm_hasher = VllmBlockHasher("sha256_cbor", seed_from_env()) if hash_algo == "sha256_cbor" else None
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # The same tables as block ids, kept in step with req_to_blocks (appended, not rebuilt every
         # step): the runner's block tables and the snapshot read them.
@@ -57,6 +61,10 @@ class KVCacheManager:
     def _chain_hash(self, req: Request, tokens) -> None:
         """Hash the request's next full block (``tokens``) onto its chain."""
         hashes = req.block_hashes
+        if self.vllm_hasher is not None:
+            hashes.append(self.vllm_hasher.hash_block(hashes[-1] if hashes else None, tokens,
+                                                      vllm_extra_keys(len(hashes), req.cache_salt)))
+            return
         hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, (self.extra_keys, req.cache_salt),
                                         self.hash_algo))
 

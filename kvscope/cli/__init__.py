@@ -4,7 +4,7 @@ Exit codes: 0 done; 2 bad input or configuration (flags, files, a missing displa
 device that is not there), always with one line on stderr; 1 a run that failed; 130 interrupted (Ctrl+C).
 The modes: the window (``cli.window``), ``--headless`` (``cli.headless``), ``--headless --serve``
 (``cli.serve``), ``--workload`` (``cli.workload``; the window plays it live), ``--attach`` to another
-engine's KV events (``cli.attach``).
+engine's KV events (``cli.attach``), a fleet of them (``--fleet`` or several ``--attach``: ``cli.fleet``).
 """
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     from kvscope.cli.parser import build_parser, engine_config
     args = build_parser().parse_args(argv)  # a bad flag exits 2 with one line
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from kvscope.cli.fleet import is_fleet
+    if is_fleet(args):
+        from kvscope.cli.fleet import run_fleet
+        return run_fleet(args)
     from kvscope.sources.attach_trace import is_attach_trace
     if args.attach or (args.replay and is_attach_trace(args.replay)):
         from kvscope.cli.attach import run_attach

@@ -23,8 +23,16 @@ def attach_config(args: argparse.Namespace) -> AttachConfig:
         raise ValueError("--poll-interval must be > 0")
     if args.duration is not None and args.duration <= 0:
         raise ValueError("--duration must be > 0")
+    for flag, value, default in (("--bytes-per-block", args.bytes_per_block, None),
+                                 ("--prefix-caching-hash-algo", args.prefix_caching_hash_algo, "auto"),
+                                 ("--hash-seed", args.hash_seed, None)):
+        if value != default:
+            raise ValueError(f"{flag} is for a fleet (several --attach, or --fleet FILE)")
+    if len(args.replay_endpoint) > 1:
+        raise ValueError(f"one --attach but {len(args.replay_endpoint)} --replay-endpoint")
     # In a window the timer polls every --poll-interval and a poll never waits: the GUI thread must not block.
-    cfg = AttachConfig(endpoint=args.attach, replay_endpoint=args.replay_endpoint, topic=args.kv_events_topic,
+    cfg = AttachConfig(endpoint=args.attach[0], replay_endpoint=args.replay_endpoint[0] if args.replay_endpoint
+                       else None, topic=args.kv_events_topic,
                        dp_size=args.dp_size, block_size=args.block_size, max_nodes=args.max_blocks,
                        poll_interval=args.poll_interval if args.headless else 0.0)
     cfg.validate()

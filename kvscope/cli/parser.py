@@ -26,6 +26,7 @@ from kvscope.arg_types import (
 )
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.serve.options import ServeOptions
+from kvscope.sources.fleet_spec import HASH_ALGO_CHOICES
 from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
 
 ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
@@ -276,13 +277,15 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
                    help="block hashes as vLLM's default 64-bit ints or as the raw digest bytes")
     p.add_argument("--kv-events-dp-rank", type=int, default=0, metavar="R",
                    help="data-parallel rank stamped into batches; its ports are offset by R, as vLLM's are")
-    a = parser.add_argument_group("attach")
-    a.add_argument("--attach", default=None, metavar="ADDR",
+    a = parser.add_argument_group("attach (one engine, or a fleet of them: docs/attach.md, docs/fleet.md)")
+    a.add_argument("--attach", action="append", default=[], metavar="ADDR",
                    help="subscribe to a running engine's KV events (vLLM, SGLang, kvscope), e.g. "
                         "tcp://HOST:5557, and draw its prefix cache; --block-size is the block size you "
-                        "expect (events of another size are counted, not refused)")
-    a.add_argument("--replay-endpoint", default=None, metavar="ADDR",
-                   help="with --attach: the engine's replay socket (e.g. tcp://HOST:5558), to repair gaps")
+                        "expect (events of another size are counted, not refused). Repeat it to watch a fleet: "
+                        "one forest saying which instance holds which block, and the blocks held twice")
+    a.add_argument("--replay-endpoint", action="append", default=[], metavar="ADDR",
+                   help="with --attach: the engine's replay socket (e.g. tcp://HOST:5558), to repair gaps; with "
+                        "several --attach, one for each, in the same order")
     a.add_argument("--dp-size", type=int, default=1, metavar="N",
                    help="with --attach: N data-parallel ranks, on consecutive ports from --attach's")
     a.add_argument("--duration", type=float, default=None, metavar="SECONDS",
@@ -291,7 +294,26 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--poll-interval", type=float, default=0.1, metavar="SECONDS",
                    help="with --attach: how long one poll waits for events")
     a.add_argument("--max-blocks", type=int, default=200_000, metavar="N",
-                   help="with --attach: the most blocks the prefix forest keeps (more are counted as overflow)")
+                   help="with --attach: the most blocks the prefix forest keeps (more are counted as overflow); "
+                        "a fleet: per instance")
+    f = parser.add_argument_group("fleet (several engines watched together, and where a prompt would go: "
+                                  "docs/fleet.md)")
+    f.add_argument("--fleet", default=None, metavar="FILE",
+                   help="watch the instances this JSON or TOML file names (name, endpoint, replay_endpoint, "
+                        "block_size, bytes_per_block, hash_algo, hash_seed, metrics for each)")
+    f.add_argument("--route-prompt", default=None, metavar="TEXT",
+                   help="with a fleet: where would this prompt go? Each instance's longest cached prefix of it, "
+                        "in blocks, as a precise prefix-aware router scores it (tokenized with --tokenizer, else "
+                        "--model's tokenizer, else the embedded SmolLM2's)")
+    f.add_argument("--route-ids", type=token_ids, default=None, metavar="IDS",
+                   help="with a fleet: the same for a prompt given as token ids, e.g. 1,5,9")
+    f.add_argument("--bytes-per-block", type=positive_int, default=None, metavar="N",
+                   help="with several --attach: the model's KV bytes per block, to give duplicated blocks in bytes")
+    f.add_argument("--prefix-caching-hash-algo", default="auto", choices=HASH_ALGO_CHOICES,
+                   help="with several --attach: the instances' vLLM --prefix-caching-hash-algo, to hash a "
+                        "prompt as they do (auto: found from the first blocks they store)")
+    f.add_argument("--hash-seed", default=None, metavar="SEED",
+                   help="with several --attach: the instances' PYTHONHASHSEED (unset: vLLM's default seed)")
 
 
 def kv_events_config(args: argparse.Namespace) -> KVEventsConfig | None:

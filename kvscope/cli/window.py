@@ -55,6 +55,22 @@ def run_attach_window(source, args: argparse.Namespace) -> int:
                window_size=args.window_size)
 
 
+def run_fleet_window(source, args: argparse.Namespace, tokenizer, tokenizer_error: str | None,
+                     route: str | list[int] | None) -> int:
+    """``kvscope --fleet FILE`` or several ``--attach``: the same display checks as every other window. The prompt
+    box tokenizes with ``tokenizer`` (None: it takes token ids, and ``tokenizer_error`` says why)."""
+    problem = window_problem(args)
+    if problem:
+        source.close()
+        print(problem, file=sys.stderr)
+        return 2
+    from kvscope.ui.views.fleet_view import run_fleet_window as run
+    tokenize = (lambda text: list(tokenizer.encode(text))) if tokenizer is not None else None
+    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps,
+               window_size=args.window_size, tokenize=tokenize, decode=tokenizer.decode if tokenizer else None,
+               tokenizer_error=tokenizer_error, route=route)
+
+
 def spawn_early(config: EngineConfig, args: argparse.Namespace):
     """The window's engine process, started before Qt is imported so that its start-up (torch, the
     weights) overlaps the window's; None where the engine runs elsewhere or serves."""

@@ -42,6 +42,9 @@ GAUGES = {
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
     "num_requests_running": ("vllm:num_requests_running", "Number of requests in model execution batches."),
     "num_requests_waiting": ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    # kvscope's own (vLLM has no such gauge): what a fleet view counts from the KV events, to check it against
+    "num_cached_blocks": ("kvscope:prefix_cache_blocks",
+                          "Blocks in the prefix cache: full blocks with a hash, in use or free."),
 }
 
 

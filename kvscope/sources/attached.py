@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from engine.inspect.events import Event
 from engine.inspect.kv_wire import MalformedBatch, decode_batch
@@ -61,6 +62,11 @@ class AttachConfig:
     rate_window: float = 10.0  # seconds of history behind the store / evict rates
     # how long step() waits for the first message; 0: it never waits (a window's timer paces the polls)
     poll_interval: float = 0.1
+    # Follow each publisher's connection (ZeroMQ's socket monitor, with heartbeats every ``heartbeat_s`` seconds, so
+    # a publisher that vanishes without closing its socket is found too): a fleet marks an instance that went away.
+    # An engine that publishes nothing while idle is silent, not gone; only the connection tells them apart.
+    watch_connection: bool = False
+    heartbeat_s: float = 1.0
 
     def validate(self) -> None:
         for ep in (self.endpoint, self.replay_endpoint):
@@ -177,6 +183,17 @@ class _Stream:
     last_seq: int | None = None  # the last batch applied (live or replayed)
     live_high: int | None = None  # the highest sequence number seen live
     ranks: set[int] = field(default_factory=set)
+    monitor: zmq.Socket | None = None  # with ``watch_connection``: the SUB socket's connection events
+    connection: Connection | None = None
+
+
+@dataclass
+class Connection:
+    """One publisher's connection as ZeroMQ saw it (``AttachConfig.watch_connection``)."""
+    state: str = "connecting"  # "connecting" (never reached), "up", "down" (it was up, and went)
+    since: float = 0.0  # seconds on the source's clock when it entered that state
+    disconnects: int = 0
+    last_batch: float | None = None  # seconds on the source's clock of its last batch
 
 
 def _info(model_name: str, device: str, block_size: int | None, **extra) -> SourceInfo:
@@ -255,8 +272,17 @@ class AttachedSource(_ReadOnly):
         sub.setsockopt(zmq.MAXMSGSIZE, c.max_message_bytes)
         sub.setsockopt(zmq.SUBSCRIBE, c.topic.encode())
         endpoint = offset_endpoint(c.endpoint, rank)
+        monitor = None
+        if c.watch_connection:
+            ivl = max(1, int(c.heartbeat_s * 1000))
+            sub.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # a restarted engine is found within two seconds
+            # before connect(), or the first connection's events are gone
+            monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sub.connect(endpoint)
-        s = _Stream(rank, endpoint, offset_endpoint(c.replay_endpoint, rank), sub)
+        s = _Stream(rank, endpoint, offset_endpoint(c.replay_endpoint, rank), sub, monitor=monitor,
+                    connection=Connection(since=self._clock()) if monitor is not None else None)
         if s.replay_endpoint:
             s.dealer = self._open_dealer(s.replay_endpoint)
         return s
@@ -291,9 +317,32 @@ class AttachedSource(_ReadOnly):
         rec = self.poll(self.config.poll_interval)
         return self._record(rec, time.perf_counter() - t0)
 
+    def _clock(self) -> float:
+        return time.monotonic() - self._t0
+
+    def sockets(self) -> list[zmq.Socket]:
+        """What a poll reads: a fleet waits on every instance's at once, then polls each without waiting."""
+        return [s.sub for s in self.streams] + [s.monitor for s in self.streams if s.monitor is not None]
+
+    def _watch(self) -> None:
+        """The connections' news since the last poll (``watch_connection``)."""
+        for s in self.streams:
+            while s.monitor is not None and s.monitor.poll(0):
+                ev = recv_monitor_message(s.monitor)["event"]
+                con = s.connection
+                if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED and con.state != "up":
+                    joined = con.state == "connecting"
+                    con.state, con.since = "up", self._clock()
+                    if joined and s.dealer is not None and s.last_seq is None:
+                        self._repair(s, 0, None)  # what it already holds, now, though it may publish nothing
+                elif ev == zmq.EVENT_DISCONNECTED and con.state == "up":
+                    con.state, con.since = "down", self._clock()
+                    con.disconnects += 1
+
     # -- polling ---------------------------------------------------------------------------
     def poll(self, timeout: float = 0.1) -> AttachRecord:
         """Wait up to ``timeout`` s for the first message, take what is queued (up to the cap), return a record."""
+        self._watch()
         handled = 0
         wait_ms = int(timeout * 1000)
         while handled < self.config.max_messages_per_poll:
@@ -308,8 +357,11 @@ class AttachedSource(_ReadOnly):
                     except zmq.Again:
                         continue
                     handled += 1
+                    if s.connection is not None:
+                        s.connection.last_batch = self._clock()
                     self._on_live(s, frames)
-        return self._applier.finish_tick(time.monotonic() - self._t0)
+        self._watch()
+        return self._applier.finish_tick(self._clock())
 
     def _on_live(self, s: _Stream, frames: list[bytes]) -> None:
         c = self.counters
@@ -343,10 +395,12 @@ class AttachedSource(_ReadOnly):
             s.ranks.add(rank)
         s.last_seq = seq
 
-    def _repair(self, s: _Stream, first: int, last: int) -> None:
+    def _repair(self, s: _Stream, first: int, last: int | None) -> None:
         """Ask the replay socket for ``first..last``; what does not come back is an unrepaired gap.
 
-        Only the missing range is applied from the replay; later batches come live as usual.
+        Only the missing range is applied from the replay; later batches come live as usual. ``last`` None: every
+        batch it still holds (a fleet catching up with an instance it just joined, which may be idle: nothing
+        live would show its gap from batch 0); only a start already gone from its buffer is a gap then.
         """
         a = self._applier
         if s.dealer is None:
@@ -357,7 +411,7 @@ class AttachedSource(_ReadOnly):
         s.dealer.send_multipart((b"", first.to_bytes(8, "big")))
         deadline = time.monotonic() + self.config.replay_timeout
         ended = timed_out = lost = False
-        while s.last_seq is None or s.last_seq < last:
+        while last is None or s.last_seq is None or s.last_seq < last:
             left = deadline - time.monotonic()
             if left <= 0 or not s.dealer.poll(int(left * 1000) + 1):
                 timed_out = True
@@ -375,7 +429,7 @@ class AttachedSource(_ReadOnly):
                 break
             if s.last_seq is not None and rseq <= s.last_seq:
                 continue
-            if rseq > last:
+            if last is not None and rseq > last:
                 break  # the buffer is in order: nothing more of the range will come
             nxt = 0 if s.last_seq is None else s.last_seq + 1
             if rseq > nxt:
@@ -392,6 +446,8 @@ class AttachedSource(_ReadOnly):
             # The rest of this answer must not be read as the answer to the next request.
             s.dealer.close(linger=0)
             s.dealer = self._open_dealer(s.replay_endpoint)
+        if last is None:
+            return
         got = s.last_seq if s.last_seq is not None else first - 1
         if got < last:
             a.gap(s.index, max(got + 1, first), last,
@@ -402,6 +458,9 @@ class AttachedSource(_ReadOnly):
 
     def close(self) -> None:
         for s in self.streams:
+            if s.monitor is not None:
+                s.sub.disable_monitor()
+                s.monitor.close(linger=0)
             s.sub.close(linger=0)
             if s.dealer is not None:
                 s.dealer.close(linger=0)

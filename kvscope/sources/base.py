@@ -17,6 +17,7 @@ from engine.outputs import StepOutput
 
 if TYPE_CHECKING:
     from kvscope.sources.attach_record import AttachRecord
+    from kvscope.sources.fleet_record import FleetRecord
 
 # What a source can give (SourceInfo.capabilities).
 COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache
@@ -29,10 +30,14 @@ PREFIX_FOREST = "prefix_forest"
 # Pause, Step and Run hold the engine itself, in another process kvscope does not host (a probed vLLM): the
 # host tells the source (``hold``) and each Step asks that engine for one schedule.
 REMOTE_STEPPING = "remote_stepping"
+# Several attached engines watched together (sources/fleet): each record's snapshot is the poll's FleetRecord, the
+# source's ``index`` the fleet's one forest and who holds each block, ``route`` where a prompt would go.
+FLEET = "fleet"
 LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
 REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
 ATTACH_CAPABILITIES = frozenset({PREFIX_FOREST})
 PROBE_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS, AUDIT, REMOTE_STEPPING})
+FLEET_CAPABILITIES = frozenset({FLEET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +87,9 @@ class StepRecord:
     step: int
     # an engine process's own records carry a LiveState (read before its next step); the window gets those
     # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn); an attached
-    # engine's records (PREFIX_FOREST) carry the poll: the forest's summary, counters, rates and gaps
-    snapshot: KVSnapshot | PoolState | LiveState | StepDigest | AttachRecord
+    # engine's records (PREFIX_FOREST) carry the poll: the forest's summary, counters, rates and gaps; a fleet's
+    # (FLEET) every instance's poll
+    snapshot: KVSnapshot | PoolState | LiveState | StepDigest | AttachRecord | FleetRecord
     events: list[Event]
     step_output: StepOutput | None
     seconds: float

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.inspect.events import Event
 from engine.inspect.kv_events import ExternalHash, WireCleared, WireEvent, WireRemoved, WireStored
@@ -113,6 +114,15 @@ class ForestSnapshot:
         return self.shown < self.total_blocks
 
 
+class CacheListener(Protocol):
+    """Told of every node a model gains or loses (a second copy of a hash is not a node): a fleet's index of which
+    instances hold which block, and the check that an instance's hashes can be reproduced, follow a model this way."""
+
+    def block_added(self, rank: int, medium: str, node: ForestNode) -> None: ...
+
+    def block_removed(self, rank: int, medium: str, node: ForestNode) -> None: ...
+
+
 @dataclass
 class RemoteCacheModel:
     """The prefix forest. ``max_nodes`` caps memory: stores past it are dropped and counted."""
@@ -126,6 +136,7 @@ class RemoteCacheModel:
     unknown_removals: int = 0  # removals of hashes never seen stored (missed, or before we attached)
     token_mismatches: int = 0  # events whose token count does not fit their blocks
     block_sizes: set[int] = field(default_factory=set)
+    listener: CacheListener | None = field(default=None, compare=False, repr=False)  # not copied by ``copy``
 
     # -- changes --------------------------------------------------------------------------
     def apply(self, ev: WireEvent, dp_rank: int, tick: int = 0) -> list[Event]:
@@ -133,7 +144,7 @@ class RemoteCacheModel:
             return self._store(ev, dp_rank, tick)
         if isinstance(ev, WireRemoved):
             medium = ev.medium or "GPU"
-            return [self._remove((dp_rank, medium, h)) for h in ev.block_hashes]
+            return [self.remove_block(dp_rank, medium, h) for h in ev.block_hashes]
         if isinstance(ev, WireCleared):
             return [self.clear(dp_rank)]
         return []
@@ -152,18 +163,25 @@ class RemoteCacheModel:
         out: list[Event] = []
         parent = ev.parent_block_hash
         for h, toks in zip(ev.block_hashes, chunks):
-            key = (rank, medium, h)
-            node = self.nodes.get(key)
-            if node is not None:
-                # Nodes are shared with timeline keyframes (``copy``): replace, never change one in place.
-                self.nodes[key] = dataclasses.replace(node, copies=node.copies + 1)
-            elif len(self.nodes) >= self.max_nodes:
-                self.overflow += 1
-            else:
-                self._insert(key, parent, tuple(toks), len(toks) or bs, tick)
+            if self.add_block(rank, medium, h, parent, tuple(toks), len(toks) or bs, tick):
                 out.append(RemoteStored(hash_text(h), hash_text(parent), rank, medium, len(toks) or bs))
             parent = h
         return out
+
+    def add_block(self, rank: int, medium: str, h: ExternalHash, parent: ExternalHash | None,
+                  token_ids: tuple[int, ...], num_tokens: int, tick: int = 0) -> bool:
+        """One stored block; True when it is a new node (not another copy of a cached hash, nor past the cap)."""
+        key = (rank, medium, h)
+        node = self.nodes.get(key)
+        if node is not None:
+            # Nodes are shared with timeline keyframes (``copy``): replace, never change one in place.
+            self.nodes[key] = dataclasses.replace(node, copies=node.copies + 1)
+            return False
+        if len(self.nodes) >= self.max_nodes:
+            self.overflow += 1
+            return False
+        self._insert(key, parent, token_ids, num_tokens, tick)
+        return True
 
     def _insert(self, key: NodeKey, parent: ExternalHash | None, toks: tuple[int, ...], num_tokens: int,
                 tick: int) -> None:
@@ -184,9 +202,12 @@ class RemoteCacheModel:
         roots.difference_update(self.children.get(key, ()))
         self.tier_blocks[tier] = self.tier_blocks.get(tier, 0) + 1
         self.tier_tokens[tier] = self.tier_tokens.get(tier, 0) + num_tokens
+        if self.listener is not None:
+            self.listener.block_added(rank, medium, self.nodes[key])
 
-    def _remove(self, key: NodeKey) -> Event:
-        rank, medium, h = key
+    def remove_block(self, rank: int, medium: str, h: ExternalHash) -> Event:
+        """One removed block: a copy of its hash, or its node when it was the last copy."""
+        key = (rank, medium, h)
         node = self.nodes.get(key)
         if node is None:
             self.unknown_removals += 1
@@ -208,13 +229,17 @@ class RemoteCacheModel:
         roots.update(self.children.get(key, ()))  # its children are orphans now: roots
         self.tier_blocks[tier] -= 1
         self.tier_tokens[tier] -= node.num_tokens
+        if self.listener is not None:
+            self.listener.block_removed(rank, medium, node)
         return RemoteEvicted(hash_text(h), rank, medium, True)
 
     def clear(self, rank: int) -> Event:
         """``AllBlocksCleared``: the rank's whole cache, every medium, is gone."""
         keys = [k for k in self.nodes if k[0] == rank]
         for k in keys:
-            del self.nodes[k]
+            node = self.nodes.pop(k)
+            if self.listener is not None:
+                self.listener.block_removed(rank, k[1], node)
         for k in [k for k in self.children if k[0] == rank]:
             del self.children[k]
         for tier in [t for t in self.roots if t[0] == rank]:

@@ -78,6 +78,16 @@ def owner_colour(index: int) -> RGB:
     return OWNER_PALETTE[index % len(OWNER_PALETTE)]
 
 
+# A fleet's instances (the fleet window): one colour each, by its place in the fleet, from the owners' palette
+# (an identity, clear of the state hues); a fleet window shows no requests, so the two never meet on one screen.
+def instance_colour(index: int) -> RGB:
+    return OWNER_PALETTE[index % len(OWNER_PALETTE)]
+
+
+ROUTE_PATH: RGB = (255, 255, 255)  # the fleet forest: the blocks of the prompt being routed, ringed
+DOWN: RGB = LEAKED  # an instance that went away, lost batches or cannot be scored: wrong, as an audit problem is
+
+
 # Age = steps since a block was last allocated, touched or freed, in doubling bins.
 AGE_BINS: list[tuple[int, int | None]] = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, None)]
 AGE_COLOURS: list[RGB] = [(255, 241, 118), (255, 213, 79), (255, 167, 38), (239, 124, 60), (196, 92, 72),

@@ -105,6 +105,20 @@ def layout_forest(snap: ForestSnapshot, band_gap: float = 2.0) -> ForestLayout:
     return ForestLayout(tuple(nodes), np.array(xs), np.array(ys), np.array(edges).reshape(-1, 2), tuple(bands))
 
 
+def captioned(owner: QWidget, plot: pg.PlotWidget, hover_hint: str) -> tuple[QLabel, QLabel]:
+    """A forest's plot filling ``owner``, with two lines under it: what it shows (``info``), and what hovering a
+    block shows (``hover``, ``hover_hint`` until then)."""
+    info = QLabel("no blocks cached yet")
+    hover = QLabel(hover_hint)
+    hover.setWordWrap(True)
+    lay = QVBoxLayout(owner)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.addWidget(plot, 1)
+    lay.addWidget(info)
+    lay.addWidget(hover)
+    return info, hover
+
+
 class PrefixForestView(QWidget):
     """Draws the forest; ``set_model`` takes a bounded snapshot (``max_nodes``) of a live model."""
 
@@ -123,14 +137,7 @@ class PrefixForestView(QWidget):
         self.plot.addItem(self.edges)
         self.plot.addItem(self.scatter)
         self.labels: list[pg.TextItem] = []
-        self.info = QLabel("no blocks cached yet")
-        self.hover = QLabel("hover a block to see its tokens")
-        self.hover.setWordWrap(True)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.plot, 1)
-        lay.addWidget(self.info)
-        lay.addWidget(self.hover)
+        self.info, self.hover = captioned(self, self.plot, "hover a block to see its tokens")
         self._layout = layout_forest(ForestSnapshot({}, 0, 0))
 
     # -- data ------------------------------------------------------------------------------
@@ -303,8 +310,8 @@ class AttachWindow(QMainWindow):
         self.setMinimumSize(1024, 600)
         self.resize(1500, 900)
 
-    def on_record(self, rec: AttachRecord) -> None:
-        """A new poll: into the history and the plots; on screen when following live."""
+    def on_record(self, rec: AttachRecord, last: bool = False) -> None:
+        """A new poll: into the history and the plots; on screen when following live (``last``: the screenshot's)."""
         self.history.record(rec, self.source.model)
         self.panel.add_record(rec)
         ticks = self.history.ticks
@@ -328,6 +335,12 @@ class AttachWindow(QMainWindow):
         if rec is not None and model is not None:
             self.panel.show_at(rec, model, live=self.live)
 
+    def fill_hover(self) -> None:
+        """Offscreen there is no mouse: show what hovering the deepest block would (for a screenshot)."""
+        forest = self.panel.forest
+        if forest.node_count() and forest.hover.text().startswith("hover"):
+            forest.hover.setText(forest.node_text(int(np.argmax(forest._layout.x))))
+
     def follow_live(self) -> None:
         self.timeline.setValue(self.timeline.maximum())
         self._on_timeline(self.timeline.maximum())
@@ -338,8 +351,11 @@ class AttachWindow(QMainWindow):
 
 
 class AttachDriver(QObject):
-    """Steps the source on a timer, one poll a tick, through the ``Source`` interface; the source's
-    ``poll_interval`` should be 0 (the timer paces the polls; a gap's replay may still block up to its timeout).
+    """Steps the source on a timer, one poll a tick, through the ``Source`` interface, and shows each record in
+    the window (``win.on_record``): the attach window's, and the fleet window's (``views.fleet_view``). The
+    source's poll must not wait (``poll_interval`` 0): the timer paces the polls (a gap's replay may still block
+    up to its timeout). With ``screenshot``, after ``steps`` polls (or at the end of a replay) the window fills
+    in what a hover would show (``win.fill_hover``) and is saved and closed.
 
     Not the main window's ``HostLoop`` and engine process: those carry the pool's snapshots (block grid,
     tables, ref counts) over the wire into ``RunHistory``, none of which an attached engine has; hosting the
@@ -349,7 +365,7 @@ class AttachDriver(QObject):
     ``before_poll`` runs first on each tick (the ``--demo`` steps its engine there).
     """
 
-    def __init__(self, win: AttachWindow, interval: float, steps: int | None, screenshot: str | None,
+    def __init__(self, win, interval: float, steps: int | None, screenshot: str | None,
                  before_poll: Callable[[], None] | None = None) -> None:
         super().__init__(win)
         self.win, self.steps, self.screenshot, self.before_poll = win, steps, screenshot, before_poll
@@ -368,18 +384,16 @@ class AttachDriver(QObject):
             return
         if self.before_poll is not None:
             self.before_poll()
-        rec = src.step().snapshot  # the poll's AttachRecord
+        rec = src.step().snapshot  # the poll's record
         self.polls += 1
-        self.win.on_record(rec)
-        if self.screenshot and self.steps is not None and self.polls >= self.steps:
+        last = bool(self.screenshot and self.steps is not None and self.polls >= self.steps)
+        self.win.on_record(rec, last)
+        if last:
             self.timer.stop()
             self.save()
 
     def save(self) -> None:
-        forest = self.win.panel.forest
-        if forest.node_count() and forest.hover.text().startswith("hover"):
-            # Offscreen there is no mouse: show what hovering the deepest block would.
-            forest.hover.setText(forest.node_text(int(np.argmax(forest._layout.x))))
+        self.win.fill_hover()
         QApplication.processEvents()
         Path(self.screenshot).parent.mkdir(parents=True, exist_ok=True)
         ok = self.win.grab().save(self.screenshot)
@@ -388,19 +402,30 @@ class AttachDriver(QObject):
         self.win.close()
 
 
-def run_attach_window(source, interval: float = 0.1, screenshot: str | None = None, steps: int | None = None,
-                      decode: Decode | None = None, before_poll: Callable[[], None] | None = None,
-                      window_size: tuple[int, int] | None = None) -> int:
+def styled_app() -> QApplication:
+    """The application (made once, before any window), in kvscope's style."""
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_style(app)
-    win = AttachWindow(source, decode)
+    return app
+
+
+def drive_window(win, interval: float, screenshot: str | None, steps: int | None,
+                 window_size: tuple[int, int] | None, before_poll: Callable[[], None] | None) -> int:
+    """Show ``win`` and poll its source on a timer (``AttachDriver``) until it is closed; the exit code."""
     if window_size:
         win.resize(*window_size)
     driver = AttachDriver(win, interval, steps if steps is not None else (40 if screenshot else None), screenshot,
                           before_poll)
     win.show()
-    code = app.exec()
+    code = QApplication.instance().exec()
     return driver.exit_code or code
+
+
+def run_attach_window(source, interval: float = 0.1, screenshot: str | None = None, steps: int | None = None,
+                      decode: Decode | None = None, before_poll: Callable[[], None] | None = None,
+                      window_size: tuple[int, int] | None = None) -> int:
+    styled_app()
+    return drive_window(AttachWindow(source, decode), interval, screenshot, steps, window_size, before_poll)
 
 
 # --- the demo ---------------------------------------------------------------------------------

@@ -197,6 +197,9 @@ def test_metrics_have_vllm_names_and_match_the_engine(served):
     for key in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting"):
         fam = _family(families, f"vllm:{key}")
         assert fam.type == "gauge" and fam.samples[0].value == counters[key] == 0
+    fam = _family(families, "kvscope:prefix_cache_blocks")  # what a fleet view checks its count against
+    assert fam.type == "gauge"
+    assert fam.samples[0].value == counters["num_cached_blocks"] == len(s.engine.pool.cached) > 0
     for key in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
         fam = _family(families, f"vllm:{key}")
         assert fam.type == "histogram"
