@@ -289,19 +289,20 @@ class FleetResult:
         s["utilization"] = self.total.busy_s / (n * self.total.virtual_s) if self.total.virtual_s else 0.0
         s["router"] = {"name": self.router.name, **self.router.params()}
         s["load_imbalance"] = self.load_imbalance
-        s["instances"] = [_instance_entry(i, r, share) for i, (r, share) in enumerate(zip(self.instances,
-                                                                                           self.shares()))]
+        s["instances"] = [_instance_entry(i, r, share, self.total.virtual_s)
+                          for i, (r, share) in enumerate(zip(self.instances, self.shares()))]
         return s
 
 
-def _instance_entry(i: int, r: WorkloadResult, share: float) -> dict:
+def _instance_entry(i: int, r: WorkloadResult, share: float, fleet_s: float) -> dict:
+    """One instance's entry; its ``utilization`` is its busy time over the fleet's whole run."""
     ttfts = sorted(rec.ttft_s for rec in r.records if rec.ttft_s is not None)
     return {"instance": i, "requests": r.requests, "share": share, "num_gpu_blocks": r.num_gpu_blocks,
             "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "hit_rate": r.hit_rate,
             "evictions": r.evictions, "preemptions": r.preemptions, "failed": r.failed,
             "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
             "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
-            "busy_s": r.busy_s, "utilization": r.busy_s / r.virtual_s if r.virtual_s else 0.0,
+            "busy_s": r.busy_s, "utilization": r.busy_s / fleet_s if fleet_s else 0.0,
             "virtual_s": r.virtual_s, "steps": r.steps, "peak_running": r.peak_running,
             "peak_waiting": r.peak_waiting}
 
