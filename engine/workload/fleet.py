@@ -87,7 +87,8 @@ class Route:
     instance: int
     arrival_s: float
     prompt_tokens: int
-    cached_blocks: tuple[int, ...] | None  # each instance's cached prefix, in blocks (prefix routers)
+    loads: tuple[int, ...]  # each instance's running + waiting requests as the router saw them
+    cached_blocks: tuple[int, ...] | None  # each instance's cached prefix, in blocks (the prefix routers')
 
 
 def session_keys(workload: Workload) -> list[Hashable]:
@@ -183,9 +184,9 @@ class FleetFeeder:
             if progress is not None and n % 1024 == 0:
                 progress(self.next, total)
 
-    def _route(self, r: TraceRequest, arrival: float, catch_up: bool) -> Route | None:
-        """Send ``r`` (arriving at ``arrival``) where the router says; None if it was skipped.
-        ``catch_up``: the chosen instance's clock moves on to ``arrival`` (sequential: the fleet's clock)."""
+    def _route(self, r: TraceRequest, at: float, catch_up: bool) -> Route | None:
+        """Send ``r`` (arriving at ``at``) where the router says; None if it was skipped.
+        ``catch_up``: the chosen instance's clock moves on to ``at`` (sequential: the fleet's clock)."""
         self.next += 1
         first = self.instances[0].engine
         why = skip_reason(first, r, self.sequential)
@@ -198,20 +199,21 @@ class FleetFeeder:
         if router.needs_hashes:  # the hit cap: never the prompt's last token (every instance hashes alike)
             bs = first.config.block_size
             hashes = first.kv.block_hashes(req, (req.num_tokens - 1) // bs * bs)
-        session = self.sessions[self.next - 1] if self.sessions is not None else None
-        i = router.choose(Arrival(r.line, session, hashes), self.instances)
+        arrival = Arrival(r.line, self.sessions[self.next - 1] if self.sessions is not None else None, hashes)
+        loads = tuple(x.load() for x in self.instances)
+        i = router.choose(arrival, self.instances)
         inst = self.instances[i]
         engine = inst.engine
         idle = not engine.has_unfinished()
         if catch_up or idle:
-            engine.runner.clock = max(engine.runner.clock, arrival)
-        inst.feeder.admit(engine, req, r, arrival)
+            engine.runner.clock = max(engine.runner.clock, at)
+        inst.feeder.admit(engine, req, r, at)
         if idle:
             heapq.heappush(self._busy, (engine.runner.clock, i))
         self._count(inst)
         inst.routed += 1
-        route = Route(r.line, i, arrival, r.prompt_len,
-                      tuple(x.cached_prefix(hashes) for x in self.instances) if hashes else None)
+        route = Route(r.line, i, at, r.prompt_len, loads,
+                      tuple(arrival.cached_prefixes(self.instances)) if router.needs_hashes else None)
         self.routes.append(route)
         return route
 

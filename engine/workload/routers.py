@@ -40,6 +40,13 @@ class Arrival:
     line: int
     session: Hashable
     block_hashes: Sequence[bytes] = field(default_factory=tuple)
+    hits: list[int] | None = None  # each instance's cached prefix, once a router read them
+
+    def cached_prefixes(self, instances: Sequence[Instance]) -> list[int]:
+        """Each instance's cached prefix of this request, in blocks (read once, then remembered)."""
+        if self.hits is None:
+            self.hits = [inst.cached_prefix(self.block_hashes) for inst in instances]
+        return self.hits
 
 
 class Router:
@@ -123,7 +130,7 @@ class PrefixAware(Router):
     needs_hashes = True
 
     def choose(self, arrival: Arrival, instances: Sequence[Instance]) -> int:
-        hits = [inst.cached_prefix(arrival.block_hashes) for inst in instances]
+        hits = arrival.cached_prefixes(instances)
         best = max(hits)
         return least_loaded(instances, [i for i, h in enumerate(hits) if h == best])
 
@@ -155,7 +162,7 @@ class PrefixLoad(Router):
         return 0.5 * (1 - min(waiting, self.threshold) / self.threshold)
 
     def scores(self, arrival: Arrival, instances: Sequence[Instance]) -> list[float]:
-        hits = [inst.cached_prefix(arrival.block_hashes) for inst in instances]
+        hits = arrival.cached_prefixes(instances)
         lo, hi = min(hits), max(hits)
         prefix = [1.0 if hi == lo else (h - lo) / (hi - lo) for h in hits]
         return [self.prefix_weight * p + self.load_weight * self.load_score(inst.waiting())
