@@ -77,7 +77,7 @@ def plot_fleet(rows: Sequence[dict], path: str | Path, title: str | None = None)
 
     path = Path(path)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
-    draw_fleet_axes(axes, rows)
+    draw_fleet_axes(rows, *axes)
     fig.suptitle(title or f"{rows[0]['trace']}: a fleet of N instances, {rows[0]['capacity']} capacity held",
                  fontsize=11)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -89,27 +89,37 @@ def plot_fleet(rows: Sequence[dict], path: str | Path, title: str | None = None)
     return path
 
 
-def draw_fleet_axes(axes, rows: Sequence[dict], label: bool = True) -> None:
-    """The three panels of ``plot_fleet`` on ``axes`` (the benchmark draws several sets in one figure)."""
-    hit_ax, ttft_ax, imb_ax = axes
+def draw_fleet_axes(rows: Sequence[dict], hit_ax=None, ttft_ax=None, imb_ax=None, label: bool = True) -> None:
+    """``plot_fleet``'s panels, each on the axes given (the benchmark draws several sets in one figure): hit rate,
+    TTFT (p50 solid, p99 dashed, log y), load imbalance, against N, one line per router."""
     counts = sorted({r["instances"] for r in rows})
     for router in dict.fromkeys(r["router"] for r in rows):
         pts = sorted((r for r in rows if r["router"] == router), key=lambda r: r["instances"])
         colour, marker = ROUTER_STYLE.get(router, ("black", "x"))
         x = [r["instances"] for r in pts]
-        hit_ax.plot(x, [r["hit_rate"] for r in pts], "-", color=colour, marker=marker, label=router if label else None)
-        for key, ls in (("ttft_p50_s", "-"), ("ttft_p99_s", "--")):
-            ttft_ax.plot(x, [r[key] if r[key] is not None else float("nan") for r in pts], ls, color=colour,
-                         marker=marker, markersize=4)
-        imb_ax.plot(x, [r["load_imbalance"] for r in pts], "-", color=colour, marker=marker)
-    for ax in axes:
+        if hit_ax is not None:
+            hit_ax.plot(x, [r["hit_rate"] for r in pts], "-", color=colour, marker=marker,
+                        label=router if label else None)
+        if ttft_ax is not None:
+            for key, ls in (("ttft_p50_s", "-"), ("ttft_p99_s", "--")):
+                ttft_ax.plot(x, [r[key] if r[key] is not None else float("nan") for r in pts], ls, color=colour,
+                             marker=marker, markersize=4, label=router if label and hit_ax is None and
+                             key == "ttft_p50_s" else None)
+        if imb_ax is not None:
+            imb_ax.plot(x, [r["load_imbalance"] for r in pts], "-", color=colour, marker=marker)
+    for ax in (hit_ax, ttft_ax, imb_ax):
+        if ax is None:
+            continue
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(n) for n in counts])
         ax.set_xlabel("instances (N)")
         ax.grid(True, which="both", alpha=0.3)
-    hit_ax.set_ylabel("fleet hit rate (cached / prompt tokens)")
-    hit_ax.set_ylim(bottom=0)
-    ttft_ax.set_yscale("log")
-    ttft_ax.set_ylabel("TTFT, s: p50 solid, p99 dashed")
-    imb_ax.set_ylabel("load imbalance: busiest share x N")
-    imb_ax.set_ylim(bottom=1)
+    if hit_ax is not None:
+        hit_ax.set_ylabel("fleet hit rate (cached / prompt tokens)")
+        hit_ax.set_ylim(bottom=0)
+    if ttft_ax is not None:
+        ttft_ax.set_yscale("log")
+        ttft_ax.set_ylabel("TTFT, s: p50 solid, p99 dashed")
+    if imb_ax is not None:
+        imb_ax.set_ylabel("load imbalance: busiest share x N")
+        imb_ax.set_ylim(bottom=0.9)
