@@ -174,16 +174,13 @@ def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], c
     if fleet.instances is not None or counts is not None:
         return _play_fleet(workload, config, sim, policies, fleet, counts, ref, png, as_json, say)
     if caps is None:
-        results = []
+        rows = []
         for policy in policies:
             res = run_workload(workload, EngineConfig(**{**_fields(config), "eviction_policy": policy}), sim)
-            results.append(res)
+            rows.append(dict(res.summary(), reference_hit_rate=ref["hit_rate"]))
             if not as_json:
                 say(describe(res))
-        if as_json:
-            rows = [dict(r.summary(), reference_hit_rate=ref["hit_rate"]) for r in results]
-            say(json.dumps({"workload": rows[0]} if len(rows) == 1 else {"workload": rows}, indent=2))
-        return 0
+        return _said_runs(rows, as_json, say)
 
     def show(row: dict) -> None:
         if not as_json:
@@ -203,6 +200,13 @@ def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], c
     return 0
 
 
+def _said_runs(rows: list[dict], as_json: bool, say) -> int:
+    """The runs' ``workload`` objects as JSON (one, or a list), when asked for; the lines were said already."""
+    if as_json:
+        say(json.dumps({"workload": rows[0]} if len(rows) == 1 else {"workload": rows}, indent=2))
+    return 0
+
+
 def _play_fleet(workload: Workload, config: EngineConfig, sim: SimConfig, policies: list[str], fleet: FleetConfig,
                 counts: list[int] | None, ref: dict, png: str | None, as_json: bool, say) -> int:
     if counts is None:
@@ -214,9 +218,7 @@ def _play_fleet(workload: Workload, config: EngineConfig, sim: SimConfig, polici
                 rows.append(dict(res.summary(), reference_hit_rate=ref["hit_rate"]))
                 if not as_json:
                     say(describe(rows[-1]) + "\n" + describe_fleet(res))
-        if as_json:
-            say(json.dumps({"workload": rows[0]} if len(rows) == 1 else {"workload": rows}, indent=2))
-        return 0
+        return _said_runs(rows, as_json, say)
 
     def show(row: dict) -> None:
         if not as_json:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 from PySide6.QtCore import QObject, QRectF, QTimer
 from PySide6.QtWidgets import (
@@ -36,6 +35,7 @@ from PySide6.QtWidgets import (
 from engine.inspect.snapshot import BlockState
 from kvscope.sources.fleet import FleetFrame, FleetSource, InstanceFrame
 from kvscope.ui.palette import ROUTE_HIGHLIGHT, STATES, hex_colour
+from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style, set_text_scale
 from kvscope.ui.views.grid_cells import codes_lut, to_grid
 from kvscope.ui.views.grid_overview import OverviewView
@@ -238,11 +238,7 @@ class FleetDriver(QObject):
         self.win.show_frame(src.frame())
         QApplication.processEvents()
         self.win.show_frame(src.frame())  # once laid out at its size: the pools' images fit their panels
-        QApplication.processEvents()
-        Path(self.screenshot).parent.mkdir(parents=True, exist_ok=True)
-        ok = self.win.grab().save(self.screenshot)
-        print(f"kvscope: saved {self.screenshot}" if ok else f"kvscope: could not save {self.screenshot}")
-        self.exit_code = 0 if ok else 1
+        self.exit_code = 0 if save_window(self.win, self.screenshot) else 1
         self.win.close()
 
 
