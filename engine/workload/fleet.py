@@ -21,8 +21,10 @@ routed.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import heapq
 import time
+from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -109,9 +111,14 @@ def session_keys(workload: Workload) -> list[Hashable]:
     return keys
 
 
-def _token_blocks(ids: list[int]) -> list[tuple]:
-    """A token prompt's chained 512-token blocks (each the whole prefix up to its end, as a hash id is)."""
-    return [tuple(ids[:i + SESSION_CHUNK]) for i in range(0, len(ids), SESSION_CHUNK)]
+def _token_blocks(ids: list[int]) -> list[bytes]:
+    """A token prompt's 512-token blocks as chained digests (each names the whole prefix up to its end, as a
+    hash id does)."""
+    out, digest = [], b""
+    for i in range(0, len(ids), SESSION_CHUNK):
+        digest = hashlib.blake2b(digest + array("q", ids[i:i + SESSION_CHUNK]).tobytes(), digest_size=16).digest()
+        out.append(digest)
+    return out
 
 
 class FleetFeeder:
@@ -148,8 +155,19 @@ class FleetFeeder:
 
     @property
     def clock(self) -> float:
-        """The fleet's virtual clock: the latest instance clock."""
+        """The fleet's virtual clock: the latest instance clock (where the run ends)."""
         return max(i.clock for i in self.instances)
+
+    @property
+    def now(self) -> float:
+        """The fleet's present: the time of its next event (the next arrival, or the earliest busy instance's
+        clock), or its clock once nothing is left. A busy instance's clock runs ahead by its step."""
+        reqs, times = self.workload.requests, []
+        if self._busy:
+            times.append(self._busy[0][0])
+        if self.next < len(reqs) and not self.sequential:
+            times.append(reqs[self.next].arrival_s * self.time_scale)
+        return min(times) if times else self.clock
 
     # -- one event -------------------------------------------------------------------------------
     def step(self) -> Route | tuple[FleetInstance, object] | None:

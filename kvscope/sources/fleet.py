@@ -43,7 +43,7 @@ class InstanceFrame:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetFrame:
-    clock: float  # the fleet's virtual seconds
+    clock: float  # the fleet's virtual seconds: its present (the next event's time)
     instances: tuple[InstanceFrame, ...]
     routes: tuple  # the latest routing decisions (engine.workload.fleet.Route), oldest first
     routed: int
@@ -95,7 +95,7 @@ class FleetSource:
             if fleet.step() is None:
                 break
             n += 1
-            if until_s is not None and fleet.clock >= until_s:
+            if until_s is not None and fleet.now >= until_s:
                 break
             if budget_s is not None and n % 64 == 0 and time.perf_counter() - t0 >= budget_s:
                 break
@@ -115,7 +115,7 @@ class FleetSource:
                 kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else None,
                 inst.engine.runner.busy_s))
         s = fleet.skipped
-        return FleetFrame(fleet.clock, tuple(shown), tuple(fleet.routes), sum(i.routed for i in fleet.instances),
+        return FleetFrame(fleet.now, tuple(shown), tuple(fleet.routes), sum(i.routed for i in fleet.instances),
                           s.skipped_too_long + s.skipped_too_big, len(fleet.workload.requests),
                           hits / queries if queries else None, not fleet.has_work())
 

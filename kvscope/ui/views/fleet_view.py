@@ -225,8 +225,8 @@ class FleetDriver(QObject):
     def tick(self) -> None:
         src = self.win.source
         speed = dict(SPEEDS)[self.win.speed.currentText()]
-        clock = src.fleet.clock
-        src.advance(until_s=None if speed is None else clock + speed * TICK_S, budget_s=0.8 * TICK_S)
+        now = src.fleet.now
+        src.advance(until_s=None if speed is None else now + speed * TICK_S, budget_s=0.8 * TICK_S)
         self.win.show_frame(src.frame())
         if not src.has_work():
             self.timer.stop()

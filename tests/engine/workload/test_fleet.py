@@ -216,11 +216,20 @@ def test_session_keys_skip_a_prefix_every_request_shares(tmp_path):
     assert session_keys(read_workload(p)) == [1, 1, 4, 0]  # block 0 opens everything; a request of it alone: 0
     w = read_workload(SYNTHETIC)
     assert session_keys(w) == [r.hash_ids[0] for r in w.requests]  # no block is in half the requests
+    shared, other = list(range(1, 601)), list(range(2, 602))
     p = write(tmp_path, [{"arrival": 0, "prompt": [1, 2], "max_tokens": 1, "session": "alice"},
                          {"arrival": 0, "prompt": [3, 4], "max_tokens": 1, "session": 7},
-                         {"arrival": 0, "prompt": [5, 6], "max_tokens": 1}])
+                         {"arrival": 0, "prompt": shared + [9], "max_tokens": 1},
+                         {"arrival": 0, "prompt": shared + [8, 8], "max_tokens": 1},
+                         {"arrival": 0, "prompt": other, "max_tokens": 1}])
     keys = session_keys(read_workload(p))
-    assert keys == [("session", "alice"), ("session", 7), (5, 6)]  # a token prompt: its first 512 tokens
+    assert keys[:2] == [("session", "alice"), ("session", 7)]
+    # token prompts: by 512-token blocks, the first that at most half of the requests share
+    assert keys[2] == keys[3] != keys[4]  # their first block is in 2 of 5 requests: it names their session
+    p = write(tmp_path, [{"arrival": 0, "prompt": shared[:512] + [i] * 10, "max_tokens": 1} for i in range(3)] +
+              [{"arrival": 0, "prompt": shared[:512] + [7] * 512 + [i], "max_tokens": 1} for i in range(2)], "t.jsonl")
+    keys = session_keys(read_workload(p))
+    assert len(set(keys)) == 4 and keys[3] == keys[4]  # past the block all five share: the second decides
     bad = write(tmp_path, [{"arrival": 0, "prompt": [1], "max_tokens": 1, "session": ["x"]}], "bad.jsonl")
     with pytest.raises(WorkloadError, match=r"bad\.jsonl:1: 'session' must be a non-empty string or an integer"):
         read_workload(bad)
