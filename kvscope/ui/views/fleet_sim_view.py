@@ -8,7 +8,7 @@ banner above the pools (which request, where it went, and what the router read: 
 prefix for the prefix routers, each queue for the others), and the panel it went to is outlined; the
 log below keeps the last ones.
 
-Like the attach window, this one steps its source (``kvscope.sources.fleet.FleetSource``) on a timer on
+Like the attach window, this one steps its source (``kvscope.sources.fleet_sim.SimFleetSource``) on a timer on
 the GUI thread: the fleet is simulated, and what is drawn is read from its engines between events.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.inspect.snapshot import BlockState
-from kvscope.sources.fleet import FleetFrame, FleetSource, InstanceFrame
+from kvscope.sources.fleet_sim import FleetFrame, SimFleetSource, InstanceFrame
 from kvscope.ui.palette import ROUTE_HIGHLIGHT, STATES, hex_colour
 from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style, set_text_scale
@@ -102,10 +102,10 @@ class PoolPanel(QFrame):
         self.stats.setText(f"used {f.usage:.0%} · {f.running} running · {f.waiting} waiting · hit {hit}")
 
 
-class FleetWindow(QMainWindow):
+class SimFleetWindow(QMainWindow):
     """``show_frame(source.frame())`` after each slice of events."""
 
-    def __init__(self, source: FleetSource) -> None:
+    def __init__(self, source: SimFleetSource) -> None:
         super().__init__()
         self.source = source
         n = len(source.fleet.instances)
@@ -196,11 +196,11 @@ class FleetWindow(QMainWindow):
                             f"{skipped} · fleet hit rate {hit}" + (" · done" if frame.done else ""))
 
 
-class FleetDriver(QObject):
+class SimFleetDriver(QObject):
     """Plays the source on a timer, a slice of virtual time a tick (``speed``), or ``steps`` events at once
     for a screenshot, and draws each slice."""
 
-    def __init__(self, win: FleetWindow, screenshot: str | None = None, steps: int | None = None) -> None:
+    def __init__(self, win: SimFleetWindow, screenshot: str | None = None, steps: int | None = None) -> None:
         super().__init__(win)
         self.win, self.screenshot, self.steps = win, screenshot, steps
         self.exit_code = 0
@@ -242,16 +242,16 @@ class FleetDriver(QObject):
         self.win.close()
 
 
-def run_fleet_window(source: FleetSource, screenshot: str | None = None, steps: int | None = None,
+def run_sim_fleet_window(source: SimFleetSource, screenshot: str | None = None, steps: int | None = None,
                      window_size: tuple[int, int] | None = None, font_scale: float | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_style(app)
     if font_scale:
         set_text_scale(app, font_scale)
-    win = FleetWindow(source)
+    win = SimFleetWindow(source)
     if window_size or screenshot:
         win.resize(*(window_size or (1600, 1000)))
-    driver = FleetDriver(win, screenshot, steps if steps is not None else (4000 if screenshot else None))
+    driver = SimFleetDriver(win, screenshot, steps if steps is not None else (4000 if screenshot else None))
     win.show()
     code = app.exec()
     return driver.exit_code or code

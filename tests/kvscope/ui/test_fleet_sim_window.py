@@ -14,15 +14,15 @@ from engine.workload import SimConfig, read_workload
 from engine.workload.fleet import run_fleet
 from engine.workload.fleet_config import FleetConfig
 from kvscope.cli import main
-from kvscope.sources.fleet import FleetSource, FleetSpec, build_fleet_source
+from kvscope.sources.fleet_sim import SimFleetSource, SimFleetSpec, build_sim_fleet_source
 
 ROOT = Path(__file__).resolve().parents[3]
 CONVERSATION = ROOT / "resources" / "workloads" / "mooncake_conversation_200.jsonl"
 COST_OF_THIS_MACHINE = {"wall_s", "peak_rss_mb"}
 
 
-def source(instances: int = 3, router: str = "prefix-aware", limit: int = 40, blocks: int = 2000) -> FleetSource:
-    return build_fleet_source(FleetSpec(str(CONVERSATION), SimConfig(time_scale=0.2),
+def source(instances: int = 3, router: str = "prefix-aware", limit: int = 40, blocks: int = 2000) -> SimFleetSource:
+    return build_sim_fleet_source(SimFleetSpec(str(CONVERSATION), SimConfig(time_scale=0.2),
                                         FleetConfig(instances, router), limit),
                               EngineConfig(block_size=16, num_gpu_blocks=blocks))
 
@@ -61,13 +61,13 @@ def test_advance_stops_at_a_virtual_time():
 
 
 def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
-    from kvscope.ui.views.fleet_view import FleetDriver, FleetWindow, best_columns
+    from kvscope.ui.views.fleet_sim_view import SimFleetDriver, SimFleetWindow, best_columns
     src = source(instances=4, router="prefix-aware")
-    win = FleetWindow(src)
+    win = SimFleetWindow(src)
     qtbot.addWidget(win)
     win.resize(1280, 720)
     win.show()
-    driver = FleetDriver(win)
+    driver = SimFleetDriver(win)
     driver.timer.stop()
     win.speed.setCurrentText("max")
     while src.frame().routed < 12:

@@ -1,4 +1,4 @@
-"""``FleetSource``: a request trace played over a simulated fleet, event by event, for the fleet window
+"""``SimFleetSource``: a request trace played over a simulated fleet, event by event, for the fleet window
 (``kvscope --workload FILE --instances N --router POLICY``).
 
 The fleet is ``engine.workload.fleet``'s: N engines, each with its own pool, scheduler and cost model, on
@@ -20,7 +20,7 @@ from engine.inspect.snapshot import block_states
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class FleetSpec:
+class SimFleetSpec:
     """Which trace, on which simulated machine, over which fleet."""
     path: str
     sim: object  # engine.workload.sim_config.SimConfig
@@ -53,7 +53,7 @@ class FleetFrame:
     done: bool
 
 
-def build_fleet_source(spec: FleetSpec, config) -> FleetSource:
+def build_sim_fleet_source(spec: SimFleetSpec, config) -> SimFleetSource:
     """Raises ``ValueError`` (a ``WorkloadError`` is one) with one line for a bad trace or option."""
     from engine.workload.fleet import build_fleet
     from engine.workload.reader import read_workload
@@ -63,11 +63,11 @@ def build_fleet_source(spec: FleetSpec, config) -> FleetSource:
         tokenizer = load_tokenizer(config.tokenizer)
     workload = read_workload(spec.path, tokenizer=tokenizer, limit=spec.limit)
     (router,) = spec.fleet.routers
-    return FleetSource(build_fleet(workload, config, spec.sim, spec.fleet.instances, router,
+    return SimFleetSource(build_fleet(workload, config, spec.sim, spec.fleet.instances, router,
                                    spec.fleet.fleet_kv_tokens))
 
 
-class FleetSource:
+class SimFleetSource:
     """Plays a ``FleetFeeder`` in slices; ``frame()`` is what is on screen."""
 
     def __init__(self, fleet) -> None:
