@@ -86,7 +86,7 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
     Shared by the live engine and by trace replay, so both build identical snapshots.
     """
     n = len(ref_cnt)
-    state = _state_of(ref_cnt, has_hash)
+    state = block_states(ref_cnt, has_hash)
     owner = np.full(n, -1, np.int32)
     filled = np.where(has_hash, block_size, 0).astype(np.int16)
     cpu_state = np.zeros(num_cpu_blocks, np.uint8)
@@ -105,7 +105,7 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
                       counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
 
 
-def _state_of(ref_cnt: np.ndarray, has_hash: np.ndarray) -> np.ndarray:
+def block_states(ref_cnt: np.ndarray, has_hash: np.ndarray) -> np.ndarray:
     """Each block's ``BlockState`` from (ref count clipped to 2, hashed) through a table: one pass
     instead of three np.where."""
     code = np.minimum(ref_cnt, 2).astype(np.uint8)  # ref counts are never negative; clip's limit checks cost more
@@ -276,7 +276,7 @@ class StepDigest:
 def state_counts(ref_cnt: np.ndarray, has_hash: np.ndarray) -> tuple[int, ...]:
     """Blocks per ``BlockState`` of the device pool from the raw arrays, by the rule the snapshot's
     state uses."""
-    return _counts(_state_of(ref_cnt, has_hash))
+    return _counts(block_states(ref_cnt, has_hash))
 
 
 def block_counts(snap: KVSnapshot | PoolState | StepDigest) -> tuple[int, ...]:

@@ -142,6 +142,34 @@ def peak_rss_mb() -> float:
     return r / 2**20 if sys.platform == "darwin" else r / 1024
 
 
+def skip_reason(engine, r: TraceRequest, sequential: bool = False) -> str | None:
+    """Why the engine cannot run ``r`` at all ("too_long": the prompt fills the simulated model's context;
+    "too_big": it needs more blocks than the whole pool), or None."""
+    if r.prompt_len >= engine.max_model_len:
+        return "too_long"
+    max_tokens = 1 if sequential else r.max_tokens
+    if cdiv(min(r.prompt_len + max_tokens, engine.max_model_len), engine.config.block_size) > engine.pool.num_blocks:
+        return "too_big"
+    return None
+
+
+@dataclass(slots=True)
+class Skips:
+    """The skip counters of a ``WorkloadResult``, alone (a fleet counts them before routing)."""
+
+    skipped_too_long: int = 0
+    skipped_too_big: int = 0
+    skipped_prompt_tokens: int = 0
+
+
+def count_skip(result: WorkloadResult | Skips, why: str, r: TraceRequest) -> None:
+    if why == "too_long":
+        result.skipped_too_long += 1
+    else:
+        result.skipped_too_big += 1
+    result.skipped_prompt_tokens += r.prompt_len
+
+
 class WorkloadFeeder:
     """Adds a workload's requests to an engine over a ``SimRunner`` as its virtual clock reaches them, and
     records each request (a step hook: ``before_step`` / ``after_step`` around every ``engine.step()``)."""
@@ -179,12 +207,15 @@ class WorkloadFeeder:
                 self._add(engine, reqs[self.next - 1], runner.clock)
             return
         scale = self.time_scale
-        if not engine.has_unfinished() and self.next < len(reqs):
-            runner.clock = max(runner.clock, reqs[self.next].arrival_s * scale)  # idle: on to the next arrival
-        while self.next < len(reqs) and reqs[self.next].arrival_s * scale <= runner.clock:
-            r = reqs[self.next]
-            self.next += 1
-            self._add(engine, r, r.arrival_s * scale)
+        while True:
+            if not engine.has_unfinished() and self.next < len(reqs):
+                runner.clock = max(runner.clock, reqs[self.next].arrival_s * scale)  # idle: on to the next arrival
+            while self.next < len(reqs) and reqs[self.next].arrival_s * scale <= runner.clock:
+                r = reqs[self.next]
+                self.next += 1
+                self._add(engine, r, r.arrival_s * scale)
+            if engine.has_unfinished() or self.next >= len(reqs):
+                break  # idle after adding only skipped requests: on to the next arrival, not an empty step
         res = self.result
         res.peak_waiting = max(res.peak_waiting, len(engine.scheduler.waiting))
 
@@ -207,17 +238,15 @@ class WorkloadFeeder:
     # -- adding one request -------------------------------------------------------------------
     def _add(self, engine, r: TraceRequest, arrival: float) -> bool:
         """Add ``r``, or count it as skipped; returns whether it was added."""
-        res = self.result
-        if r.prompt_len >= engine.max_model_len:
-            res.skipped_too_long += 1
-            res.skipped_prompt_tokens += r.prompt_len
+        why = skip_reason(engine, r, self.sequential)
+        if why is not None:
+            count_skip(self.result, why, r)
             return False
-        max_tokens = 1 if self.sequential else r.max_tokens
-        bs = engine.config.block_size
-        if cdiv(min(r.prompt_len + max_tokens, engine.max_model_len), bs) > engine.pool.num_blocks:
-            res.skipped_too_big += 1
-            res.skipped_prompt_tokens += r.prompt_len
-            return False
+        self.admit(engine, self.request_for(engine, r), r, arrival)
+        return True
+
+    def request_for(self, engine, r: TraceRequest) -> Request:
+        """``r`` as the engine's ``Request``, not added yet (``admit`` adds it and gives it its index)."""
         if r.hash_ids is not None:
             ids = self.tokens.prompt(r.hash_ids, r.prompt_len)
         else:
@@ -226,19 +255,24 @@ class WorkloadFeeder:
             if top >= engine.vocab_size:
                 raise WorkloadError(f"{self.workload.path}:{r.line}: token id {top} is outside the simulated "
                                     f"model's vocabulary (0..{engine.vocab_size - 1})")
+        max_tokens = 1 if self.sequential else r.max_tokens
         params = self._params or SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        rid = f"L{r.line}"
-        # What LLMEngine.add_request does, without its per-token type and range checks (40 ns a token: 6 s of
-        # the conversation trace's 145 M tokens). Everything they check is checked above or holds by
-        # construction: a list of ints in the vocabulary, shorter than the context, fitting the pool, n = 1.
+        return Request(f"L{r.line}", -1, ids, params, eos_token_ids=engine.eos_token_ids)
+
+    def admit(self, engine, req: Request, r: TraceRequest, arrival: float) -> None:
+        """Queue ``req`` (made by ``request_for``) in ``engine`` and record it from ``arrival`` on.
+
+        What LLMEngine.add_request does, without its per-token type and range checks (40 ns a token: 6 s of
+        the conversation trace's 145 M tokens). Everything they check is checked by ``skip_reason`` and
+        ``request_for`` or holds by construction: a list of ints in the vocabulary, shorter than the context,
+        fitting the pool, n = 1."""
         groups = engine.request_groups
-        if groups.is_live(rid):
-            raise WorkloadError(f"{self.workload.path}:{r.line}: request id {rid} is already in use")
-        req = Request(rid, groups.next_index(), ids, params, eos_token_ids=engine.eos_token_ids)
+        if groups.is_live(req.request_id):
+            raise WorkloadError(f"{self.workload.path}:{r.line}: request id {req.request_id} is already in use")
+        req.index = groups.next_index()
         groups.add(req)
-        self.live[rid] = (RequestRecord(r.line, arrival, r.prompt_len), req)
-        return True
+        self.live[req.request_id] = (RequestRecord(r.line, arrival, r.prompt_len), req)
 
     # -- the end -----------------------------------------------------------------------------
     def finish(self, wall_s: float = 0.0) -> WorkloadResult:
@@ -305,6 +339,8 @@ def run_workload(workload: Workload, config: EngineConfig | None = None, sim: Si
     step = engine.step
     while feeder.has_work() or engine.has_unfinished():
         feeder.before_step(engine)
+        if not engine.has_unfinished():
+            break  # the last requests were all skipped
         out = step()
         feeder.after_step(engine, out)
         if progress is not None and engine.step_count % 256 == 0:

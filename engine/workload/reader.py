@@ -25,7 +25,9 @@ The format is told by the first request line: one with ``hash_ids`` is Mooncake'
 - ``arrival``: **seconds** from the start, a number >= 0, never going back;
 - ``prompt``: text (needs a tokenizer: ``read_workload(path, tokenizer=...)``; the same tokenizer as
   the model you mean, so that shared text gives shared token ids) or a list of token ids (>= 0);
-- ``max_tokens``: output tokens to generate (>= 1; generated to the end, whatever they are).
+- ``max_tokens``: output tokens to generate (>= 1; generated to the end, whatever they are);
+- ``session`` (optional): the conversation the request belongs to, a string or an integer (what a
+  session-affinity router keys on; ``--router session``).
 
 Any bad line stops the read with a ``WorkloadError`` of one line naming the file and the line.
 """
@@ -60,6 +62,7 @@ class TraceRequest:
     hash_ids: tuple[int, ...] | None = None  # Mooncake: one per hash block (the last may be partial)
     token_ids: list[int] | None = None  # kvscope: the prompt's token ids
     output_len: int = 0  # as the file says (Mooncake's output_length may be 0)
+    session: str | int | None = None  # kvscope: the conversation, if the file names it
 
 
 @dataclass(slots=True)
@@ -215,7 +218,11 @@ def _kvscope(obj: dict, where: str, lineno: int, tokenizer) -> TraceRequest:
         ids = prompt
     else:
         raise WorkloadError(f"{where}: 'prompt' must be text or a list of token ids, got {type(prompt).__name__}")
-    return TraceRequest(lineno, float(arrival), len(ids), max_tokens, token_ids=ids, output_len=max_tokens)
+    session = obj.get("session")
+    if session is not None and not (isinstance(session, str) and session or _int(session)):
+        raise WorkloadError(f"{where}: 'session' must be a non-empty string or an integer, got {session!r}")
+    return TraceRequest(lineno, float(arrival), len(ids), max_tokens, token_ids=ids, output_len=max_tokens,
+                        session=session)
 
 
 def _give_private_ids(w: Workload) -> None:

@@ -10,6 +10,9 @@ Nothing here touches the engine, its hashes or its tokens: Mooncake requests are
 ids. A hash id covers 512 tokens, so an engine block is (its id's chain, its index inside the id's
 block); a tree with one node per distinct chain of ids remembers how many full engine blocks of that
 id any request has had (``fill``). Requests given as token ids are walked by their blocks' tokens.
+
+``round_robin_sharing`` is the same over a fleet behind a round-robin router: each instance a pool that
+never evicts over every N-th request (what the fleet's engines must cache, one request at a time).
 """
 from __future__ import annotations
 
@@ -33,7 +36,23 @@ class Reference:
 def prefix_sharing(workload: Workload, block_size: int, max_prompt_len: int | None = None) -> Reference:
     """The reference over every request (or those shorter than ``max_prompt_len``, as the engine skips
     a prompt of the context's length or more)."""
-    reqs = [r for r in workload.requests if max_prompt_len is None or r.prompt_len < max_prompt_len]
+    return _sharing(workload, _runnable(workload, max_prompt_len), block_size)
+
+
+def round_robin_sharing(workload: Workload, instances: int, block_size: int,
+                        max_prompt_len: int | None = None) -> list[Reference]:
+    """Round robin over ``instances`` pools that never evict, one request at a time: the k-th request the
+    engine runs goes to instance k mod N, and finds cached what an earlier request of its own instance had.
+    One ``Reference`` per instance (their sum is the fleet's)."""
+    reqs = _runnable(workload, max_prompt_len)
+    return [_sharing(workload, reqs[i::instances], block_size) for i in range(instances)]
+
+
+def _runnable(workload: Workload, max_prompt_len: int | None) -> list[TraceRequest]:
+    return [r for r in workload.requests if max_prompt_len is None or r.prompt_len < max_prompt_len]
+
+
+def _sharing(workload: Workload, reqs: list[TraceRequest], block_size: int) -> Reference:
     if workload.format == "mooncake":
         cached = _by_hash_ids(reqs, block_size, workload.hash_block_size)
     else:

@@ -91,7 +91,8 @@ def add_field_option(g, cls: type, f: dataclasses.Field) -> None:
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    from engine.workload.sim_config import SimConfig  # no torch
+    from engine.workload.fleet_config import FleetConfig  # no torch
+    from engine.workload.sim_config import SimConfig
     g = p.add_argument_group("workload (a request trace played through the scheduler and block pool, without "
                              "weights: a cost model's step time stands in for the forward pass; docs/workloads.md)")
     g.add_argument("--workload", default=None, metavar="FILE",
@@ -104,22 +105,37 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="with --headless --workload: run every capacity in this list of token counts "
                         "(1e4,1e5,1e6,...), print the table and draw hit rate against capacity (--png)")
     g.add_argument("--png", default=None, metavar="FILE",
-                   help="with --sweep-kv-tokens: the plot's file (default: TRACE_hit_rate.png here)")
+                   help="with --sweep-kv-tokens or --sweep-instances: the plot's file (default: "
+                        "TRACE_hit_rate.png or TRACE_fleet.png here)")
+    f = p.add_argument_group("fleet (a workload over N simulated instances behind a router; docs/routing.md)")
+    for fld in dataclasses.fields(FleetConfig):
+        add_field_option(f, FleetConfig, fld)
+    f.add_argument("--sweep-instances", default=None, metavar="LIST",
+                   help="with --headless --workload: a fleet of each size in this list (1,2,4,8,16) per --router; "
+                        "prints the table and draws hit rate, TTFT and load imbalance against N (--png)")
     g.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="with --workload: only its first N requests")
 
 
 def sim_config(args: argparse.Namespace):
     """The workload's simulated machine and mode; a ``--sim-*`` option without ``--workload`` is refused."""
+    from engine.workload.fleet_config import FleetConfig
     from engine.workload.sim_config import SimConfig
     sim = SimConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)})
     if not args.workload:
-        given = [f.name for f in dataclasses.fields(SimConfig) if getattr(sim, f.name) != f.default]
-        given += [n for n in ("sweep_kv_tokens", "png", "limit") if getattr(args, n) is not None]
+        given = [f.name for cls in (SimConfig, FleetConfig) for f in dataclasses.fields(cls)
+                 if getattr(args, f.name) != f.default]
+        given += [n for n in ("sweep_kv_tokens", "sweep_instances", "png", "limit") if getattr(args, n) is not None]
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} plays a workload: give --workload FILE too")
     sim.validate()
     return sim
+
+
+def fleet_config(args: argparse.Namespace):
+    """The fleet the workload runs on (``FleetConfig``; ``instances`` None: one engine)."""
+    from engine.workload.fleet_config import FleetConfig
+    return FleetConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FleetConfig)})
 
 
 def build_parser() -> argparse.ArgumentParser:

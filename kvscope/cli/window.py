@@ -19,6 +19,8 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    if args.workload and args.instances is not None:
+        return run_sim_fleet_window(config, args)
     welcome = args.view == "welcome"
     if welcome and (args.scenario or args.replay or args.inject or args.inject_ids or args.steps):
         print("kvscope: --view welcome is the first screen, before any request: not with --scenario, --replay, "
@@ -35,6 +37,21 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
         args.view, args.audit, args.font_scale, window_limits(args))
     return run_app(opts, early)
+
+
+def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
+    """``kvscope --workload FILE --instances N``: the fleet's pools side by side, played on the GUI thread."""
+    from kvscope.cli.parser import fleet_config, sim_config
+    from kvscope.sources.fleet_sim import SimFleetSpec, build_sim_fleet_source
+    try:
+        source = build_sim_fleet_source(SimFleetSpec(args.workload, sim_config(args), fleet_config(args), args.limit),
+                                    config)
+    except ValueError as e:
+        print(f"kvscope: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from kvscope.ui.views.fleet_sim_view import run_sim_fleet_window as run
+    return run(source, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size,
+               font_scale=args.font_scale)
 
 
 def demo_prompts() -> list:

@@ -22,8 +22,8 @@ CONFLICTS = (
 def check_workload(args: argparse.Namespace, config: EngineConfig) -> None:
     """Refuse, before anything starts, what a workload run cannot do, and a bad workload file (its
     first bad line, named by file and line). Raises ``ValueError`` with one line."""
-    from kvscope.cli.parser import sim_config
-    sim = sim_config(args)  # a --sim-* option without --workload is refused here too
+    from kvscope.cli.parser import fleet_config, sim_config
+    sim = sim_config(args)  # a --sim-* or fleet option without --workload is refused here too
     if not args.workload:
         return
     for dest, flag in CONFLICTS:
@@ -32,9 +32,11 @@ def check_workload(args: argparse.Namespace, config: EngineConfig) -> None:
     if config.model is not None:
         raise ValueError("--workload simulates a model without its weights: name it with --sim-model "
                          f"(e.g. --sim-model llama-2-7b), not --model {config.model}")
-    from engine.workload.cli import parse_floats
-    if args.sweep_kv_tokens:
-        parse_floats(args.sweep_kv_tokens)
+    from engine.workload.cli import check_sweeps, parse_floats
+    from engine.workload.fleet_config import parse_instance_counts
+    caps = parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None
+    counts = parse_instance_counts(args.sweep_instances) if args.sweep_instances else None
+    check_sweeps(config, sim, fleet_config(args), caps, counts, args.png, window=not args.headless)
     if args.sweep_kv_tokens and not args.headless:
         raise ValueError("--sweep-kv-tokens runs many pools one after another: use it with --headless")
     if args.sequential and not args.headless:
@@ -57,11 +59,13 @@ def _tokenizer(config: EngineConfig):
 
 def run_workload_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     from engine.workload.cli import one_line, parse_floats, play
-    from kvscope.cli.parser import sim_config
+    from engine.workload.fleet_config import parse_instance_counts
+    from kvscope.cli.parser import fleet_config, sim_config
     try:
         return play(args.workload, config, sim_config(args), [config.eviction_policy],
                     parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None, png=args.png,
-                    as_json=args.json, tokenizer=config.tokenizer, limit=args.limit)
+                    as_json=args.json, tokenizer=config.tokenizer, limit=args.limit, fleet=fleet_config(args),
+                    counts=parse_instance_counts(args.sweep_instances) if args.sweep_instances else None)
     except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from kvscope.runtime.engine_process import SpawnedEngine
 from kvscope.serve.options import ServeOptions
 from kvscope.sources.base import InjectSpec
 from kvscope.ui.main_window import MainWindow
+from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style
 from kvscope.ui.worker import ProcessBackend, ThreadBackend
 
@@ -189,20 +190,10 @@ class StartupDriver(QObject):
             self.exit_code = 2
             self.win.close()
             return
-        try:
-            if self.select_block is not None:
-                self.win.on_block_clicked(self.select_block)
-                self.win.show_view("diagnosis")
-            QApplication.processEvents()
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            ok = self.win.grab().save(self.path)
-        except OSError as e:
-            ok = False
-            print(f"kvscope: {e}", file=sys.stderr)
-        if ok:
-            print(f"kvscope: saved {self.path}")
-        else:
-            print(f"kvscope: could not save {self.path}", file=sys.stderr)
+        if self.select_block is not None:
+            self.win.on_block_clicked(self.select_block)
+            self.win.show_view("diagnosis")
+        ok = save_window(self.win, self.path)
         self.exit_code = self.exit_code or (0 if ok else 1)
         self.win.close()
 

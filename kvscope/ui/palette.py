@@ -55,6 +55,9 @@ FRAGMENTS: dict[str, ColourClass] = {
                             "held for tokens the request may still produce: the max-length reservation"),
 }
 
+# The fleet window outlines the instance that got the latest request: white, a colour no block state has.
+ROUTE_HIGHLIGHT: RGB = (255, 255, 255)
+
 FREE = STATE_COLOURS[BlockState.FREE]
 CACHED = STATE_COLOURS[BlockState.CACHED]
 USED = STATE_COLOURS[BlockState.USED]

@@ -22,6 +22,8 @@ SHAPES = {
     "kv_quant": ("rows", {"kv_cache_dtype", "blocks", "tokens", "x_fp32", "x_16bit", "tok_s"}),
     "kv_events": ("rows", {"what", "value", "unit", "vs_bare"}),
     "replay_memory": ("rows", {"trace_mb", "steps", "replayed", "rss_growth_mb"}),
+    "fleet": ("rows", {"trace_key", "rate", "capacity", "router", "instances", "hit_rate", "ttft_p50_s", "ttft_p99_s",
+                       "load_imbalance", "per_instance"}),
 }
 
 
@@ -51,6 +53,13 @@ def test_quick_benchmark_writes_its_results(name, tmp_path, monkeypatch):
     if name == "replay_memory":  # every record replayed, in memory that does not grow with the trace
         (row,) = data["rows"]
         assert row["replayed"] == row["steps"] and row["trace_mb"] >= 1 and row["rss_growth_mb"] < 64
+    if name == "fleet":  # the two checks against references hold on the small run too; every point is there
+        assert data["reference"] and all(r["equal"] for r in data["reference"])
+        assert {(r["trace"], r["router"]) for r in data["equality"] if r["equal"]} == \
+            {(t, p) for t in ("conversation", "synthetic") for p in data["routers"]}
+        points = {(r["trace_key"], r["rate"], r["capacity"], r["router"], r["instances"]) for r in data["rows"]}
+        assert len(points) == len(data["rows"]) == 2 * 3 * len(data["routers"]) * len(data["counts"])
+        assert (tmp_path / "quick" / "fleet_total.png").stat().st_size > 1000
     if name == "scheduler_overhead":
         assert [r["running"] for r in data["rows"]] == [1, 64, 256, 1, 64, 256, 256]
         assert [r["outputs"] for r in data["rows"]] == ["final_only"] * 6 + ["cumulative"]

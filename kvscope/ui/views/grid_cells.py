@@ -71,10 +71,20 @@ def _lut(colours: list[tuple[int, int, int]]) -> np.ndarray:
     return np.array(colours + [BACKGROUND], dtype=np.uint8)
 
 
+def state_lut() -> np.ndarray:
+    """The state mode's lookup table: a ``BlockState`` code to its colour (code K: the padding)."""
+    return _lut([STATE_COLOURS[s] for s in BlockState])
+
+
+def codes_lut(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, lut) of bare block states (a pool with no snapshot: the fleet window's)."""
+    return states, state_lut()
+
+
 def codes_for(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(codes uint8 [num_blocks], lut [K+1, 3]); code K is the padding colour."""
     if mode == "state":
-        return state_codes(snap, leaked), _lut([STATE_COLOURS[s] for s in BlockState])
+        return state_codes(snap, leaked), state_lut()
     if mode == "owner":
         k = len(OWNER_PALETTE)
         codes = np.where(snap.owner < 0, 0, 1 + snap.owner % k).astype(np.uint8)
@@ -92,7 +102,7 @@ def cpu_codes_for(snap: KVSnapshot, mode: str) -> tuple[np.ndarray, np.ndarray]:
         k = len(OWNER_PALETTE)
         codes = np.where(snap.cpu_owner < 0, 0, 1 + snap.cpu_owner % k).astype(np.uint8)
         return codes, _lut([STATE_COLOURS[BlockState.FREE]] + OWNER_PALETTE)
-    return snap.cpu_state.copy(), _lut([STATE_COLOURS[s] for s in BlockState])
+    return snap.cpu_state.copy(), state_lut()
 
 
 def to_grid(codes: np.ndarray, pad_code: int) -> np.ndarray:

@@ -24,7 +24,6 @@ import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
@@ -44,6 +43,7 @@ from PySide6.QtWidgets import (
 from kvscope.sources.attach_history import AttachHistory
 from kvscope.sources.attached import CANNOT_SHOW, AttachRecord
 from kvscope.sources.remote_cache import DrawNode, ForestSnapshot, RemoteCacheModel, Tier, hash_text
+from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style
 from kvscope.ui.views.event_log import EventLogView
 
@@ -394,11 +394,7 @@ class AttachDriver(QObject):
 
     def save(self) -> None:
         self.win.fill_hover()
-        QApplication.processEvents()
-        Path(self.screenshot).parent.mkdir(parents=True, exist_ok=True)
-        ok = self.win.grab().save(self.screenshot)
-        print(f"kvscope: saved {self.screenshot}" if ok else f"kvscope: could not save {self.screenshot}")
-        self.exit_code = 0 if ok else 1
+        self.exit_code = 0 if save_window(self.win, self.screenshot) else 1
         self.win.close()
 
 

@@ -19,6 +19,7 @@ from kvscope.sources.workload import WorkloadSource, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 CONVERSATION = ROOT / "resources" / "workloads" / "mooncake_conversation_200.jsonl"
+SYNTHETIC = ROOT / "resources" / "workloads" / "mooncake_synthetic_200.jsonl"
 EXAMPLE = ROOT / "resources" / "workloads" / "example_kvscope.jsonl"
 KEYS = {"requests", "prompt_tokens", "cached_tokens", "hit_rate", "evictions", "preemptions", "ttft_p50_s",
         "ttft_p99_s"}
@@ -80,6 +81,23 @@ BAD = [
     (["--workload", "{missing}"], "kvscope: {missing}: cannot read it (No such file or directory)"),
     (["--workload", str(EXAMPLE), "--sweep-kv-tokens", "1e4,lots"],
      "kvscope: --sweep-kv-tokens takes numbers separated by commas"),
+    # a fleet (issue 35)
+    (["--instances", "4"], "kvscope: --instances plays a workload: give --workload FILE too"),
+    (["--sweep-instances", "1,2"], "kvscope: --sweep-instances plays a workload: give --workload FILE too"),
+    (["--workload", str(EXAMPLE), "--router", "session"],
+     "kvscope: --router is for a fleet: give --instances N (or --sweep-instances)"),
+    (["--workload", str(EXAMPLE), "--fleet-kv-tokens", "1e6"], "kvscope: --fleet-kv-tokens is for a fleet"),
+    (["--workload", str(EXAMPLE), "--instances", "2", "--router", "random"],
+     "kvscope: --router takes round-robin, least-loaded, session, prefix-aware, prefix-load"),
+    (["--workload", str(EXAMPLE), "--instances", "2", "--fleet-kv-tokens", "1e6", "--kv-tokens", "1e5"],
+     "kvscope: --fleet-kv-tokens sizes the fleet's pools: leave out --kv-tokens"),
+    (["--workload", str(EXAMPLE), "--instances", "2", "--sweep-instances", "1,2"],
+     "kvscope: --sweep-instances sets the number of instances: leave out --instances"),
+    (["--workload", str(EXAMPLE), "--instances", "2", "--sweep-kv-tokens", "1e5"],
+     "kvscope: --sweep-kv-tokens sweeps one engine's pool: not with --instances or --sweep-instances"),
+    (["--workload", str(EXAMPLE), "--sweep-instances", "2,x"], "kvscope: --sweep-instances takes instance counts"),
+    (["--workload", str(EXAMPLE), "--instances", "2", "--png", "x.png"], "kvscope: --png draws a sweep"),
+    (["--workload", "{bad}", "--instances", "2"], "kvscope: {bad}:2: timestamp 5 ms goes back in time"),
 ]
 
 
@@ -100,9 +118,58 @@ def test_bad_input_is_one_line_and_exit_2_with_a_window_or_without(argv, line, t
     assert seen[0] == seen[1]
 
 
-def test_the_window_refuses_what_only_headless_does(capsys):
-    assert main(["--workload", str(CONVERSATION), "--sequential"]) == 2
-    assert "use it with --headless" in capsys.readouterr().err
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--sequential"], "use it with --headless"),
+    (["--sweep-instances", "1,2"], "kvscope: --sweep-instances runs many fleets one after another: use it with "
+                                   "--headless"),
+    (["--instances", "2", "--router", "round-robin,session"], "kvscope: the window plays one fleet: give --router "
+                                                              "one policy"),
+    (["--instances", "17"], "kvscope: the window draws at most 16 pools side by side: use --headless for "
+                            "--instances 17"),
+])
+def test_the_window_refuses_what_only_headless_does(argv, line, capsys):
+    assert main(["--workload", str(CONVERSATION), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+    assert main(["--headless", "--workload", str(CONVERSATION), "--limit", "3", *argv]) == 0  # headless does it
+    capsys.readouterr()
+
+
+def test_a_bad_instance_count_is_argparses_one_line(capsys):
+    for mode in (["--headless"], []):
+        with pytest.raises(SystemExit) as e:
+            main([*mode, "--workload", str(EXAMPLE), "--instances", "0"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["kvscope: argument --instances: instances must be >= 1, got 0 (see kvscope --help)"]
+
+
+def test_headless_plays_a_fleet_as_python_m_engine_workload_does(capsys):
+    flags = ["--block-size", "64", "--kv-tokens", "2e5", "--limit", "40", "--instances", "3", "--router",
+             "prefix-load"]
+    out = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags])["workload"]
+    assert KEYS <= set(out) and len(out["instances"]) == 3 and out["router"]["name"] == "prefix-load"
+    assert out["requests"] == sum(i["requests"] for i in out["instances"])
+    assert workload_main([str(CONVERSATION), "--json", *flags]) == 0
+    same = json.loads(capsys.readouterr().out)["workload"]
+    assert {k: v for k, v in out.items() if k not in COST_OF_THIS_MACHINE} == \
+        {k: v for k, v in same.items() if k not in COST_OF_THIS_MACHINE}
+    # and a fleet of one is the single engine's object, plus what a fleet adds
+    one = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags[:6], "--instances", "1",
+                            "--router", "session"])["workload"]
+    single = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags[:6]])["workload"]
+    assert {k: v for k, v in one.items() if k not in COST_OF_THIS_MACHINE | {"router", "load_imbalance",
+                                                                               "instances"}} == \
+        {k: v for k, v in single.items() if k not in COST_OF_THIS_MACHINE}
+
+
+def test_headless_sweeps_the_fleets_size(capsys, tmp_path):
+    png = tmp_path / "fleet.png"
+    assert main(["--headless", "--workload", str(SYNTHETIC), "--block-size", "64", "--kv-tokens", "2e5", "--limit",
+                 "30", "--sweep-instances", "1,2,4", "--router", "round-robin,prefix-aware", "--png", str(png)]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("| mooncake_synthetic_200 |")]
+    assert len(rows) == 6 and png.stat().st_size > 20_000 and f"plot: {png}" in text
 
 
 # -- the window's source -----------------------------------------------------------------------------------
