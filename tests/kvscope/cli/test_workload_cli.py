@@ -127,12 +127,15 @@ def test_bad_input_is_one_line_and_exit_2_with_a_window_or_without(argv, line, t
     (["--instances", "17"], "kvscope: the window draws at most 16 pools side by side: use --headless for "
                             "--instances 17"),
 ])
-def test_the_window_refuses_what_only_headless_does(argv, line, capsys):
+def test_the_window_refuses_what_only_headless_does(argv, line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a headless sweep draws its PNG beside the command
     assert main(["--workload", str(CONVERSATION), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and line in err[0], err
     assert main(["--headless", "--workload", str(CONVERSATION), "--limit", "3", *argv]) == 0  # headless does it
     capsys.readouterr()
+    if "--sweep-instances" in argv:
+        assert (tmp_path / "mooncake_conversation_200_fleet.png").stat().st_size > 10_000
 
 
 def test_a_bad_instance_count_is_argparses_one_line(capsys):
