@@ -19,7 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from vllm_live import VllmServer
+from vllm_live import VllmServer, probe_keyframe
 
 from kvscope.sources.fleet_metrics import parse_metrics
 
@@ -129,20 +129,11 @@ def start_vllm(num_blocks: int, ports: list[int] | None = None) -> VllmServer:
 
 def vllm_own_hashes(server: VllmServer) -> set[int]:
     """Every hash in vLLM's own prefix-cache hash map now (the low 64 bits), read by kvscope's probe."""
-    from kvscope_vllm_probe.client import ProbeClient
-    from kvscope_vllm_probe.wire import Keyframe
-    c = ProbeClient(server.probe, "kvscope fleet check")
-    c.start()
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            msg = c.get(0.5)
-            if isinstance(msg, Keyframe):
-                return {h for h, _block in msg.hash_map}
+    kf = probe_keyframe(server.probe, "kvscope fleet check", timeout=30)
+    if kf is None:
         said = [line for line in server.log if "probe" in line.lower()]
         raise AssertionError("the probe sent no keyframe; vLLM's log of it:\n" + "\n".join(said[-10:]))
-    finally:
-        c.close()
+    return {h for h, _block in kf.hash_map}
 
 
 def start_fleet(kvscope_blocks: int = 24, vllm_blocks: int = 40, kvscopes: int = 3) -> list:

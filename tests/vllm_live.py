@@ -183,6 +183,17 @@ class VllmServer:
         self.close()
 
 
+def logged(proc, text: str, timeout: float = 10.0) -> bool:
+    """Whether ``text`` appears in a harness's or server's log within ``timeout``: its log is read by a thread,
+    behind what the probe's socket already told."""
+    deadline = time.monotonic() + timeout
+    while text not in proc.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def first_audit_problem(src, timeout: float = 60.0):
     """Step a probe's source until a record's audit finds something; that record."""
     deadline = time.monotonic() + timeout
@@ -191,3 +202,21 @@ def first_audit_problem(src, timeout: float = 60.0):
         if not rec.audit.ok:
             return rec
     raise AssertionError(f"the audit found nothing in {timeout:.0f} s")
+
+
+def probe_keyframe(endpoint: str, who: str, timeout: float = 20.0):
+    """The pool as the probe reads it now, straight from vLLM's objects (a new subscriber's keyframe), or None
+    when none came within ``timeout``."""
+    from kvscope_vllm_probe.client import ProbeClient
+    from kvscope_vllm_probe.wire import Keyframe
+    c = ProbeClient(endpoint, who)
+    c.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = c.get(0.5)
+            if isinstance(msg, Keyframe):
+                return msg
+        return None
+    finally:
+        c.close()

@@ -17,12 +17,11 @@ import time
 
 import pytest
 import zmq
-from vllm_live import VllmServer, first_audit_problem, free_port, need_vllm
+from vllm_live import VllmServer, first_audit_problem, free_port, logged, need_vllm, probe_keyframe
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch
 from kvscope.sources.probe import ProbeSource
-from kvscope_vllm_probe.client import ProbeClient
 from kvscope_vllm_probe.wire import Keyframe
 
 SYSTEM = ("You are kvscope's test assistant. You answer every question in one short sentence, politely, "
@@ -75,17 +74,9 @@ class KVEvents:
 
 def fresh_keyframe(endpoint: str) -> Keyframe:
     """The pool as the probe reads it now, straight from vLLM's objects (a second subscriber's keyframe)."""
-    c = ProbeClient(endpoint, "test: a second subscriber")
-    c.start()
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            msg = c.get(0.5)
-            if isinstance(msg, Keyframe):
-                return msg
-        raise AssertionError("no keyframe")
-    finally:
-        c.close()
+    kf = probe_keyframe(endpoint, "test: a second subscriber")
+    assert kf is not None, "no keyframe"
+    return kf
 
 
 def held(src: ProbeSource) -> None:
@@ -179,7 +170,7 @@ def test_the_leak_fault_is_found_in_a_real_vllm(server):
         (p,) = found.audit.problems
         assert p.problem == "leaked" and p.expected_ref == 0 and p.actual_ref == 1
         assert p.last_owner and any(e.kind == "finished" and e.request_id == p.last_owner for e in found.events)
-        assert f"block {p.block_id} of request {p.last_owner} will not be freed" in server.log_text()
+        assert logged(server, f"block {p.block_id} of request {p.last_owner} will not be freed")
         for t in threads:
             t.join(60)
         assert server.healthy()

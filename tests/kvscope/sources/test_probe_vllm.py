@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from vllm_live import Harness, first_audit_problem, free_port, need_vllm
+from vllm_live import Harness, first_audit_problem, free_port, logged, need_vllm
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
 
@@ -113,7 +113,7 @@ def test_step_runs_exactly_one_schedule_and_a_window_that_goes_lets_vllm_run(vll
         while h.cmd("dump")["step"] <= held_at + 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert h.cmd("dump")["step"] > held_at + 3, "vLLM stayed held by a window that is gone"
-        assert "said goodbye" in h.log_text()
+        assert logged(h, "said goodbye")
 
 
 def test_the_leak_fault_is_found_with_its_block_request_and_step(vllm_python):
@@ -127,7 +127,7 @@ def test_the_leak_fault_is_found_with_its_block_request_and_step(vllm_python):
             found = first_audit_problem(src, 30)
             (p,) = found.audit.problems
             assert p.problem == "leaked" and p.last_owner == "victim" and p.actual_ref == 1 and p.expected_ref == 0
-            assert f"block {p.block_id} of request victim will not be freed" in h.log_text()
+            assert logged(h, f"block {p.block_id} of request victim will not be freed")
             assert any(e.kind == "finished" and e.request_id == "victim" for e in found.events)  # found that step
             assert found.snapshot.ref_cnt[p.block_id] == 1 and h.cmd("dump")["ref_cnt"][p.block_id] == 1
         finally:
@@ -155,6 +155,7 @@ def test_an_unknown_release_is_refused_in_one_line_and_vllm_runs_untouched(vllm_
         assert not h.ready["probed"] and h.ready["scheduler"] == "Scheduler"
         h.cmd("add", id="r", prompt=SYSTEM, max_tokens=3)
         assert h.cmd("run")["stepped"] >= 3
+        assert logged(h, "vLLM 0.99.1 is not a release")
         lines = [ln for ln in h.log_text().splitlines() if "kvscope probe" in ln]
         assert len(lines) == 1 and "vLLM 0.99.1 is not a release the probe was checked against" in lines[0]
 
