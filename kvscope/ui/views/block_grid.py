@@ -287,11 +287,12 @@ class BlockGridView(GridNavigation, QWidget):
         self.layer.update()
         self.num_redraws += 1
 
-    def set_highlight(self, block_ids: list[int]) -> None:
-        """Outline these blocks; their order (a block table's logical order) is drawn as a path."""
+    def set_highlight(self, block_ids: list[int], logical: bool = True) -> None:
+        """Outline these blocks; with ``logical`` they are a block table in its order: drawn as a path, each with
+        its logical index as a badge (a block clicked on its own is no table's: it wears no "L0")."""
         self.highlight = list(block_ids)
         self.logical_index = {}
-        for i, b in enumerate(self.highlight):
+        for i, b in enumerate(self.highlight if logical else ()):
             self.logical_index.setdefault(int(b), i)
         self._key = None
         self.redraw()
