@@ -21,6 +21,7 @@ class Summary:
     clock: float = 0.0  # seconds of steps so far
     timing: dict[str, list[float]] = field(default_factory=dict)  # rid -> [arrived, first token, last token]
     fragmentation: dict | None = None  # at the step that held the most blocks
+    prefix_caching: bool = True  # off: no lookup, so no miss to explain (a "miss" would be a false story)
 
     def _time(self, rec: StepRecord) -> None:
         """Time to first token and decode speed per request, on the clock of summed step seconds."""
@@ -39,16 +40,16 @@ class Summary:
             return
         contiguous, paged = layouts(rec.snapshot, self.max_model_len or rec.snapshot.block_size)
         self.fragmentation = {**pool_counts(rec.snapshot), "step": rec.step, "layouts": {
-            lay.name: {"used_slots": lay.used, "wasted_slots": lay.wasted, "reserved_slots": lay.reserved}
-            for lay in (contiguous, paged)}}
+            lay.name: lay.counts() for lay in (contiguous, paged)}}
 
     def add(self, rec: StepRecord) -> None:
         self.last = rec
         self._time(rec)
         self._fragments(rec)
-        if self.misses is None:
-            self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
-        self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
+        if self.prefix_caching:
+            if self.misses is None:
+                self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
+            self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
         c = rec.snapshot.counters
         self.peak_usage = max(self.peak_usage, float(c["kv_cache_usage_perc"]))
         self.peak_blocks_used = max(self.peak_blocks_used, int(c["num_blocks"] - c["num_free_blocks"]))
@@ -70,7 +71,7 @@ class Summary:
             "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], "leaked_blocks": len(self.last.leaked),
             "generation_tokens": c["generation_tokens"],
             "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
-            "fragmentation": self.fragmentation,
+            "fragmentation": self.fragmentation, "prefix_caching": self.prefix_caching,
         }
 
     def _with_miss(self, r: dict) -> dict:

@@ -64,6 +64,19 @@ def test_fragmentation_lab_counts_reserved_and_wasted_slots(capsys):
     lay = f["layouts"]
     assert lay["contiguous"]["used_slots"] == lay["paged"]["used_slots"] == f["used_slots"]
     assert lay["paged"]["reserved_slots"] == 0 and lay["paged"]["wasted_slots"] < 6 * bs  # < a block a request
-    assert lay["contiguous"]["reserved_slots"] == 6 * 256 - f["used_slots"]
+    # one rule counts both (issue 34): this run's rows are its pool, nothing shared
+    assert lay["contiguous"] == {k: f[k] for k in ("used_slots", "wasted_slots", "reserved_slots")}
+    assert f["used_slots"] + f["wasted_slots"] + f["reserved_slots"] == 6 * 256
+    assert out["prefix_caching"] is False and all(r["prefix_cache_miss"] is None for r in out["requests"])
     statuses = [x["status"] for x in out["requests"]]
     assert statuses.count("finished_length") == 8  # the last two ran only after the first six gave back
+
+
+def test_plain_headless_prints_the_fragmentation_numbers_and_no_miss_with_caching_off(capsys):
+    assert main(["--headless", "--scenario", "fragmentation", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "prefix cache: off in this engine" in text and "first miss" not in text and "hit rate" not in text
+    f = headless_json(capsys, "--scenario", "fragmentation", "--steps", "3")["fragmentation"]
+    assert (f"fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
+            f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
+            f"{f['reserved_slots']:,} reserved and not written") in text
