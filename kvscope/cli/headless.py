@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from engine import EngineConfig, SamplingParams
+from engine.inspect.audit import AuditReport
 from engine.inspect.block_story import BlockStory, format_story
 from kvscope.cli.parser import source_spec
 from kvscope.diagnosis import CACHING_OFF
@@ -156,9 +157,18 @@ def summary_lines(out: dict) -> list[str]:
                   f"{c['reserved_slots']:,} reserved" for name, c in f["layouts"].items()]
     lines.append(f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
                  f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
-                 f"· {out['leaked_blocks']} blocks flagged by the audit")
+                 f"· {audit_counts_text(out)}")
     lines += [f"  audit: {problem}" for problem in out["audit_problems"]]
     return lines
+
+
+def audit_counts_text(out: dict) -> str:
+    """"1 block flagged by the audit: 1 written while shared (0 leaked)": leaks apart from the other kinds."""
+    n, kinds = out["flagged_blocks"], out["audit_blocks_by_kind"]
+    text = f"{n} block{'' if n == 1 else 's'} flagged by the audit"
+    if kinds:
+        text += ": " + AuditReport.kinds_words(kinds)
+    return text + (f" ({out['leaked_blocks']} leaked)" if out["leaked_blocks"] is not None and n else "")
 
 
 def device_free(device: str) -> int | None:

@@ -68,11 +68,20 @@ class Summary:
             "blocks_used_peak": self.peak_blocks_used,
             "prefix_cache_queries": c["prefix_cache_queries"], "prefix_cache_hits": c["prefix_cache_hits"],
             "num_preemptions": c["num_preemptions"], "cow_copies": c["cow_copies"], "evictions": c["evictions"],
-            "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], "leaked_blocks": len(self.last.leaked),
+            "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], **self._audit_counts(),
             "generation_tokens": c["generation_tokens"],
             "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
             "fragmentation": self.fragmentation, "prefix_caching": self.prefix_caching,
         }
+
+    def _audit_counts(self) -> dict:
+        """``leaked_blocks`` counts leaks only; every flagged block is in ``flagged_blocks`` and each kind of
+        problem (a write into a shared block, a wrong ref count, ...) in ``audit_blocks_by_kind``. A trace's
+        replay knows the flagged blocks but not their kinds: its ``leaked_blocks`` is then unknown (None)."""
+        audit, flagged = self.last.audit, len(self.last.leaked)
+        kinds = audit.blocks_by_kind() if audit is not None and audit.problems else {}
+        leaked = kinds.get("leaked", 0) if kinds or not flagged else None
+        return {"leaked_blocks": leaked, "flagged_blocks": flagged, "audit_blocks_by_kind": kinds}
 
     def _with_miss(self, r: dict) -> dict:
         """The request's first prefix-cache miss and its reason (None: not admitted yet, or nothing missed)."""

@@ -133,3 +133,27 @@ def test_an_engine_made_request_is_said_to_be_its_parents_not_unadmitted(tiny_en
     child = next(r for r in snap.requests if r.request_id != "0" and r.request_id.startswith("0"))
     text = d.miss_text(snap, child.request_id)
     assert "has not been admitted" not in text and "a parallel sample of request 0" in text, text
+
+
+def test_leaked_blocks_counts_leaks_only_and_a_replay_that_cannot_tell_says_so(tiny_engine):
+    """Issue 34: a write into a shared block is flagged, but it is no leak."""
+    from engine.inspect.audit import AuditProblem, AuditReport
+    from kvscope.sources.base import StepRecord
+    from kvscope.sources.replay import RecordedAudit
+    from kvscope.sources.summary import Summary
+    engine = tiny_engine()
+    engine.add_request([1, 2, 3], GREEDY, request_id="x")
+    engine.step()
+    snap = engine.snapshot()
+    report = AuditReport((AuditProblem(3, "shared_write", 1, 2, "1, step 4: write into a block with ref count 2"),
+                          AuditProblem(5, "leaked", 0, 1, "2"), AuditProblem(6, "leaked", 0, 1, "2")))
+    summary = Summary()
+    summary.add(StepRecord(snap.step, snap, [], None, 0.0, report))
+    out = summary.as_dict()
+    assert (out["leaked_blocks"], out["flagged_blocks"]) == (2, 3)
+    assert out["audit_blocks_by_kind"] == {"shared_write": 1, "leaked": 2}
+    assert "tables hold" not in str(report.problems[0]) and "tables hold 0" in str(report.problems[1])
+    summary.add(StepRecord(snap.step, snap, [], None, 0.0, RecordedAudit([3, 5])))  # a trace: no kinds
+    assert (summary.as_dict()["leaked_blocks"], summary.as_dict()["flagged_blocks"]) == (None, 2)
+    summary.add(StepRecord(snap.step, snap, [], None, 0.0, None))
+    assert (summary.as_dict()["leaked_blocks"], summary.as_dict()["flagged_blocks"]) == (0, 0)

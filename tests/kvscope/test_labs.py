@@ -27,6 +27,10 @@ def test_lab_low_hit_rate_names_each_cause(capsys):
 def test_lab_caching_changes_output_is_found_by_the_audit_and_the_comparison(capsys):
     out = headless_json(capsys, "--scenario", "lab-caching-changes-output")
     assert any("shared_write" in p for p in out["audit_problems"]), out["audit_problems"]
+    # issue 34: nothing leaked and no ref count is wrong; the JSON and the audit line say so
+    assert out["leaked_blocks"] == 0 and out["flagged_blocks"] == 1 == out["audit_blocks_by_kind"]["shared_write"]
+    assert not any("tables hold" in p for p in out["audit_problems"])
+    assert any("its ref count is right" in p for p in out["audit_problems"])
     cmp = headless_json(capsys, "--scenario", "lab-caching-changes-output", "--compare-caching")
     d = cmp["divergence"]
     assert d is not None and d["request_index"] == 1 and d["num_cached_tokens"] > 0
