@@ -58,7 +58,8 @@ def test_block_size_over_a_scenario_headless(capsys):
 @pytest.mark.parametrize("argv,line", [
     (["--scenario", "leak-hunt", "--fault", "shared-write"], "kvscope: --fault is refused with --scenario leak-hunt"),
     (["--scenario", "four-score", "--inject", "hi"], "kvscope: --inject is refused with --scenario four-score"),
-    (["--scenario", "four-score", "--inject-ids", "1,2"], "kvscope: --inject-ids is refused with --scenario four-score"),
+    (["--scenario", "four-score", "--inject-ids", "1,2"],
+     "kvscope: --inject-ids is refused with --scenario four-score"),
 ])
 def test_a_refusal_is_one_line_and_exit_2_headless_and_in_the_window(capsys, tmp_path, monkeypatch, mode, argv, line):
     monkeypatch.chdir(tmp_path)
