@@ -44,8 +44,39 @@ REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature"
                 "abort_at", "beam_width", "ignore_eos"}
 
 
+# What a teacher looks for, by what the lesson shows: each alias names a scenario file (``--scenario ALIAS``).
+ALIASES = {
+    "one-request": "four-score",  # the paper's figure 4: one request's block table
+    "two-requests": "four-score",  # figure 5: two requests' blocks interleave in one pool
+    "sharing": "shared-system-prompt",
+    "prefix-caching": "shared-system-prompt",
+    "copy-on-write": "parallel-sampling",  # figure 6
+    "cow": "parallel-sampling",
+    "beams": "beam-search",
+    "preemption": "pool-exhaustion",
+    "swap": "pool-exhaustion",
+    "leak": "leak-hunt",
+    "chat": "multi-turn-chat",
+}
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def aliases_of(name: str) -> list[str]:
+    """The aliases of scenario ``name`` (what ``--list-scenarios`` and the tour write beside it)."""
+    return [a for a, n in ALIASES.items() if n == name]
+
+
+def scenario_listing() -> str:
+    """``kvscope --list-scenarios``: each scenario with its aliases and its title, a line each."""
+    lines = []
+    for name in available():
+        sc = load_scenario(name)
+        also = aliases_of(name)
+        lines.append(f"{name}{' (also ' + ', '.join(also) + ')' if also else ''}: {sc.title}")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -149,9 +180,10 @@ def load_scenario(name_or_file: str) -> Scenario:
     """Read and check a scenario file; every problem is one line naming the file and the field."""
     p = Path(name_or_file)
     if not (p.suffix == ".json" and p.is_file()):
-        p = SCENARIO_DIR / f"{name_or_file}.json"
+        p = SCENARIO_DIR / f"{ALIASES.get(name_or_file, name_or_file)}.json"
     if not p.is_file():
-        raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())}")
+        raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())} (and the aliases "
+                         f"{', '.join(ALIASES)}: kvscope --list-scenarios)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

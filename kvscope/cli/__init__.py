@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     from kvscope.cli.parser import engine_config, parse_args
     args = parse_args(argv)  # a bad flag exits 2 with one line
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.list_scenarios:
+        from kvscope.scenario import scenario_listing
+        print(scenario_listing())
+        return 0
     from kvscope.cli.fleet import is_fleet
     if is_fleet(args):
         from kvscope.cli.fleet import run_fleet

@@ -149,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "without a tokenizer)")
     a.add_argument("--max-tokens", type=positive_int, default=48, help="max tokens of --inject requests")
     a.add_argument("--scenario", default=None, metavar="NAME_OR_FILE",
-                   help="run a scenario from resources/scenarios (its settings override the engine options)")
+                   help="run a scenario from resources/scenarios, by name or alias (two-requests, sharing, "
+                        "copy-on-write, preemption, ...); an engine flag given beside it is applied over its "
+                        "setting, or refused in one line where the setting is its lesson (--fault)")
+    a.add_argument("--list-scenarios", action="store_true",
+                   help="print every scenario with its aliases and title, and exit")
     a.add_argument("--trace", default=None, metavar="FILE", help="record the run as a JSON-lines trace")
     a.add_argument("--replay", default=None, metavar="FILE",
                    help="play a recorded trace back (no model, no GPU)")

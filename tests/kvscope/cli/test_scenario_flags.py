@@ -66,3 +66,26 @@ def test_a_refusal_is_one_line_and_exit_2_headless_and_in_the_window(capsys, tmp
     assert main(mode + argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("alias", ["two-requests", "sharing", "copy-on-write", "preemption", "one-request", "cow",
+                                   "swap", "beams", "leak", "chat", "prefix-caching"])
+def test_a_teachers_name_is_an_alias_of_a_scenario(alias):
+    from kvscope.scenario import ALIASES
+    sc = load_scenario(alias)
+    assert sc.name == ALIASES[alias] in available()  # the scenario's own name: notes, traces, the window's title
+
+
+def test_list_scenarios_prints_every_scenario_with_its_aliases(capsys):
+    assert main(["--list-scenarios"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" ")[0].rstrip(":") for ln in lines] == available()
+    assert "four-score (also one-request, two-requests): " in "\n".join(lines)
+    assert "parallel-sampling (also copy-on-write, cow): " in "\n".join(lines)
+    assert "pool-exhaustion (also preemption, swap): " in "\n".join(lines)
+
+
+def test_an_unknown_scenario_names_the_aliases_too(capsys):
+    assert main(["--headless", "--scenario", "paging"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope: unknown scenario 'paging'") and "two-requests" in err and err.count("\n") == 1
