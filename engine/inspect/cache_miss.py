@@ -202,31 +202,32 @@ class CacheMissExplainer:
 
     def _shift(self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached],
                children: dict[str | None, list[_Cached]]) -> tuple[int, int, tuple[int, ...]] | None:
-        """Where the cached chain reappears moved: ``(k, depth, chain)`` for the shallowest block of the chains
-        that continue at ``pos`` (its next block, else one further down, up to ``MAX_SHIFT`` tokens on) found in
-        the prompt ``k != 0`` tokens from where its chain puts it (the smallest ``|k|``, a later place first);
-        ``chain``: that chain's tokens from ``pos`` to the block's end. None: no block of them reappears moved."""
+        """Where a cached chain reappears moved: ``(k, depth, chain)`` for the shallowest block of the chains that
+        continue at ``pos`` (its next block, else one further down, up to ``MAX_SHIFT`` tokens on) found in the
+        prompt ``k != 0`` tokens from where its chain puts it; ``chain``: that chain's tokens from ``pos`` to the
+        block's end. Of several, the chain that agrees with the prompt the longest (the earliest seam, then the
+        longest common start), then the smallest ``|k|``. None: no block of them reappears moved."""
         bs = self.block_size
         level: list[tuple[_Cached, tuple | None]] = [(c, None) for c in nexts]  # (block, its parent's entry)
         for depth in range(MAX_SHIFT // bs + 1):
             at = pos + depth * bs  # where the chain puts a block of this depth
             if not level or at > len(prompt) + MAX_SHIFT:
                 return None
-            wanted: dict[tuple[int, ...], tuple] = {}
+            wanted: dict[tuple[int, ...], list[tuple]] = {}
             for entry in level:
                 if len(set(entry[0].tokens)) > 1:  # a run of one token matches anywhere
-                    wanted.setdefault(entry[0].tokens, entry)
-            found = None
+                    wanted.setdefault(entry[0].tokens, []).append(entry)
+            found = []
             for q in range(max(pos, at - MAX_SHIFT), min(len(prompt) - bs, at + MAX_SHIFT) + 1):
-                entry = wanted.get(prompt[q:q + bs]) if q != at else None
-                if entry is not None and (found is None or (abs(q - at), at - q) < (abs(found[0]), -found[0])):
-                    found = (q - at, entry)
-            if found is not None:
-                k, entry = found
-                chain: tuple[int, ...] = ()
-                while entry is not None:
-                    chain, entry = entry[0].tokens + chain, entry[1]
-                return k, depth, chain
+                for entry in (wanted.get(prompt[q:q + bs], ()) if q != at else ()):
+                    chain: tuple[int, ...] = ()
+                    e = entry
+                    while e is not None:
+                        chain, e = e[0].tokens + chain, e[1]
+                    seam, _ = _seam(prompt, pos, chain, q, depth * bs)
+                    found.append(((seam, -_common(prompt[pos:], chain), abs(q - at), at - q), (q - at, depth, chain)))
+            if found:
+                return min(found, key=lambda t: t[0])[1]
             level = [(n, entry) for entry in level for n in children.get(entry[0].block_hash, ())]
         return None
 
@@ -243,10 +244,7 @@ class CacheMissExplainer:
                         f"the cached chain continues at token {pos + k}")
             return CacheMiss(i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)",
                              shift=k)
-        q = pos + depth * bs + k  # where the block that reappears sits in the prompt
-        c = depth * bs  # and where it sits in the chain (from pos)
-        while q > pos and c > 0 and prompt[q - 1] == chain[c - 1]:
-            q, c = q - 1, c - 1
+        q, c = _seam(prompt, pos, chain, pos + depth * bs + k, depth * bs)
         full = prompt[:pos] + chain  # the cached tokens, from the start of the prompt
         return CacheMiss(i, "shifted", pos,
                          f"the cached chain reappears {abs(k)} token(s) {'later' if k > 0 else 'earlier'} from "
@@ -282,6 +280,14 @@ class CacheMissExplainer:
         before = self.decode(list(tokens[:p])) or ""
         after = self.decode(list(tokens[p:p + 6])) or ""
         return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
+
+
+def _seam(prompt: tuple[int, ...], pos: int, chain: tuple[int, ...], q: int, c: int) -> tuple[int, int]:
+    """Walk back from ``prompt[q:]`` matching ``chain[c:]`` (``chain`` starts at prompt position ``pos``) while the
+    tokens agree: ``(q, c)`` where the agreement begins, the seam."""
+    while q > pos and c > 0 and prompt[q - 1] == chain[c - 1]:
+        q, c = q - 1, c - 1
+    return q, c
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:

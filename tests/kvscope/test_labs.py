@@ -22,6 +22,11 @@ def test_lab_low_hit_rate_names_each_cause(capsys):
     assert (miss["3"]["reason"], miss["3"]["token_position"], cached["3"]) == ("shifted", 0, 0)
     assert "a prefix of 1 token(s) shifted the rest: the cached chain starts at token 1" in miss["3"]["detail"]
     assert miss["4"]["reason"] == "prompt_ends_in_block" and cached["4"] == 80
+    # issue 34: a session id in front changes the seam's token ("You" -> " You"): the shift is named on a later
+    # block, by the seam's two tokens, and the shift is the session id's length in tokens
+    prompts = {r["request_id"]: r["prompt_tokens"] for r in out["requests"]}
+    assert (miss["5"]["reason"], miss["5"]["shift"], cached["5"]) == ("shifted", prompts["5"] - prompts["0"], 0)
+    assert "' You' [1206] in the prompt, 'You' [2683] in the cache" in miss["5"]["detail"]
 
 
 def test_lab_caching_changes_output_is_found_by_the_audit_and_the_comparison(capsys):
