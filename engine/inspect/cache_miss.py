@@ -208,18 +208,21 @@ class CacheMissExplainer:
         block's end. Of several, the chain that agrees with the prompt the longest (the earliest seam, then the
         longest common start), then the smallest ``|k|``. None: no block of them reappears moved."""
         bs = self.block_size
+        where: dict[tuple[int, ...], list[int]] = {}  # each window of the prompt from pos: one pass, not one a depth
+        for q in range(pos, len(prompt) - bs + 1):
+            where.setdefault(prompt[q:q + bs], []).append(q)
         level: list[tuple[_Cached, tuple | None]] = [(c, None) for c in nexts]  # (block, its parent's entry)
         for depth in range(MAX_SHIFT // bs + 1):
             at = pos + depth * bs  # where the chain puts a block of this depth
             if not level or at > len(prompt) + MAX_SHIFT:
                 return None
-            wanted: dict[tuple[int, ...], list[tuple]] = {}
-            for entry in level:
-                if len(set(entry[0].tokens)) > 1:  # a run of one token matches anywhere
-                    wanted.setdefault(entry[0].tokens, []).append(entry)
             found = []
-            for q in range(max(pos, at - MAX_SHIFT), min(len(prompt) - bs, at + MAX_SHIFT) + 1):
-                for entry in (wanted.get(prompt[q:q + bs], ()) if q != at else ()):
+            for entry in level:
+                if len(set(entry[0].tokens)) < 2:  # a run of one token matches anywhere
+                    continue
+                for q in where.get(entry[0].tokens, ()):
+                    if q == at or abs(q - at) > MAX_SHIFT:
+                        continue
                     chain: tuple[int, ...] = ()
                     e = entry
                     while e is not None:
