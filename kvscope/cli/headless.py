@@ -114,6 +114,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     out = summary.as_dict()
     out["kv_pool_bytes"] = session.info.num_blocks * session.info.block_bytes  # sized once, at start-up
     out["device_free_bytes"] = device_free(session.info.device)
+    out["kv_layout"] = session.info.kv_layout
     if story is not None:
         out["block_story"] = {"block_id": explain, "events": [
             {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
@@ -153,8 +154,10 @@ def summary_lines(out: dict) -> list[str]:
         lines.append(f"  fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
                      f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
                      f"{f['reserved_slots']:,} reserved and not written")
-        lines += [f"    {name}, each request alone: {c['used_slots']:,} used, {c['wasted_slots']:,} wasted, "
-                  f"{c['reserved_slots']:,} reserved" for name, c in f["layouts"].items()]
+        lines += [f"    {name}{' (this run)' if name == out.get('kv_layout') else ''}, each request alone: "
+                  f"{c['used_slots']:,} used, {c['wasted_slots']:,} wasted, {c['reserved_slots']:,} reserved"
+                  + (" (a max_model_len reservation each)" if name == "contiguous" else "")
+                  for name, c in f["layouts"].items()]
     lines.append(f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
                  f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
                  f"· {audit_counts_text(out)}")

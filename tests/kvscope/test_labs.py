@@ -89,3 +89,4 @@ def test_plain_headless_prints_the_fragmentation_numbers_and_no_miss_with_cachin
     assert (f"fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
             f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
             f"{f['reserved_slots']:,} reserved and not written") in text
+    assert "    contiguous (this run), each request alone: " in text and "    paged, each request alone: " in text
