@@ -11,9 +11,11 @@ from kvscope.cli import main
 from kvscope.cli.parser import engine_config, parse_args
 from kvscope.scenario import REFUSED_OVER_SCENARIO, available, load_scenario, scenario_config
 
-# another valid value for every setting a shipped scenario sets (a new one must be added here, and so decided)
-OTHER = {"block_size": 8, "num_gpu_blocks": 200, "num_cpu_blocks": 3, "max_model_len": 512, "kv_layout": "paged",
-         "preemption_mode": "swap", "fault": "double-free"}
+# two valid values for every setting a shipped scenario sets, one of them other than the scenario's (a new setting
+# must be added here, and so decided)
+OTHER = {"block_size": (8, 32), "num_gpu_blocks": (200, 201), "num_cpu_blocks": (3, 4), "max_model_len": (512, 1024),
+         "kv_layout": ("paged", "contiguous"), "preemption_mode": ("swap", "recompute"),
+         "fault": ("double-free", "cow-leak")}
 
 
 def test_a_flag_is_given_even_at_its_default_and_an_alias_counts():
@@ -27,7 +29,7 @@ def test_every_setting_a_scenario_sets_is_applied_or_refused(name):
     sc = load_scenario(name)
     for key, value in sc.config.items():
         assert key in OTHER, f"{name} sets {key}: decide in REFUSED_OVER_SCENARIO and add it to OTHER"
-        other = OTHER[key] if OTHER[key] != value else value  # a different value where there is one
+        other = next(v for v in OTHER[key] if v != value)
         args = parse_args([f"--{key.replace('_', '-')}", str(other), "--scenario", name])
         config = engine_config(args)
         if key in REFUSED_OVER_SCENARIO:
@@ -37,7 +39,8 @@ def test_every_setting_a_scenario_sets_is_applied_or_refused(name):
         merged, notices = scenario_config(config, sc, args.engine_flags_given)
         assert getattr(merged, key) == other  # the flag wins
         assert all(getattr(merged, k) == v for k, v in sc.config.items() if k != key)  # the rest is the scenario's
-        assert len(notices) == (other != value) and (not notices or f"{name}'s {key}=" in notices[0])
+        assert notices == [f"--{key.replace('_', '-')} {other} applied over scenario {name}'s {key}={value!r} "
+                           f"(its notes describe {value!r})"]
 
 
 def test_without_flags_the_scenario_wins_as_before():
