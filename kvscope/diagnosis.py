@@ -23,6 +23,10 @@ ENGINE_MADE = (SAMPLE_SEP, FORK_SEP, BEAM_SEP)  # samples, forks, beams: they re
 MADE_AS = {SAMPLE_SEP: "a parallel sample", FORK_SEP: "a fork", BEAM_SEP: "a beam"}
 
 
+# the window's request panel and --headless say it alike: no lookup, so no miss to explain
+CACHING_OFF = "prefix cache: off in this engine (--no-prefix-caching, or the contiguous layout)"
+
+
 class Diagnosis:
     def __init__(self, decode: Callable[[list[int]], str | None] | None = None, prefix_caching: bool = True,
                  limits: WindowLimits = LIMITS) -> None:
@@ -46,7 +50,7 @@ class Diagnosis:
         if r is None:
             return "prefix cache: select a request"
         if not self.prefix_caching:
-            return "prefix cache: off in this engine (--no-prefix-caching, or the contiguous layout)"
+            return CACHING_OFF
         if self.misses is None or request_id not in self.misses.misses:
             if self.misses is not None and self.misses.dropped and r.status != "WAITING":
                 return (f"prefix cache: request {request_id}'s explanation is no longer kept "

@@ -19,6 +19,7 @@ No Qt here: the headless mode and the window's worker both drive it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from engine.outputs import StepOutput
 from kvscope.history import SERIES
 
 if TYPE_CHECKING:
-    from engine import LLMEngine
+    from engine import EngineConfig, LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
 CONFIG_KEYS = scenario_keys()  # every EngineConfig field but the machine's (model, tokenizer, device)
@@ -43,8 +44,39 @@ REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature"
                 "abort_at", "beam_width", "ignore_eos"}
 
 
+# What a teacher looks for, by what the lesson shows: each alias names a scenario file (``--scenario ALIAS``).
+ALIASES = {
+    "one-request": "four-score",  # the paper's figure 4: one request's block table
+    "two-requests": "four-score",  # figure 5: two requests' blocks interleave in one pool
+    "sharing": "shared-system-prompt",
+    "prefix-caching": "shared-system-prompt",
+    "copy-on-write": "parallel-sampling",  # figure 6
+    "cow": "parallel-sampling",
+    "beams": "beam-search",
+    "preemption": "pool-exhaustion",
+    "swap": "pool-exhaustion",
+    "leak": "leak-hunt",
+    "chat": "multi-turn-chat",
+}
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def aliases_of(name: str) -> list[str]:
+    """The aliases of scenario ``name`` (what ``--list-scenarios`` and the tour write beside it)."""
+    return [a for a, n in ALIASES.items() if n == name]
+
+
+def scenario_listing() -> str:
+    """``kvscope --list-scenarios``: each scenario with its aliases and its title, a line each."""
+    lines = []
+    for name in available():
+        sc = load_scenario(name)
+        also = aliases_of(name)
+        lines.append(f"{name}{' (also ' + ', '.join(also) + ')' if also else ''}: {sc.title}")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -61,6 +93,36 @@ class Scenario:
     plot: str = ""  # with view "plots": the series whose plot the lesson reads, scrolled into view
     # a recorded probe trace of a real vLLM (kvscope --probe ... --trace) played instead of kvscope's engine
     probe_trace: str = ""
+
+
+# A command-line engine flag that a scenario also sets: applied over the scenario's value (a student asks "what if
+# the block size were 4?"; the run says so in one line), or refused with one line where the setting is the lesson
+# itself. Every setting not named here is applied; one place, so the window and --headless decide alike.
+REFUSED_OVER_SCENARIO = {
+    "fault": "its lesson is the fault it switches on",  # a lab built on one fault: another makes its notes false
+}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def scenario_config(config: EngineConfig, sc: Scenario, given: frozenset[str] | set[str] = frozenset()
+                    ) -> tuple[EngineConfig, list[str]]:
+    """``config`` with the scenario's settings, except those the command line gave (``given``: the fields of
+    ``config`` set by a flag), which are applied over the scenario's or refused (``REFUSED_OVER_SCENARIO``,
+    a ``ValueError`` of one line). Returns the config and a line for each scenario setting a flag replaced."""
+    refused = sorted(k for k in sc.config if k in given and k in REFUSED_OVER_SCENARIO)
+    if refused:
+        k = refused[0]
+        raise ValueError(f"{_flag(k)} is refused with --scenario {sc.name}, which sets {k}={sc.config[k]!r}: "
+                         f"{REFUSED_OVER_SCENARIO[k]} (run it without {_flag(k)}, or {_flag(k)} with --inject)")
+    notices = [f"{_flag(k)} {getattr(config, k)} applied over scenario {sc.name}'s {k}={sc.config[k]!r} (its notes "
+               f"describe {sc.config[k]!r})"
+               for k in sorted(sc.config) if k in given and getattr(config, k) != sc.config[k]]
+    merged = dataclasses.replace(config, **{k: v for k, v in sc.config.items() if k not in given})
+    merged.validate()
+    return merged, notices
 
 
 def _int(v: object) -> bool:
@@ -118,9 +180,10 @@ def load_scenario(name_or_file: str) -> Scenario:
     """Read and check a scenario file; every problem is one line naming the file and the field."""
     p = Path(name_or_file)
     if not (p.suffix == ".json" and p.is_file()):
-        p = SCENARIO_DIR / f"{name_or_file}.json"
+        p = SCENARIO_DIR / f"{ALIASES.get(name_or_file, name_or_file)}.json"
     if not p.is_file():
-        raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())}")
+        raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())} (and the aliases "
+                         f"{', '.join(ALIASES)}: kvscope --list-scenarios)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

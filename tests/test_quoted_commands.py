@@ -11,8 +11,9 @@ import shlex
 
 import pytest
 
-from kvscope.cli.parser import build_parser
-from kvscope.scenario import available
+from kvscope.cli.checks import check_scenario_flags
+from kvscope.cli.parser import engine_config, parse_args
+from kvscope.scenario import ALIASES, available
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,11 +49,12 @@ def test_a_quoted_command_runs_as_written(where, command):
         return
     args = [w for w in words[1:] if not (w.startswith("[") or w.endswith("]") or w in ("|",))]
     try:
-        ns = build_parser().parse_args(args)
+        ns = parse_args(args)
     except SystemExit as e:
         if e.code == 0 and "--help" in args:
             return
         pytest.fail(f"{where}: `{command}` does not parse (exit {e.code})")
     # a placeholder (NAME, FILE) stands for any scenario; a name written out must be one
     if ns.scenario and not ns.scenario.endswith(".json") and not ns.scenario.isupper():
-        assert ns.scenario in available(), f"{where}: no scenario {ns.scenario!r}"
+        assert ns.scenario in available() or ns.scenario in ALIASES, f"{where}: no scenario {ns.scenario!r}"
+        check_scenario_flags(ns, engine_config(ns))  # a flag the scenario refuses, or --inject beside it

@@ -18,8 +18,14 @@ class AuditProblem:
 
     def __str__(self) -> str:
         owner = f", request {self.last_owner}" if self.last_owner else ""
+        if self.problem in WRITE_PROBLEMS:  # the ref count is right: what is wrong is the write into the block
+            return (f"block {self.block_id}: {self.problem} (request {self.last_owner}: other requests read "
+                    f"it, or will from the prefix cache, so it needed a copy first; its ref count is right)")
         return (f"block {self.block_id}: {self.problem} (ref count {self.actual_ref}, "
                 f"tables hold {self.expected_ref}{owner})")
+
+
+WRITE_PROBLEMS = frozenset({"shared_write"})  # a write's problem, not a ref count's
 
 
 # What each kind of problem is called where a user reads it (the window's banner and legend, --headless).
@@ -56,14 +62,22 @@ class AuditReport:
             kinds.setdefault(p.block_id, {})[PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " "))] = None
         return {b: ", ".join(k) for b, k in kinds.items()}
 
-    def kinds_text(self) -> str:
-        """The problems by kind, in words: "1 block written while shared", "2 blocks leaked, 1 freed twice"."""
+    def blocks_by_kind(self) -> dict[str, int]:
+        """How many blocks each kind of problem flags (a block with two kinds counts in both)."""
         kinds: dict[str, set[int]] = {}
         for p in self.problems:
             kinds.setdefault(p.problem, set()).add(p.block_id)
-        parts = [f"{len(ids)} block{'s' if len(ids) > 1 else ''} {PROBLEM_NAMES.get(k, k.replace('_', ' '))}"
-                 for k, ids in kinds.items()]
-        return ", ".join(parts) if parts else "clean"
+        return {k: len(ids) for k, ids in kinds.items()}
+
+    def kinds_text(self) -> str:
+        """The problems by kind, in words: "1 block written while shared", "2 blocks leaked, 1 freed twice"."""
+        return self.kinds_words(self.blocks_by_kind()) or "clean"
+
+    @staticmethod
+    def kinds_words(by_kind: dict[str, int]) -> str:
+        """``blocks_by_kind`` in words (also what ``--headless`` prints from the JSON's counts)."""
+        return ", ".join(f"{n} block{'s' if n > 1 else ''} {PROBLEM_NAMES.get(k, k.replace('_', ' '))}"
+                         for k, n in by_kind.items())
 
     def __str__(self) -> str:
         return "audit clean" if self.ok else "\n".join(map(str, self.problems))

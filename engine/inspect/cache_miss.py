@@ -11,9 +11,12 @@ and names the reason for the first block that missed:
   (a different cache salt, model or tokenizer): the hashes differ;
 - ``different_tokenization``: a cached chain continues where the prompt does, with the same text but
   other token ids (special tokens, a template change);
-- ``shifted``: a cached chain's next block appears in the prompt k tokens later: k tokens put in front
-  (a request id or a timestamp before a shared system prompt, the commonest real cause of a low hit rate)
-  moved every block boundary, so no block hashes as before;
+- ``shifted``: a block of a cached chain (its next block, or one further down the chain) appears in the
+  prompt k tokens away from where the chain puts it: tokens put in front (a request id or a timestamp
+  before a shared system prompt, the commonest real cause of a low hit rate) moved every block boundary,
+  so no block hashes as before. Text put in front often changes the token at the seam too (BPE: "You"
+  becomes " You" after "session 42."), so the chain's first block never reappears: then the shift is
+  found on a later block and the detail names the seam, the tokens that differ at the boundary;
 - ``differs_at``: a cached chain continues there but its tokens differ from token position p on (a
   timestamp or a session id inside a system prompt);
 - ``no_cached_block``: nothing cached continues the chain at that position.
@@ -62,10 +65,12 @@ class CacheMiss:
     token_position: int  # the prompt position where the miss begins
     detail: str
     evicted_at: int | None = None
+    shift: int | None = None  # ``shifted``: how many tokens later (negative: earlier) the cached chain sits
+    seam: int | None = None  # ``shifted`` at a changed seam: the prompt position where it agrees with the chain again
 
     def to_dict(self) -> dict:
         return {"block_index": self.block_index, "reason": self.reason, "token_position": self.token_position,
-                "detail": self.detail, "evicted_at": self.evicted_at}
+                "detail": self.detail, "evicted_at": self.evicted_at, "shift": self.shift, "seam": self.seam}
 
 
 class CacheMissExplainer:
@@ -182,32 +187,81 @@ class CacheMissExplainer:
         if not nexts:
             where = "at the start" if i == 0 else f"after block {i - 1}"
             return CacheMiss(i, "no_cached_block", pos, f"nothing cached continues the prompt {where}")
-        k = self._shift(prompt, pos, nexts)
-        if k:
-            said = (f"a prefix of {k} token(s) shifted the rest: the cached chain starts at token {k}" if i == 0
-                    else f"{k} token(s) put in at token {pos} shifted the rest: the cached chain continues "
-                         f"at token {pos + k}")
-            return CacheMiss(i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)")
         best, common = max(((c, _common(c.tokens, block)) for c in nexts), key=lambda t: t[1])
         p = pos + common
-        if self._same_text(prompt, pos, best, children):
+        if self._same_text(prompt, pos, best, children):  # before a shift: other ids move later blocks too
             return CacheMiss(i, "different_tokenization", p,
                              "a cached chain holds the same text with other token ids from position "
                              f"{p} (special tokens or a template change)")
+        shift = self._shift(prompt, pos, nexts, children)
+        if shift is not None:
+            return self._shifted(prompt, i, pos, *shift)
         return CacheMiss(i, "differs_at", p, f"a cached chain differs from the prompt at token {p}: "
                                              f"prompt {self._around(prompt, p)} vs cached "
                                              f"{self._around(prompt[:pos] + best.tokens, p)}")
 
-    def _shift(self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached]) -> int:
-        """The smallest k > 0 at which one of the blocks that continue the cached chain appears in the
-        prompt ``k`` tokens after ``pos`` (0: none does)."""
+    def _shift(self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached],
+               children: dict[str | None, list[_Cached]]) -> tuple[int, int, tuple[int, ...]] | None:
+        """Where a cached chain reappears moved: ``(k, depth, chain)`` for the shallowest block of the chains that
+        continue at ``pos`` (its next block, else one further down, up to ``MAX_SHIFT`` tokens on) found in the
+        prompt ``k != 0`` tokens from where its chain puts it; ``chain``: that chain's tokens from ``pos`` to the
+        block's end. Of several, the chain that agrees with the prompt the longest (the earliest seam, then the
+        longest common start), then the smallest ``|k|``. None: no block of them reappears moved."""
         bs = self.block_size
-        wanted = {c.tokens for c in nexts if len(set(c.tokens)) > 1}  # a run of one token matches anywhere
-        last = min(len(prompt) - bs, pos + MAX_SHIFT)
-        for start in range(pos + 1, last + 1):
-            if prompt[start:start + bs] in wanted:
-                return start - pos
-        return 0
+        where: dict[tuple[int, ...], list[int]] = {}  # each window of the prompt from pos: one pass, not one a depth
+        for q in range(pos, len(prompt) - bs + 1):
+            where.setdefault(prompt[q:q + bs], []).append(q)
+        level: list[tuple[_Cached, tuple | None]] = [(c, None) for c in nexts]  # (block, its parent's entry)
+        for depth in range(MAX_SHIFT // bs + 1):
+            at = pos + depth * bs  # where the chain puts a block of this depth
+            if not level or at > len(prompt) + MAX_SHIFT:
+                return None
+            found = []
+            for entry in level:
+                if len(set(entry[0].tokens)) < 2:  # a run of one token matches anywhere
+                    continue
+                for q in where.get(entry[0].tokens, ()):
+                    if q == at or abs(q - at) > MAX_SHIFT:
+                        continue
+                    chain: tuple[int, ...] = ()
+                    e = entry
+                    while e is not None:
+                        chain, e = e[0].tokens + chain, e[1]
+                    seam, _ = _seam(prompt, pos, chain, q, depth * bs)
+                    found.append(((seam, -_common(prompt[pos:], chain), abs(q - at), at - q), (q - at, depth, chain)))
+            if found:
+                return min(found, key=lambda t: t[0])[1]
+            level = [(n, entry) for entry in level for n in children.get(entry[0].block_hash, ())]
+        return None
+
+    def _shifted(self, prompt: tuple[int, ...], i: int, pos: int, k: int, depth: int,
+                 chain: tuple[int, ...]) -> CacheMiss:
+        """The miss of a shifted chain; past its first block, the seam: where the prompt and the chain agree
+        again (walking back from the block that reappears) and the tokens that differ just before."""
+        bs = self.block_size
+        if depth == 0:  # a whole-token shift: the chain's own next block is there, k tokens on
+            if i == 0 and k > 0:
+                said = f"a prefix of {k} token(s) shifted the rest: the cached chain starts at token {k}"
+            else:
+                said = (f"{abs(k)} token(s) {'put in' if k > 0 else 'taken out'} at token {pos} shifted the rest: "
+                        f"the cached chain continues at token {pos + k}")
+            return CacheMiss(i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)",
+                             shift=k)
+        q, c = _seam(prompt, pos, chain, pos + depth * bs + k, depth * bs)
+        full = prompt[:pos] + chain  # the cached tokens, from the start of the prompt
+        return CacheMiss(i, "shifted", pos,
+                         f"the cached chain reappears {abs(k)} token(s) {'later' if k > 0 else 'earlier'} from "
+                         f"token {q} on, but the seam changed: the token before it is {self._show(prompt[q - 1:q])} "
+                         f"in the prompt, {self._show(full[pos + c - 1:pos + c])} in the cache (prompt "
+                         f"{self._around(prompt, q)} vs cached {self._around(full, pos + c)}): text put in front "
+                         f"changed how the boundary tokenizes (in BPE a word after a space is another token), so "
+                         f"block {i} never reappears and every block boundary after it moved: no block hashes alike",
+                         shift=k, seam=q)
+
+    def _show(self, ids: tuple[int, ...]) -> str:
+        """Tokens as their text (and ids), or as ids without a tokenizer."""
+        text = self.decode(list(ids)) if self.decode is not None and ids else None
+        return f"{text!r} {list(ids)}" if text is not None else str(list(ids))
 
     def _same_text(self, prompt, pos, cached: _Cached, children) -> bool:
         if self.decode is None:
@@ -229,6 +283,14 @@ class CacheMissExplainer:
         before = self.decode(list(tokens[:p])) or ""
         after = self.decode(list(tokens[p:p + 6])) or ""
         return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
+
+
+def _seam(prompt: tuple[int, ...], pos: int, chain: tuple[int, ...], q: int, c: int) -> tuple[int, int]:
+    """Walk back from ``prompt[q:]`` matching ``chain[c:]`` (``chain`` starts at prompt position ``pos``) while the
+    tokens agree: ``(q, c)`` where the agreement begins, the seam."""
+    while q > pos and c > 0 and prompt[q - 1] == chain[c - 1]:
+        q, c = q - 1, c - 1
+    return q, c
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -13,9 +13,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvscope.cli.parser import build_parser, engine_config
-    args = build_parser().parse_args(argv)  # a bad flag exits 2 with one line
+    from kvscope.cli.parser import engine_config, parse_args
+    args = parse_args(argv)  # a bad flag exits 2 with one line
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.list_scenarios:
+        from kvscope.scenario import scenario_listing
+        print(scenario_listing())
+        return 0
     from kvscope.cli.fleet import is_fleet
     if is_fleet(args):
         from kvscope.cli.fleet import run_fleet
@@ -24,12 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.attach or (args.replay and is_attach_trace(args.replay)):
         from kvscope.cli.attach import run_attach
         return run_attach(args)
-    from kvscope.cli.checks import check_files
+    from kvscope.cli.checks import check_files, check_scenario_flags
     from kvscope.cli.workload import check_workload
     try:
         config = engine_config(args)
         check_workload(args, config)
         check_files(args)
+        for notice in check_scenario_flags(args, config):  # a flag applied over a scenario's setting, said
+            print(f"kvscope: {notice}", file=sys.stderr)
     except ValueError as e:
         print(f"kvscope: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2

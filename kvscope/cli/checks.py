@@ -84,3 +84,20 @@ def check_files(args: argparse.Namespace) -> None:
         load_scenario(args.scenario)
     if args.screenshot:
         check_screenshot_path(args.screenshot)
+
+
+def check_scenario_flags(args: argparse.Namespace, config) -> list[str]:
+    """With ``--scenario``: the engine flags applied over its settings (a line each), or a refusal (``ValueError``);
+    ``--inject`` is refused beside it: the scenario's notes number its own requests from 0, and a prompt injected
+    first would take request 0 (``--compare-caching`` runs them after the scenario's: allowed)."""
+    if not args.scenario or getattr(args, "replay", None):
+        return []
+    from kvscope.scenario import load_scenario, scenario_config
+    sc = load_scenario(args.scenario)
+    if (args.inject or args.inject_ids) and not getattr(args, "compare_caching", False):
+        flag = "--inject" if args.inject else "--inject-ids"
+        raise ValueError(f"{flag} is refused with --scenario {sc.name}: its notes number its own requests from 0 and "
+                         f"yours would come first (run the scenario, then inject from the window; or {flag} alone)")
+    if sc.probe_trace:
+        return []
+    return scenario_config(config, sc, getattr(args, "engine_flags_given", frozenset()))[1]

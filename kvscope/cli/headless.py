@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable
 
 from engine import EngineConfig, SamplingParams
+from engine.inspect.audit import AuditReport
 from engine.inspect.block_story import BlockStory, format_story
 from kvscope.cli.parser import source_spec
+from kvscope.diagnosis import CACHING_OFF
 from kvscope.messages import one_line
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime.build import build_source
@@ -72,7 +74,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     tune_gc()  # the loaded heap frozen, fewer collections
     if getattr(args, "compare_caching", False):
         return _compare_caching(session, args)
-    summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len)
+    summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len,
+                      prefix_caching=session.info.prefix_caching)
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
         session.close()
@@ -111,6 +114,7 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     out = summary.as_dict()
     out["kv_pool_bytes"] = session.info.num_blocks * session.info.block_bytes  # sized once, at start-up
     out["device_free_bytes"] = device_free(session.info.device)
+    out["kv_layout"] = session.info.kv_layout
     if story is not None:
         out["block_story"] = {"block_id": explain, "events": [
             {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
@@ -140,13 +144,34 @@ def summary_lines(out: dict) -> list[str]:
     queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
     rate = f"{100 * hits / queries:.0f}%" if queries else "no queries"
     by_reason = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda t: -t[1]))
-    lines.append(f"  prefix cache hit rate {rate} ({hits}/{queries} tokens)"
-                 + (f"; first misses: {by_reason}" if by_reason else ""))
+    if out.get("prefix_caching", True):
+        lines.append(f"  prefix cache hit rate {rate} ({hits}/{queries} tokens)"
+                     + (f"; first misses: {by_reason}" if by_reason else ""))
+    else:
+        lines.append(f"  {CACHING_OFF}")
+    f = out.get("fragmentation")
+    if f:  # the step that held the most blocks: this run's pool, then both layouts of the same requests
+        lines.append(f"  fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
+                     f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
+                     f"{f['reserved_slots']:,} reserved and not written")
+        lines += [f"    {name}{' (this run)' if name == out.get('kv_layout') else ''}, each request alone: "
+                  f"{c['used_slots']:,} used, {c['wasted_slots']:,} wasted, {c['reserved_slots']:,} reserved"
+                  + (" (a max_model_len reservation each)" if name == "contiguous" else "")
+                  for name, c in f["layouts"].items()]
     lines.append(f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
                  f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
-                 f"· {out['leaked_blocks']} blocks flagged by the audit")
+                 f"· {audit_counts_text(out)}")
     lines += [f"  audit: {problem}" for problem in out["audit_problems"]]
     return lines
+
+
+def audit_counts_text(out: dict) -> str:
+    """"1 block flagged by the audit: 1 written while shared (0 leaked)": leaks apart from the other kinds."""
+    n, kinds = out["flagged_blocks"], out["audit_blocks_by_kind"]
+    text = f"{n} block{'' if n == 1 else 's'} flagged by the audit"
+    if kinds:
+        text += ": " + AuditReport.kinds_words(kinds)
+    return text + (f" ({out['leaked_blocks']} leaked)" if out["leaked_blocks"] is not None and n else "")
 
 
 def device_free(device: str) -> int | None:

@@ -165,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "without a tokenizer)")
     a.add_argument("--max-tokens", type=positive_int, default=48, help="max tokens of --inject requests")
     a.add_argument("--scenario", default=None, metavar="NAME_OR_FILE",
-                   help="run a scenario from resources/scenarios (its settings override the engine options)")
+                   help="run a scenario from resources/scenarios, by name or alias (two-requests, sharing, "
+                        "copy-on-write, preemption, ...); an engine flag given beside it is applied over its "
+                        "setting, or refused in one line where the setting is its lesson (--fault)")
+    a.add_argument("--list-scenarios", action="store_true",
+                   help="print every scenario with its aliases and title, and exit")
     a.add_argument("--trace", default=None, metavar="FILE", help="record the run as a JSON-lines trace")
     a.add_argument("--replay", default=None, metavar="FILE",
                    help="play a recorded trace back (no model, no GPU)")
@@ -236,6 +240,21 @@ def window_limits(args: argparse.Namespace):
                         args.miss_explanations, args.evicted_blocks)
 
 
+_UNSET = object()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with ``engine_flags_given``: the ``EngineConfig`` fields a flag set (a default is not
+    given), which a scenario's settings do not override (``kvscope.scenario.scenario_config``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # a bad flag exits 2 with one line
+    # parsed again over a namespace that already holds every engine field: argparse sets no default over
+    # an attribute that exists, so what changed was given
+    probe = parser.parse_args(argv, namespace=argparse.Namespace(**{f.name: _UNSET for f in config_fields()}))
+    args.engine_flags_given = frozenset(f.name for f in config_fields() if getattr(probe, f.name) is not _UNSET)
+    return args
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's part of the arguments: one attribute per ``EngineConfig`` field."""
     cfg = EngineConfig(**{f.name: getattr(args, f.name) for f in config_fields()})
@@ -255,7 +274,8 @@ def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOpti
         from kvscope.runtime.build import ProbeSpec
         probe = ProbeSpec(args.probe, args.probe_wait, args.probe_fault)
     return SourceSpec(config, args.scenario, args.replay, args.trace, bool(args.audit), serve=serve,
-                      kv_events=kv_events_config(args), workload=workload, probe=probe)
+                      kv_events=kv_events_config(args), workload=workload, probe=probe,
+                      given=getattr(args, "engine_flags_given", frozenset()))
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine import EngineConfig
-from kvscope.scenario import ScenarioRunner, load_scenario
+from kvscope.scenario import ScenarioRunner, load_scenario, scenario_config
 from kvscope.serve.options import ServeOptions
 
 if TYPE_CHECKING:
@@ -36,6 +36,9 @@ class SourceSpec:
     kv_events: KVEventsConfig | None = None  # publish the engine's KV events (vLLM's wire format)
     workload: WorkloadSpec | None = None  # a request trace played without weights (kvscope --workload)
     probe: ProbeSpec | None = None  # a running vLLM's pool through kvscope's probe (kvscope --probe)
+    # the config's fields a command-line flag set: applied over a scenario's settings, or refused
+    # (kvscope.scenario.scenario_config); empty: the scenario's settings win, as a menu pick of the plain model's
+    given: frozenset[str] = frozenset()
 
     def with_scenario(self, name: str | None) -> SourceSpec:
         """The spec for a scenario picked from the menu ("" or None: the plain model)."""
@@ -76,8 +79,7 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
         if sc.probe_trace:  # a lab recorded from a real vLLM: played back, no engine of kvscope's
             from kvscope.sources.probe import ProbeReplay
             return ProbeReplay(sc.probe_trace, scenario=sc)
-        config = dataclasses.replace(config, **sc.config)
-        config.validate()
+        config, _ = scenario_config(config, sc, spec.given)  # the command line said the notices (cli.main)
         runner = ScenarioRunner(sc)
     from engine import LLMEngine  # torch and transformers: only where an engine is built
     publisher = None

@@ -21,6 +21,7 @@ class Summary:
     clock: float = 0.0  # seconds of steps so far
     timing: dict[str, list[float]] = field(default_factory=dict)  # rid -> [arrived, first token, last token]
     fragmentation: dict | None = None  # at the step that held the most blocks
+    prefix_caching: bool = True  # off: no lookup, so no miss to explain (a "miss" would be a false story)
 
     def _time(self, rec: StepRecord) -> None:
         """Time to first token and decode speed per request, on the clock of summed step seconds."""
@@ -39,16 +40,16 @@ class Summary:
             return
         contiguous, paged = layouts(rec.snapshot, self.max_model_len or rec.snapshot.block_size)
         self.fragmentation = {**pool_counts(rec.snapshot), "step": rec.step, "layouts": {
-            lay.name: {"used_slots": lay.used, "wasted_slots": lay.wasted, "reserved_slots": lay.reserved}
-            for lay in (contiguous, paged)}}
+            lay.name: lay.counts() for lay in (contiguous, paged)}}
 
     def add(self, rec: StepRecord) -> None:
         self.last = rec
         self._time(rec)
         self._fragments(rec)
-        if self.misses is None:
-            self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
-        self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
+        if self.prefix_caching:
+            if self.misses is None:
+                self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
+            self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
         c = rec.snapshot.counters
         self.peak_usage = max(self.peak_usage, float(c["kv_cache_usage_perc"]))
         self.peak_blocks_used = max(self.peak_blocks_used, int(c["num_blocks"] - c["num_free_blocks"]))
@@ -67,11 +68,20 @@ class Summary:
             "blocks_used_peak": self.peak_blocks_used,
             "prefix_cache_queries": c["prefix_cache_queries"], "prefix_cache_hits": c["prefix_cache_hits"],
             "num_preemptions": c["num_preemptions"], "cow_copies": c["cow_copies"], "evictions": c["evictions"],
-            "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], "leaked_blocks": len(self.last.leaked),
+            "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], **self._audit_counts(),
             "generation_tokens": c["generation_tokens"],
             "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
-            "fragmentation": self.fragmentation,
+            "fragmentation": self.fragmentation, "prefix_caching": self.prefix_caching,
         }
+
+    def _audit_counts(self) -> dict:
+        """``leaked_blocks`` counts leaks only; every flagged block is in ``flagged_blocks`` and each kind of
+        problem (a write into a shared block, a wrong ref count, ...) in ``audit_blocks_by_kind``. A trace's
+        replay knows the flagged blocks but not their kinds: its ``leaked_blocks`` is then unknown (None)."""
+        audit, flagged = self.last.audit, len(self.last.leaked)
+        kinds = audit.blocks_by_kind() if audit is not None and audit.problems else {}
+        leaked = kinds.get("leaked", 0) if kinds or not flagged else None
+        return {"leaked_blocks": leaked, "flagged_blocks": flagged, "audit_blocks_by_kind": kinds}
 
     def _with_miss(self, r: dict) -> dict:
         """The request's first prefix-cache miss and its reason (None: not admitted yet, or nothing missed)."""

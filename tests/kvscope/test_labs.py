@@ -22,11 +22,20 @@ def test_lab_low_hit_rate_names_each_cause(capsys):
     assert (miss["3"]["reason"], miss["3"]["token_position"], cached["3"]) == ("shifted", 0, 0)
     assert "a prefix of 1 token(s) shifted the rest: the cached chain starts at token 1" in miss["3"]["detail"]
     assert miss["4"]["reason"] == "prompt_ends_in_block" and cached["4"] == 80
+    # issue 34: a session id in front changes the seam's token ("You" -> " You"): the shift is named on a later
+    # block, by the seam's two tokens, and the shift is the session id's length in tokens
+    prompts = {r["request_id"]: r["prompt_tokens"] for r in out["requests"]}
+    assert (miss["5"]["reason"], miss["5"]["shift"], cached["5"]) == ("shifted", prompts["5"] - prompts["0"], 0)
+    assert "' You' [1206] in the prompt, 'You' [2683] in the cache" in miss["5"]["detail"]
 
 
 def test_lab_caching_changes_output_is_found_by_the_audit_and_the_comparison(capsys):
     out = headless_json(capsys, "--scenario", "lab-caching-changes-output")
     assert any("shared_write" in p for p in out["audit_problems"]), out["audit_problems"]
+    # issue 34: nothing leaked and no ref count is wrong; the JSON and the audit line say so
+    assert out["leaked_blocks"] == 0 and out["flagged_blocks"] == 1 == out["audit_blocks_by_kind"]["shared_write"]
+    assert not any("tables hold" in p for p in out["audit_problems"])
+    assert any("its ref count is right" in p for p in out["audit_problems"])
     cmp = headless_json(capsys, "--scenario", "lab-caching-changes-output", "--compare-caching")
     d = cmp["divergence"]
     assert d is not None and d["request_index"] == 1 and d["num_cached_tokens"] > 0
@@ -64,6 +73,20 @@ def test_fragmentation_lab_counts_reserved_and_wasted_slots(capsys):
     lay = f["layouts"]
     assert lay["contiguous"]["used_slots"] == lay["paged"]["used_slots"] == f["used_slots"]
     assert lay["paged"]["reserved_slots"] == 0 and lay["paged"]["wasted_slots"] < 6 * bs  # < a block a request
-    assert lay["contiguous"]["reserved_slots"] == 6 * 256 - f["used_slots"]
+    # one rule counts both (issue 34): this run's rows are its pool, nothing shared
+    assert lay["contiguous"] == {k: f[k] for k in ("used_slots", "wasted_slots", "reserved_slots")}
+    assert f["used_slots"] + f["wasted_slots"] + f["reserved_slots"] == 6 * 256
+    assert out["prefix_caching"] is False and all(r["prefix_cache_miss"] is None for r in out["requests"])
     statuses = [x["status"] for x in out["requests"]]
     assert statuses.count("finished_length") == 8  # the last two ran only after the first six gave back
+
+
+def test_plain_headless_prints_the_fragmentation_numbers_and_no_miss_with_caching_off(capsys):
+    assert main(["--headless", "--scenario", "fragmentation", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "prefix cache: off in this engine" in text and "first miss" not in text and "hit rate" not in text
+    f = headless_json(capsys, "--scenario", "fragmentation", "--steps", "3")["fragmentation"]
+    assert (f"fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
+            f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
+            f"{f['reserved_slots']:,} reserved and not written") in text
+    assert "    contiguous (this run), each request alone: " in text and "    paged, each request alone: " in text

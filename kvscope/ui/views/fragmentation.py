@@ -11,7 +11,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.inspect.fragmentation import Layout, layouts, pool_counts
+from engine.inspect.fragmentation import Layout, layouts, pool_caption, pool_counts
 from engine.inspect.snapshot import KVSnapshot
 from kvscope.ui import palette
 
@@ -62,10 +62,8 @@ class FragmentationCanvas(QWidget):
                     f"{layout.name}{mark}")
         font.setBold(False)
         qp.setFont(font)
-        h = layout.held or 1
         qp.drawText(QRectF(area.x(), area.y() + 2 + line, area.width(), line), Qt.AlignmentFlag.AlignLeft,
-                    f"{layout.used:,} used · {layout.wasted:,} wasted ({layout.wasted / h:.0%}) · "
-                    f"{layout.reserved:,} reserved ({layout.reserved / h:.0%}) of {layout.held:,} slots")
+                    layout.header())
         rows = layout.rows[:MAX_ROWS]
         top = area.y() + 6 + 2 * line
         row_h = max(6.0, min(22.0, (area.height() - top - 4) / max(len(rows), 1) - 3))
@@ -125,9 +123,4 @@ class FragmentationView(QWidget):
             return
         self.pair = layouts(snap, self.max_model_len)
         self.canvas.set_layouts(self.pair, self.max_model_len, snap.block_size, self.running)
-        c = pool_counts(snap)
-        self.pool_label.setText(
-            f"This run's pool ({self.running}, physical blocks counted once): {c['blocks_held']} blocks held = "
-            f"{c['used_slots']:,} slots used, {c['wasted_slots']:,} wasted inside blocks, "
-            f"{c['reserved_slots']:,} in blocks reserved and not written. Rows above: each request alone, "
-            f"max_model_len {self.max_model_len} per contiguous reservation.")
+        self.pool_label.setText(pool_caption(pool_counts(snap), self.running, self.max_model_len))

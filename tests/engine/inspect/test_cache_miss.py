@@ -167,3 +167,50 @@ def test_plain_headless_prints_the_hit_rate_and_each_first_miss(capsys, tiny_dir
         "first misses: 1 differs_at, 1 no_cached_block")
     hits, queries = map(int, line.split("(")[1].split(" ")[0].split("/"))
     assert queries == 18 and line.split("hit rate ")[1].startswith(f"{100 * hits / queries:.0f}%")
+
+
+def test_text_put_in_front_that_changes_the_seam_is_a_shift_found_on_a_later_block():
+    """Issue 34: "session 8812-alpha. You are..." before a cached "You are...": BPE turns "You" into " You" at
+    the seam, so the chain's first block never reappears; its second does, 5 tokens later. Hand-made ids
+    reproduce the embedded tokenizer's seam (test below with the real one)."""
+    you, space_you = 2683, 1206
+    cached = (you,) + A[1:]
+    prompt = (90, 91, 92, 93, space_you) + A[1:]  # four tokens of session id, then the changed seam token
+    m = explain(prompt, 0, stored(0, cached))
+    assert (m.reason, m.block_index, m.token_position, m.shift, m.seam) == ("shifted", 0, 0, 4, 5)
+    assert "reappears 4 token(s) later from token 5" in m.detail and "seam changed" in m.detail
+    assert "the token before it is [1206] in the prompt, [2683] in the cache" in m.detail  # the seam's tokens
+    assert m.to_dict()["shift"] == 4 and m.to_dict()["seam"] == 5
+    # without the shift the same change is a token that differs, not a shift
+    assert explain((space_you,) + A[1:], 0, stored(0, cached)).reason == "differs_at"
+
+
+def test_a_shift_after_a_hit_is_found_on_a_later_block_with_its_seam():
+    cached = A + (18, 19, 20)  # 4 full blocks
+    prompt = A[:4] + (90, 91, 77) + A[5:] + (18, 19, 20)  # token 4 changed at the seam, 2 put in before it
+    m = explain(prompt, 4, stored(0, cached))
+    assert (m.reason, m.block_index, m.token_position, m.shift, m.seam) == ("shifted", 1, 4, 2, 7)
+
+
+def test_the_embedded_tokenizers_seam_is_named():
+    from engine.runner.models.loader import embedded_folder, load_tokenizer
+    tok = load_tokenizer(str(embedded_folder()))
+    system = ("You are a helpful assistant who explains operating systems to students, briefly and clearly, "
+              "with one example each time and no more than three sentences. When a student asks about memory, "
+              "draw the page table first, then the physical frames, and say which entries are shared.")
+    cached = tuple(tok.encode(system))
+    prompt = tuple(tok.encode("session 8812-alpha. " + system))
+    assert prompt[-len(cached) + 1:] == cached[1:] and prompt[-len(cached)] != cached[0]  # the seam changed
+    ex = CacheMissExplainer(16, lambda ids: tok.decode(ids))
+    parent, events = None, []
+    for j in range(len(cached) // 16):
+        h = f"h{j}"
+        events.append(BlockStored(j, h, "a", cached[j * 16:(j + 1) * 16], parent))
+        parent = h
+    ex.feed(1, events, {})
+    ex.feed(2, [RequestAdmitted("b", len(prompt), 0)], {"b": prompt})
+    m = ex.misses["b"]
+    k = len(prompt) - len(cached)
+    assert len(cached) >= 48  # three full blocks: the second is where the chain reappears
+    assert (m.reason, m.shift, m.seam) == ("shifted", k, k + 1)
+    assert "You" in m.detail and "alpha." in m.detail

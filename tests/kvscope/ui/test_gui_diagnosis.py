@@ -121,8 +121,11 @@ def test_the_fragmentation_figure_and_a_scenarios_view(qtbot, window, tmp_path):
     qtbot.waitUntil(lambda: win.latest.step >= target, timeout=20_000)
     win.flush()
     contiguous, paged = win.fragmentation.pair
-    assert len(contiguous.rows) == 3 and contiguous.reserved == 3 * 32 - contiguous.used
-    assert paged.reserved == 0 and paged.wasted < 3 * 4
-    assert "reserved and not written" in win.fragmentation.pool_label.text()
+    assert len(contiguous.rows) == 3 and contiguous.held == 3 * 32
+    assert contiguous.wasted == paged.wasted < 3 * 4 and paged.reserved == 0
+    # issue 34: the header and the caption count with one rule, so this run's numbers are the same in both
+    c = contiguous
+    assert (f"{c.used:,} slots used, {c.wasted:,} wasted inside blocks, {c.reserved:,} in blocks reserved and not "
+            f"written") in win.fragmentation.pool_label.text()
     assert win.fragmentation.canvas.running == "contiguous"
     assert "off in this engine" in win.diagnosis.miss_text(win.latest.snapshot, "0")
