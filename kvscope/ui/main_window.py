@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSlider,
     QSpinBox,
     QSplitter,
@@ -54,7 +55,6 @@ from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
 LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
-PRESENT_HIDDEN = ("requests", "events", "diagnosis", "fragmentation", "plots")  # what steps aside in presentation
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
 PRESENT_MIN_TEXT_PX = 12.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
@@ -164,6 +164,12 @@ class MainWindow(QMainWindow):
                 ("Plots", "the run's series against the step", self.plots, bottom, "plots")):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
+            if widget is self.fragmentation:  # it scrolls where the panel is smaller than its rows need
+                scroll = QScrollArea()
+                scroll.setWidgetResizable(True)
+                scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+                scroll.setWidget(widget)
+                widget = scroll
             dock.setWidget(widget)
             dock.setToolTip(tip)
             self.addDockWidget(area, dock)
@@ -378,11 +384,7 @@ class MainWindow(QMainWindow):
             return
         if on:
             self._presenting = (self.saveState(), text_scale())
-            for name in PRESENT_HIDDEN:
-                self.docks[name].hide()
-            for name in ("figure", "scenario"):
-                self.docks[name].show()
-            self.docks["figure"].raise_()
+            self._present_docks()
             self.set_text_scale(max(text_scale(), PRESENT_MIN_SCALE), keep=False)
             # the figure spans the window's whole width (the note beside the grid only): the two requests of the
             # paper's figures 5 and 6 side by side need it
@@ -402,12 +404,24 @@ class MainWindow(QMainWindow):
         self.grid.redraw(force=True)
         self.figure.set_snapshot(self.figure.snapshot)
 
+    def lesson_view(self) -> str:
+        """The panel below the grid that the loaded scenario's lesson reads (its ``view``), else the figure."""
+        view = self.info.view if self.info is not None else None
+        return view if view in ("figure", "events", "diagnosis", "fragmentation", "plots") else "figure"
+
+    def _present_docks(self) -> None:
+        """Presenting: the lesson's panel and the note shown, every other panel stepped aside."""
+        lesson = self.lesson_view()
+        for name, dock in self.docks.items():
+            dock.setVisible(name in (lesson, "scenario"))
+        self.docks[lesson].raise_()
+
     def present_layout(self) -> None:
         """In presentation the figure takes over half the height: it is the lesson; the note a third of the width."""
         if not self.presenting:
             return
         w, h = self.width(), self.height()
-        self.resizeDocks([self.docks["figure"]], [int(h * 0.55)], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks[self.lesson_view()]], [int(h * 0.55)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [int(w * 0.34)], Qt.Orientation.Horizontal)
 
     def show_view(self, name: str) -> None:
@@ -451,6 +465,9 @@ class MainWindow(QMainWindow):
         self.plots.set_pool(info.block_bytes)
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
+        if self.presenting:  # a scenario whose lesson is another panel: that panel in the figure's place
+            self._present_docks()
+            QTimer.singleShot(0, self.present_layout)
         if info.view in self.docks:
             self.show_view(info.view)
             if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one

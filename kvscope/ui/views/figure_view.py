@@ -341,6 +341,7 @@ class FigureView(QWidget):
             a, b = (own[r.request_id] for r in reqs)
             if a and b and min(a | b) < max(a | b) and not (max(a) < min(b) or max(b) < min(a)):
                 notes.append("the two requests' blocks interleave in one pool: neither needs contiguous memory")
+        self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
         if any(c["pending"] for c in self._cells["requests"].values()):
             bottom = self.scene.itemsBoundingRect().bottom() + 10
             self._slot(xa_log + LABEL_W, bottom, "token", EMPTY, pending=True)
@@ -491,12 +492,22 @@ class FigureView(QWidget):
         vw, vh = max(1, self.view.viewport().width()), max(1, self.view.viewport().height())
         top = 1.3 * text_scale()
         fit = min(vw / max(rect.width(), 1), top)
-        if rect.height() * fit <= vh:  # it all fits: as large as both sides allow
+        if rect.height() * fit <= vh or min_text_px() is not None:  # it all fits (presenting: it must)
             fit = min(top, vw / max(rect.width(), 1), vh / max(rect.height(), 1))
         floor = min_text_px()
         if floor is not None:  # presenting: as large as fits, never below the floor (the scene's least text is 13)
             return max(fit, floor / PRESENT_SCENE_TEXT)
         return max(fit, MIN_TEXT_PX * text_scale() / 11)
+
+    def lesson_in_view(self) -> bool:
+        """Whether the lesson (every request's head, logical blocks and table rows, and the physical blocks) is
+        inside the panel's viewport as it is scrolled now: seen whole, without scrolling."""
+        lesson = getattr(self, "_lesson", None)
+        if lesson is None or not self.request_ids:
+            return False
+        shown = self.view.mapFromScene(lesson).boundingRect()
+        self.last_lesson = (shown, self.view.viewport().rect())  # what was compared (a failing test says it)
+        return self.view.viewport().rect().adjusted(-1, -1, 1, 1).contains(shown)
 
     def min_text_px(self) -> float:
         """The smallest text drawn, in screen pixels (a test keeps it readable at 1280x720)."""
