@@ -396,6 +396,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
             self.set_text_scale(scale, keep=False)
         set_min_text_px(PRESENT_MIN_TEXT_PX if on else None)
+        self.grid.overview.setVisible(self.grid.show_overview and not on)  # the legend gets the side panel's room
         self.act_present.blockSignals(True)
         self.act_present.setChecked(on)
         self.act_present.blockSignals(False)

@@ -298,7 +298,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.redraw()
 
     def _highlight_style(self) -> None:
-        """Small cells: a light wash and a path in logical order. Big cells (text): an outline and an
+        """Small cells: a spotlight (the rest dimmed) and a path in logical order. Big cells (text): an outline and an
         "L<i>" badge (the logical index) instead, so nothing is drawn over the tokens."""
         big = self._level >= DetailLevel.LABELS
         self.overlay.setVisible(not big)
@@ -313,10 +313,13 @@ class BlockGridView(GridNavigation, QWidget):
             self.overlay.clear()
             self.path.setData([], [])
             return
+        # A spotlight: every other block dimmed, the selected ones in their own colours. (A white wash over them
+        # made a used block pale green, which the fragmentation figure uses for "reserved, empty".)
         mask = np.zeros((rows * cols, 4), np.uint8)
+        mask[:] = (0, 0, 0, 120)
         ids = np.array(self.highlight)
         ids = ids[(ids >= 0) & (ids < rows * cols)]
-        mask[ids] = (255, 255, 255, 110)
+        mask[ids] = 0
         self.overlay.setImage(mask.reshape(rows, cols, 4), levels=(0, 255), autoLevels=False)
         self.path.setData(ids % cols + 0.5, ids // cols + 0.5)
 

@@ -126,3 +126,23 @@ def test_at_1_5x_text_the_tabs_read_whole_and_no_legend_lies_over_a_bar(qtbot, w
     assert frag.canvas.bars_bottom <= frag.canvas.height()
     canvas, legend = frag.canvas.geometry(), frag.legend.geometry()
     assert not canvas.intersects(legend), (canvas, legend)
+
+
+def test_selected_blocks_are_a_spotlight_not_a_pale_wash_and_a_preemption_says_how_it_comes_back(qtbot, window):
+    """Pale green is the fragmentation figure's "reserved, empty": a selection dims the other blocks instead of
+    whitening its own; and the request table says recompute or swap where it said "preem"."""
+    from kvscope.ui.qt_models import STATE_WORDS
+    win = window
+    win.resize(1280, 720)
+    lesson(qtbot, win, "four-score", 3, ["0"])
+    mask = win.grid.overlay.image
+    if mask is not None:  # small cells: the overlay is drawn
+        cols = win.grid.grid.shape[1]
+        for b in win.requests.selected_block_ids():
+            assert mask[b // cols, b % cols, 3] == 0
+        others = [b for b in range(win.latest.snapshot.num_blocks) if b not in set(win.requests.selected_block_ids())]
+        assert all(mask[b // cols, b % cols, 3] > 0 for b in others)
+    assert STATE_WORDS == {"preempted": "preempted: recompute", "swapped": "preempted: swapped out"}
+    fm = win.requests.table.fontMetrics()
+    col = win.requests.model.HEADERS.index("state")
+    assert win.requests.table.columnWidth(col) >= fm.horizontalAdvance("preempted: swapped out")
