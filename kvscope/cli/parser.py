@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--font-scale", type=font_scale, default=None, metavar="X",
                    help="every view's text at X times its size (1.25-2 for a projector; also View > Text size, "
                         "kept in the settings)")
+    a.add_argument("--present", action="store_true",
+                   help="presentation, for a projector (also View > Presentation, F11): the grid, the paper's "
+                        "figure and the scenario's note fill the window, the other panels step aside, text at "
+                        "least 1.5x")
     a.add_argument("--view", default=None, choices=VIEWS,
                    help="bring this panel to the front at start (with --screenshot: in the picture); welcome: "
                         "the first screen, before any request")

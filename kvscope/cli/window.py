@@ -35,7 +35,7 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,
         count_steps(args.replay) if args.replay else None,
         tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
-        args.view, args.audit, args.font_scale, window_limits(args))
+        args.view, args.audit, args.font_scale, window_limits(args), args.present)
     return run_app(opts, early)
 
 

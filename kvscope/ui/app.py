@@ -44,6 +44,7 @@ class WindowOptions:
     audit: bool = False
     font_scale: float | None = None  # every view's text (None: as kept in the settings)
     limits: WindowLimits = LIMITS  # how much of a long run each store keeps
+    present: bool = False  # presentation: the lesson fills the window (View > Presentation)
 
 
 class StartupDriver(QObject):
@@ -250,6 +251,8 @@ def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | N
         win.resize(*(opts.window_size or (1600, 1000)))
     if opts.font_scale is not None:
         win.set_text_scale(opts.font_scale)
+    if opts.present:
+        win.set_presentation(True)
     if opts.audit:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(win, opts.screenshot, opts.steps, list(opts.prompts), opts.max_tokens, opts.replay_steps,

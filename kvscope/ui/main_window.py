@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSlider,
     QSpinBox,
     QSplitter,
@@ -37,7 +38,7 @@ from kvscope.runtime import protocol as cmd
 from kvscope.scenario import available, load_scenario
 from kvscope.sources.base import InjectSpec, SourceInfo
 from kvscope.state import ViewState, status_text
-from kvscope.ui.style import TEXT_SCALES, set_text_scale
+from kvscope.ui.style import TEXT_SCALES, set_min_text_px, set_text_scale, text_scale
 from kvscope.ui.views.banner import Banner
 from kvscope.ui.views.block_grid import BlockGridView
 from kvscope.ui.views.diagnosis_panel import DiagnosisPanel
@@ -54,6 +55,9 @@ from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
 LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
+PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
+PRESENT_MIN_TEXT_PX = 12.0  # nothing smaller is drawn in presentation (a label that would be is left out)
+PRESENT_SHORTCUT = "F11"
 
 
 
@@ -73,6 +77,7 @@ class MainWindow(QMainWindow):
         self.running = False
         self._dirty = False
         self.state = ViewState()
+        self._presenting: tuple | None = None  # (the layout and text scale to go back to) while presenting
 
         self._build_views()
         self._build_toolbar()
@@ -143,20 +148,30 @@ class MainWindow(QMainWindow):
         cl.addLayout(tl)
         self.setCentralWidget(centre)
         self.docks: dict[str, QDockWidget] = {}
-        for title, widget, area, name in (
-                ("Scenario", self.notes, Qt.DockWidgetArea.RightDockWidgetArea, "scenario"),
-                ("Requests", self.requests, Qt.DockWidgetArea.RightDockWidgetArea, "requests"),
-                ("Paper figure: the selected requests", self.figure, Qt.DockWidgetArea.BottomDockWidgetArea,
-                 "figure"),
-                ("Events", self.events, Qt.DockWidgetArea.BottomDockWidgetArea, "events"),
-                ("Why? Block story, caching on vs off", self.diagnosis_panel, Qt.DockWidgetArea.BottomDockWidgetArea,
-                 "diagnosis"),
-                ("Fragmentation: contiguous vs paged", self.fragmentation, Qt.DockWidgetArea.BottomDockWidgetArea,
+        # Short titles: they are the tabs below the grid, which must read whole at 1280x720 with 1.5x text (long
+        # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
+        right, bottom = Qt.DockWidgetArea.RightDockWidgetArea, Qt.DockWidgetArea.BottomDockWidgetArea
+        for title, tip, widget, area, name in (
+                ("Scenario", "the scenario's note for this step", self.notes, right, "scenario"),
+                ("Requests", "every request: its prompt, cached tokens, blocks and state", self.requests, right,
+                 "requests"),
+                ("Figure", "the paper's figure, live: the selected requests' logical blocks, block table and the "
+                 "physical blocks", self.figure, bottom, "figure"),
+                ("Events", "every event of every step", self.events, bottom, "events"),
+                ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
+                ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom,
                  "fragmentation"),
-                ("Plots", self.plots, Qt.DockWidgetArea.BottomDockWidgetArea, "plots")):
+                ("Plots", "the run's series against the step", self.plots, bottom, "plots")):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
+            if widget is self.fragmentation:  # it scrolls where the panel is smaller than its rows need
+                scroll = QScrollArea()
+                scroll.setWidgetResizable(True)
+                scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+                scroll.setWidget(widget)
+                widget = scroll
             dock.setWidget(widget)
+            dock.setToolTip(tip)
             self.addDockWidget(area, dock)
             self.docks[name] = dock
         # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
@@ -250,6 +265,10 @@ class MainWindow(QMainWindow):
             act.triggered.connect(lambda _checked=False, s=scale: self.set_text_scale(s))
             size_menu.addAction(act)
             self.text_size_actions[scale] = act
+        self.act_present = QAction("Presentation (the lesson fills the screen)", self, checkable=True)
+        self.act_present.setShortcut(QKeySequence(PRESENT_SHORTCUT))
+        self.act_present.toggled.connect(self.set_presentation)
+        view.addAction(self.act_present)
         view.addSeparator()
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
@@ -339,16 +358,72 @@ class MainWindow(QMainWindow):
         for rid in self.requests.selected_ids():
             self.worker.send(cmd.Abort(rid))
 
-    def set_text_scale(self, scale: float) -> None:
-        """Every view's text at ``scale`` (the View menu's Text size, ``--font-scale``); kept in the settings."""
+    def set_text_scale(self, scale: float, keep: bool = True) -> None:
+        """Every view's text at ``scale`` (the View menu's Text size, ``--font-scale``); kept in the settings unless
+        ``keep`` is false (presentation's own scale is not the user's)."""
         set_text_scale(QApplication.instance(), scale)
         for s, act in self.text_size_actions.items():
             act.setChecked(abs(s - scale) < 1e-6)
-        self.settings.setValue("text_scale", scale)
+        if keep:
+            self.settings.setValue("text_scale", scale)
         self.grid.redraw(force=True)
         self.cpu_grid.redraw(force=True)
         self.figure.set_snapshot(self.figure.snapshot)  # laid out again at the new size
         self.plots.set_text_scale(scale)
+
+    @property
+    def presenting(self) -> bool:
+        return self._presenting is not None
+
+    def set_presentation(self, on: bool) -> None:
+        """Presentation (View > Presentation, ``--present``): for a projector. The lesson's views (the grid, the
+        paper's figure, the scenario's note) fill the window and the other panels step aside; the text is at least
+        ``PRESENT_MIN_SCALE`` and nothing is drawn smaller than ``PRESENT_MIN_TEXT_PX``. Leaving it restores the
+        panels and the text size as they were."""
+        if on == self.presenting:
+            return
+        if on:
+            self._presenting = (self.saveState(), text_scale())
+            self._present_docks()
+            self.set_text_scale(max(text_scale(), PRESENT_MIN_SCALE), keep=False)
+            # the figure spans the window's whole width (the note beside the grid only): the two requests of the
+            # paper's figures 5 and 6 side by side need it
+            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.BottomDockWidgetArea)
+        else:
+            state, scale = self._presenting
+            self._presenting = None
+            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
+            self.restoreState(state)
+            self.set_text_scale(scale, keep=False)
+        set_min_text_px(PRESENT_MIN_TEXT_PX if on else None)
+        self.grid.overview.setVisible(self.grid.show_overview and not on)  # the legend gets the side panel's room
+        self.act_present.blockSignals(True)
+        self.act_present.setChecked(on)
+        self.act_present.blockSignals(False)
+        if on:
+            QTimer.singleShot(0, self.present_layout)
+        self.grid.redraw(force=True)
+        self.figure.set_snapshot(self.figure.snapshot)
+
+    def lesson_view(self) -> str:
+        """The panel below the grid that the loaded scenario's lesson reads (its ``view``), else the figure."""
+        view = self.info.view if self.info is not None else None
+        return view if view in ("figure", "events", "diagnosis", "fragmentation", "plots") else "figure"
+
+    def _present_docks(self) -> None:
+        """Presenting: the lesson's panel and the note shown, every other panel stepped aside."""
+        lesson = self.lesson_view()
+        for name, dock in self.docks.items():
+            dock.setVisible(name in (lesson, "scenario"))
+        self.docks[lesson].raise_()
+
+    def present_layout(self) -> None:
+        """In presentation the figure takes over half the height: it is the lesson; the note a third of the width."""
+        if not self.presenting:
+            return
+        w, h = self.width(), self.height()
+        self.resizeDocks([self.docks[self.lesson_view()]], [int(h * 0.55)], Qt.Orientation.Vertical)
+        self.resizeDocks([self.docks["scenario"]], [int(w * 0.34)], Qt.Orientation.Horizontal)
 
     def show_view(self, name: str) -> None:
         """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the
@@ -391,6 +466,9 @@ class MainWindow(QMainWindow):
         self.plots.set_pool(info.block_bytes)
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
+        if self.presenting:  # a scenario whose lesson is another panel: that panel in the figure's place
+            self._present_docks()
+            QTimer.singleShot(0, self.present_layout)
         if info.view in self.docks:
             self.show_view(info.view)
             if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
@@ -603,7 +681,7 @@ class MainWindow(QMainWindow):
         snap = self.grid.snapshot
         owners = snap.owners_of(block_id) if snap else []
         self.requests.select(owners)
-        self.grid.set_highlight([block_id])
+        self.grid.set_highlight([block_id], logical=False)
         up_to = None if self.state.live or snap is None else snap.step
         self.diagnosis_panel.show_story(block_id, self.diagnosis.story(block_id, self.history, up_to),
                                         self.history.reach)
@@ -630,6 +708,9 @@ class MainWindow(QMainWindow):
 
     def default_layout(self) -> None:
         """The grid gets most of the window; the figure, event log and plots share a band below it."""
+        if self.presenting:
+            self.present_layout()
+            return
         w, h = self.width(), self.height()
         self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
@@ -658,7 +739,7 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         s = self.settings
         s.setValue("geometry", self.saveGeometry())
-        s.setValue("state", self.saveState())
+        s.setValue("state", self._presenting[0] if self._presenting else self.saveState())  # not presentation's
         s.setValue("layout_version", LAYOUT_VERSION)
         s.setValue("colour_mode", self.grid.mode)
         s.setValue("speed", self.speed.currentText())

@@ -12,6 +12,11 @@ from kvscope.limits import LIMITS
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
 
 
+
+# A preempted request says how it comes back: recompute (its KV dropped, the prompt prefilled again) or swap
+# (its KV copied to the CPU pool and back): the difference the scheduling lesson is about.
+STATE_WORDS = {"preempted": "preempted: recompute", "swapped": "preempted: swapped out"}
+
 class _FlatTableModel(QAbstractTableModel):
     """A flat table over ``self.rows`` with fixed ``HEADERS``."""
 
@@ -68,7 +73,8 @@ class RequestTableModel(_FlatTableModel):
             return None
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            state = r.status.lower() + (" (kept: selected)" if r.request_id in self.kept else "")
+            state = STATE_WORDS.get(r.status.lower(), r.status.lower()) + (
+                " (kept: selected)" if r.request_id in self.kept else "")
             return (r.request_id, r.num_prompt_tokens, r.num_cached_tokens, r.num_output_tokens, len(r.block_ids),
                     state, r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:

@@ -34,6 +34,19 @@ _TEXT_SCALE = [1.0]
 TEXT_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
 
 
+_MIN_TEXT_PX: list[float | None] = [None]
+
+
+def min_text_px() -> float | None:
+    """Presentation's floor for drawn text, in pixels (None: no floor). A view that draws its own text leaves out
+    a label that would be smaller, rather than draw what a back row cannot read."""
+    return _MIN_TEXT_PX[0]
+
+
+def set_min_text_px(px: float | None) -> None:
+    _MIN_TEXT_PX[0] = px
+
+
 def text_scale() -> float:
     """The presentation scale now (1.0: the platform's sizes)."""
     return _TEXT_SCALE[0]

@@ -287,17 +287,18 @@ class BlockGridView(GridNavigation, QWidget):
         self.layer.update()
         self.num_redraws += 1
 
-    def set_highlight(self, block_ids: list[int]) -> None:
-        """Outline these blocks; their order (a block table's logical order) is drawn as a path."""
+    def set_highlight(self, block_ids: list[int], logical: bool = True) -> None:
+        """Outline these blocks; with ``logical`` they are a block table in its order: drawn as a path, each with
+        its logical index as a badge (a block clicked on its own is no table's: it wears no "L0")."""
         self.highlight = list(block_ids)
         self.logical_index = {}
-        for i, b in enumerate(self.highlight):
+        for i, b in enumerate(self.highlight if logical else ()):
             self.logical_index.setdefault(int(b), i)
         self._key = None
         self.redraw()
 
     def _highlight_style(self) -> None:
-        """Small cells: a light wash and a path in logical order. Big cells (text): an outline and an
+        """Small cells: a spotlight (the rest dimmed) and a path in logical order. Big cells (text): an outline and an
         "L<i>" badge (the logical index) instead, so nothing is drawn over the tokens."""
         big = self._level >= DetailLevel.LABELS
         self.overlay.setVisible(not big)
@@ -312,10 +313,13 @@ class BlockGridView(GridNavigation, QWidget):
             self.overlay.clear()
             self.path.setData([], [])
             return
+        # A spotlight: every other block dimmed, the selected ones in their own colours. (A white wash over them
+        # made a used block pale green, which the fragmentation figure uses for "reserved, empty".)
         mask = np.zeros((rows * cols, 4), np.uint8)
+        mask[:] = (0, 0, 0, 120)
         ids = np.array(self.highlight)
         ids = ids[(ids >= 0) & (ids < rows * cols)]
-        mask[ids] = (255, 255, 255, 110)
+        mask[ids] = 0
         self.overlay.setImage(mask.reshape(rows, cols, 4), levels=(0, 255), autoLevels=False)
         self.path.setData(ids % cols + 0.5, ids // cols + 0.5)
 

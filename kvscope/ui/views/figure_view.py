@@ -29,13 +29,20 @@ from PySide6.QtWidgets import (
 
 from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from kvscope.ui import palette
-from kvscope.ui.style import text_scale
+from kvscope.ui.style import min_text_px, text_scale
 from kvscope.ui.views.token_text import BlockTokens, TokenDecoder, request_block_tokens, request_filled
 
 MAX_FIGURE_BLOCKS = 24  # logical blocks drawn per request (the first 2 and the last ones)
 MAX_PHYSICAL_SPAN = 20  # show every block between the lowest and highest mapped one up to this span
 MIN_PHYSICAL_ROWS = 8  # and at least this many, so the pool looks like a pool
 SLOT_W, SLOT_H = 72.0, 26.0
+# Presentation (a projector at 1280x720): narrower slots and larger text in the scene, so the whole figure of two
+# requests fits the window's width with every text at least the presentation's floor (12 px).
+PRESENT_SLOT_W = 48.0
+PRESENT_TABLE_COLS = (("logical", 58.0), ("physical", 66.0), ("# filled", 62.0), ("ref", 36.0))  # 13 px headers
+PRESENT_GAP = 36.0
+PRESENT_PHYS_LABEL_W = 104.0  # "block 12" and "ref 2" side by side at 13 px
+PRESENT_SCENE_TEXT = 13  # no text in the scene smaller than this while presenting
 SLOTS_PER_LINE = 8  # a block of 16 is drawn as two lines of 8 slots (or four of 4 where the panel is narrow)
 MIN_TEXT_PX = 10.0  # the smallest text on screen: the figure scrolls rather than shrink below it
 LABEL_W = 56.0
@@ -56,21 +63,38 @@ def _qc(rgb, alpha: int = 255) -> QColor:
     return c
 
 
+def slot_w() -> float:
+    """A token slot's width in the scene: narrower while presenting."""
+    return PRESENT_SLOT_W if min_text_px() is not None else SLOT_W
+
+
+def table_cols() -> tuple[tuple[str, float], ...]:
+    return PRESENT_TABLE_COLS if min_text_px() is not None else TABLE_COLS
+
+
+def gap() -> float:
+    return PRESENT_GAP if min_text_px() is not None else GAP
+
+
+def phys_label_w() -> float:
+    return PRESENT_PHYS_LABEL_W if min_text_px() is not None else PHYS_LABEL_W
+
+
 def slot_offset(j: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
     """(dx, dy) of slot ``j`` inside a block drawn as lines of ``per_line`` slots."""
-    return (j % per_line) * SLOT_W, (j // per_line) * SLOT_H
+    return (j % per_line) * slot_w(), (j // per_line) * SLOT_H
 
 
 def block_size_px(block_size: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
     """(width, height) of a block's slots."""
-    return min(block_size, per_line) * SLOT_W, math.ceil(block_size / per_line) * SLOT_H
+    return min(block_size, per_line) * slot_w(), math.ceil(block_size / per_line) * SLOT_H
 
 
 def figure_width(block_size: int, two: bool, per_line: int) -> float:
     """The scene's width: [A logical][A table] [physical] ([B table][B logical])."""
     blk = block_size_px(block_size, per_line)[0]
-    one = LABEL_W + blk + 16 + sum(w for _, w in TABLE_COLS) + GAP + PHYS_LABEL_W + blk
-    return one + (GAP + sum(w for _, w in TABLE_COLS) + 16 + LABEL_W + blk if two else 0.0)
+    one = LABEL_W + blk + 16 + sum(w for _, w in table_cols()) + gap() + phys_label_w() + blk
+    return one + (gap() + sum(w for _, w in table_cols()) + 16 + LABEL_W + blk if two else 0.0)
 
 
 def _soft(rgb, t: float) -> QColor:
@@ -157,6 +181,8 @@ class FigureView(QWidget):
               italic: bool = False, align: str = "left", width: float = 0.0) -> QGraphicsSimpleTextItem:
         it = QGraphicsSimpleTextItem(s)
         f = QFont()
+        if min_text_px() is not None:
+            size = max(size, PRESENT_SCENE_TEXT)
         f.setPixelSize(size)
         f.setBold(bold)
         f.setItalic(italic)
@@ -179,12 +205,13 @@ class FigureView(QWidget):
         if pending:
             pen = QPen(INK)
             pen.setStyle(Qt.PenStyle.DashLine)
-        self.scene.addRect(QRectF(x, y, SLOT_W, SLOT_H), pen, QBrush(fill))
+        w = slot_w()
+        self.scene.addRect(QRectF(x, y, w, SLOT_H), pen, QBrush(fill))
         if label:
             it = self._text(label, x + 4, y + 5, DIM if pending else ink, italic=pending)
-            if it.boundingRect().width() > SLOT_W - 8:  # elide long tokens
+            if it.boundingRect().width() > w - 8:  # elide long tokens
                 s = label
-                while s and it.boundingRect().width() > SLOT_W - 8:
+                while s and it.boundingRect().width() > w - 8:
                     s = s[:-1]
                     it.setText(s + "…")
 
@@ -213,9 +240,10 @@ class FigureView(QWidget):
         if not mapped:
             return []
         lo, hi = max(0, min(mapped) - 1), min(n - 1, max(mapped) + 1)
-        if hi - lo + 1 < MIN_PHYSICAL_ROWS:
-            hi = min(n - 1, lo + MIN_PHYSICAL_ROWS - 1)
-            lo = max(0, hi - MIN_PHYSICAL_ROWS + 1)
+        least = MIN_PHYSICAL_ROWS if min_text_px() is None else 0  # presenting: the height is the lesson's
+        if hi - lo + 1 < least:
+            hi = min(n - 1, lo + least - 1)
+            lo = max(0, hi - least + 1)
         if hi - lo + 1 <= MAX_PHYSICAL_SPAN:
             return list(range(lo, hi + 1))
         keep = sorted({x for b in mapped for x in (b - 1, b, b + 1) if 0 <= x < n})
@@ -250,16 +278,16 @@ class FigureView(QWidget):
         bs = s.block_size
         self.per_line = self._layout(bs, len(reqs) == 2)
         tokens = BlockTokens(s)
-        table_w = sum(w for _, w in TABLE_COLS)
+        table_w = sum(w for _, w in table_cols())
         blk_w = block_size_px(bs, self.per_line)[0]
         logical_w = LABEL_W + blk_w
-        phys_w = PHYS_LABEL_W + blk_w
+        phys_w = phys_label_w() + blk_w
         two = len(reqs) == 2
         # x of each column: [A logical][A table] [physical] ([B table][B logical])
         xa_log = 0.0
         xa_tab = xa_log + logical_w + 16
-        x_phys = xa_tab + table_w + GAP
-        xb_tab = x_phys + phys_w + GAP
+        x_phys = xa_tab + table_w + gap()
+        xb_tab = x_phys + phys_w + gap()
         xb_log = xb_tab + table_w + 16
         mapped = {b for r in reqs for b in r.block_ids}
         notes: list[str] = []
@@ -313,11 +341,12 @@ class FigureView(QWidget):
             a, b = (own[r.request_id] for r in reqs)
             if a and b and min(a | b) < max(a | b) and not (max(a) < min(b) or max(b) < min(a)):
                 notes.append("the two requests' blocks interleave in one pool: neither needs contiguous memory")
+        self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
         if any(c["pending"] for c in self._cells["requests"].values()):
             bottom = self.scene.itemsBoundingRect().bottom() + 10
             self._slot(xa_log + LABEL_W, bottom, "token", EMPTY, pending=True)
             self._text("dashed: the token just sampled; its K and V are written into the cache at the next step",
-                       xa_log + LABEL_W + SLOT_W + 10, bottom + 5, DIM)
+                       xa_log + LABEL_W + slot_w() + 10, bottom + 5, DIM)
         self.caption.setText("<br>".join(f"• {n}" for n in notes))
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-10, -10, 10, 10))
         self._fit()
@@ -334,17 +363,18 @@ class FigureView(QWidget):
         prompt = self.decoder.join(r.token_ids[:r.num_prompt_tokens])
         out = self.decoder.join(r.token_ids[r.num_prompt_tokens:])
         status = r.status.lower().replace("_", " ")
-        self._text(f"request {r.request_id} · {status}", x_log, 0, colour, size=14, bold=True)
+        x_head = min(x_log, x_tab)  # the right-hand request's head starts over its table: inside the figure
+        self._text(f"request {r.request_id} · {status}", x_head, 0, colour, size=14, bold=True)
         line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
-        max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in TABLE_COLS)
+        max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in table_cols())
         # elided by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character
         # at a time and measuring each try took minutes); no line wider than max_w holds more than max_w chars
-        it = self._text(line[:int(max_w) + 2], x_log, 18, DIM, size=11)
+        it = self._text(line[:int(max_w) + 2], x_head, 18, DIM, size=11)
         if it.boundingRect().width() > max_w or len(line) > max_w + 2:
             it.setText(QFontMetricsF(it.font()).elidedText(line[:int(max_w) + 2], Qt.TextElideMode.ElideRight, max_w))
         self._text("logical KV blocks", x_log + LABEL_W, y0 - 18, INK, bold=True)
         x = x_tab
-        for name, w in TABLE_COLS:
+        for name, w in table_cols():
             self._text(name, x, y0 - 18, INK, bold=True, align="centre", width=w)
             x += w
         cell = {"logical": [], "table": [], "pending": None}
@@ -386,12 +416,13 @@ class FigureView(QWidget):
             self._cells.setdefault("state_colours", {})[b] = self._state(b).colour
             self._table_y[r.request_id][i] = y
             x = x_tab
+            cols = table_cols()
             ref_fill = _qc(self._state(b).colour)  # the block's state colour, as in the grid (shared: orange)
-            for (_, w), (v, fill) in zip(TABLE_COLS, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY),
+            for (_, w), (v, fill) in zip(cols, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY),
                                                       (str(ref), ref_fill))):
                 self.scene.addRect(QRectF(x, y, w, SLOT_H), QPen(QColor(90, 96, 110)), QBrush(fill))
                 ink = QColor(*palette.text_on(fill.getRgb()[:3])) if fill is not EMPTY else light
-                self._text(v, x, y + 5, ink, align="centre", width=w, bold=(w == TABLE_COLS[1][1]))
+                self._text(v, x, y + 5, ink, align="centre", width=w, bold=(w == cols[1][1]))
                 x += w
             y += block_size_px(bs, self.per_line)[1] + ROW_GAP
         if pend is not None and pend[0] >= len(r.block_ids):
@@ -406,11 +437,11 @@ class FigureView(QWidget):
                   reqs: list[RequestInfo]) -> None:
         s, bs = self.snapshot, self.snapshot.block_size
         self._phys_y: dict[int, float] = {}
-        self._text("physical KV blocks (the pool)", x0 + PHYS_LABEL_W, y0 - 18, INK, bold=True)
+        self._text("physical KV blocks (the pool)", x0 + phys_label_w(), y0 - 18, INK, bold=True)
         y = y0
         for b in self._shown_physical(mapped):
             if b is None:
-                self._text("⋮", x0 + PHYS_LABEL_W + 10, y, DIM, size=14)
+                self._text("⋮", x0 + phys_label_w() + 10, y, DIM, size=14)
                 y += SLOT_H * 0.8
                 continue
             state = self._state(b)
@@ -418,7 +449,7 @@ class FigureView(QWidget):
             ref = int(s.ref_cnt[b])
             self._text(f"block {b}", x0, y + 5, INK if holders else DIM, bold=bool(holders))
             self._text(f"ref {ref}" if ref else state.name, x0, y + 6, _qc(state.line_colour) if ref else DIM,
-                       size=11, align="right", width=PHYS_LABEL_W - 8)
+                       size=11, align="right", width=phys_label_w() - 8)
             toks = tokens.of(b)
             labels = [self.decoder.label(t) for t in toks]
             self._cells["physical"][b] = labels
@@ -433,20 +464,20 @@ class FigureView(QWidget):
                 fill, border = _soft(state.colour, 0.0).darker(170), _qc(state.colour).darker(150)
             for j in range(bs):
                 dx, dy = slot_offset(j, self.per_line)
-                xs, ys = x0 + PHYS_LABEL_W + dx, y + dy
+                xs, ys = x0 + phys_label_w() + dx, y + dy
                 if j < len(labels):
                     self._slot(xs, ys, labels[j], fill, ink=QColor(0, 0, 0) if holders else INK, border=border)
                 else:
                     self._slot(xs, ys, None, EMPTY, border=border.darker(140))
             # who maps it: a bar in the request's colour, on the side its arrows come from
             for k in holders:
-                bx = x0 - 8 if k == 0 else x0 + PHYS_LABEL_W + block_size_px(bs, self.per_line)[0] + 3
+                bx = x0 - 8 if k == 0 else x0 + phys_label_w() + block_size_px(bs, self.per_line)[0] + 3
                 self.scene.addRect(QRectF(bx, y, 5, block_size_px(bs, self.per_line)[1]), QPen(Qt.PenStyle.NoPen),
                                    QBrush(_qc(palette.owner_colour(reqs[k].index))))
             self._phys_y[b] = y
             y += block_size_px(bs, self.per_line)[1] + ROW_GAP
         if not mapped:
-            self._text("(no blocks mapped)", x0 + PHYS_LABEL_W, y0 + 4, DIM)
+            self._text("(no blocks mapped)", x0 + phys_label_w(), y0 + 4, DIM)
 
     def _layout(self, block_size: int, two: bool) -> int:
         """Slots a line: the one whose figure, fitted to the panel's width, draws the largest text."""
@@ -461,9 +492,22 @@ class FigureView(QWidget):
         vw, vh = max(1, self.view.viewport().width()), max(1, self.view.viewport().height())
         top = 1.3 * text_scale()
         fit = min(vw / max(rect.width(), 1), top)
-        if rect.height() * fit <= vh:  # it all fits: as large as both sides allow
+        if rect.height() * fit <= vh or min_text_px() is not None:  # it all fits (presenting: it must)
             fit = min(top, vw / max(rect.width(), 1), vh / max(rect.height(), 1))
+        floor = min_text_px()
+        if floor is not None:  # presenting: as large as fits, never below the floor (the scene's least text is 13)
+            return max(fit, floor / PRESENT_SCENE_TEXT)
         return max(fit, MIN_TEXT_PX * text_scale() / 11)
+
+    def lesson_in_view(self) -> bool:
+        """Whether the lesson (every request's head, logical blocks and table rows, and the physical blocks) is
+        inside the panel's viewport as it is scrolled now: seen whole, without scrolling."""
+        lesson = getattr(self, "_lesson", None)
+        if lesson is None or not self.request_ids:
+            return False
+        shown = self.view.mapFromScene(lesson).boundingRect()
+        self.last_lesson = (shown, self.view.viewport().rect())  # what was compared (a failing test says it)
+        return self.view.viewport().rect().adjusted(-1, -1, 1, 1).contains(shown)
 
     def min_text_px(self) -> float:
         """The smallest text drawn, in screen pixels (a test keeps it readable at 1280x720)."""

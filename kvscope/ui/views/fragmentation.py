@@ -32,14 +32,21 @@ class FragmentationCanvas(QWidget):
         self.max_model_len = 0
         self.block_size = 16
         self.running = "paged"
+        self.bars_bottom = 0.0  # the lowest bar drawn, in the canvas's pixels, last paint (a test reads it)
 
     def set_layouts(self, pair: tuple[Layout, Layout] | None, max_model_len: int, block_size: int,
                     running: str) -> None:
         self.pair, self.max_model_len, self.block_size, self.running = pair, max_model_len, block_size, running
+        # tall enough for its two header lines and every row at a readable height: where the panel is smaller
+        # (1.5x text at 1280x720) it scrolls, instead of the legend under it being laid over the bars
+        line = self.fontMetrics().height() + 2
+        rows = min(len(pair[0].rows), MAX_ROWS) if pair else 0
+        self.setMinimumHeight(max(140, int(6 + 2 * line + rows * (max(12, line * 0.7) + 3) + 22)))
         self.update()
 
     def paintEvent(self, _event) -> None:  # noqa: N802 - Qt's name
         qp = QPainter(self)
+        self.bars_bottom = 0.0
         qp.fillRect(self.rect(), QColor(*palette.BACKGROUND))
         qp.setPen(TEXT)
         if not self.pair or not self.pair[0].rows:
@@ -78,6 +85,7 @@ class FragmentationCanvas(QWidget):
                 if n:
                     qp.fillRect(QRectF(x, y, n * scale, row_h), QBrush(_colour(kind)))
                     x += n * scale
+                    self.bars_bottom = max(self.bars_bottom, y + row_h)
             block_w = self.block_size * scale
             if block_w >= 4:  # block boundaries, where they can be seen
                 qp.setPen(QPen(QColor(*palette.BACKGROUND), 1))

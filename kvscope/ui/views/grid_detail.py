@@ -8,7 +8,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QPen
 from engine.inspect.snapshot import BlockState
 from kvscope.ui import palette
 from kvscope.ui.palette import BACKGROUND, text_on
-from kvscope.ui.style import text_scale
+from kvscope.ui.style import min_text_px, text_scale
 from kvscope.ui.views.grid_cells import DetailLevel, slot_layout
 
 _ELIDE = Qt.TextElideMode.ElideRight  # enum lookups are slow in PySide: look them up once
@@ -27,6 +27,7 @@ class _DetailLayer(pg.GraphicsObject):
         self.painted_cells = 0  # cells that got text in the last paint (tests and the benchmark)
         self.texts: dict[int, list[str]] = {}  # block -> the text painted in it, last paint (bounded)
         self.bars: dict[int, int] = {}  # block -> filled slots drawn as its fill bar, last paint
+        self.min_px = 0  # the smallest text painted, in pixels, last paint (0: none; a test reads it)
 
     def boundingRect(self) -> QRectF:  # noqa: N802 - Qt's name
         g = self.view.grid
@@ -37,6 +38,7 @@ class _DetailLayer(pg.GraphicsObject):
         level = v.detail_level
         self.painted_cells = 0
         self.texts, self.bars = {}, {}
+        self.min_px = 0
         self._style = None
         if v.grid is None or v.snapshot is None or level == DetailLevel.CELLS:
             return
@@ -100,15 +102,28 @@ class _DetailLayer(pg.GraphicsObject):
         font = QFont()
         font.setPixelSize(int(max(8, min(12 * text_scale(), rect.height() * 0.15))))
         font.setBold(True)
+        if not self._readable(font.pixelSize()):  # presenting, and too small to read: the outline says it
+            p.restore()
+            return
         p.setFont(font)
         fm = QFontMetrics(font)
         w, h = fm.horizontalAdvance(badge) + 6, fm.height()
-        box = QRectF(rect.center().x() - w / 2, rect.top() + 1, w, h)
+        # top right: the block's id is top left, and the notes name blocks by their ids
+        box = QRectF(rect.right() - w - 1, rect.top() + 1, w, h)
         p.fillRect(box, QColor(255, 255, 255))
         p.setPen(QColor(0, 0, 0))
         p.drawText(box, Qt.AlignmentFlag.AlignCenter, badge)
         p.restore()
         self.texts.setdefault(b, []).append(badge)
+
+    def _readable(self, px: int) -> bool:
+        """Whether text of ``px`` pixels is drawn: always, except below presentation's floor (a back row cannot
+        read it; the cell's colour still says its state)."""
+        floor = min_text_px()
+        if floor is not None and px < floor:
+            return False
+        self.min_px = min(self.min_px, px) if self.min_px else px
+        return True
 
     def _label_style(self, p, rect: QRectF) -> None:
         """Font, metrics and per-colour pens for this paint (every cell has the same size): made once."""
@@ -125,7 +140,8 @@ class _DetailLayer(pg.GraphicsObject):
             colours[code] = (QColor(*c), QColor(*text_on(c)), _mix(c, (255, 255, 255), 0.35),
                              _mix(c, (0, 0, 0), 0.55), _mix(c, (255, 255, 255), 0.6))
         width = rect.width() - 2 * pad
-        self._style = {"fm": fm, "pad": pad, "long_ref": width > fm.horizontalAdvance("ref 00"),
+        readable = self._readable(font.pixelSize())
+        self._style = {"fm": fm, "pad": pad, "text": readable, "long_ref": width > fm.horizontalAdvance("ref 00"),
                        "fill_text": width > fm.horizontalAdvance("00/00") * 1.6, "cpu_owner": cpu_owner,
                        "colours": colours, "ids_fit": fm.horizontalAdvance(f"#{max(v.num_cells() - 1, 0)}") <= width,
                        "ascent": fm.ascent(), "line": fm.height(), "descent": fm.descent()}
@@ -140,6 +156,8 @@ class _DetailLayer(pg.GraphicsObject):
         x, y = text_rect.left(), text_rect.top() + st["ascent"]
 
         def line(i: int, t: str) -> None:
+            if not st["text"]:
+                return
             if (i and (len(t) > 6 or not st["long_ref"])) or (not i and not st["ids_fit"]):
                 t = fm.elidedText(t, _ELIDE, width)
             p.drawText(QPointF(x, y + i * st["line"]), t)
@@ -150,7 +168,8 @@ class _DetailLayer(pg.GraphicsObject):
         elif s.state[b] == BlockState.FREE and b not in v.leaked_set:  # empty: just its id, quietly
             p.setPen(dim)
             line(0, f"#{b}")
-            self.texts[b] = [f"#{b}"]
+            if st["text"]:
+                self.texts[b] = [f"#{b}"]
             return
         else:
             ref = int(s.ref_cnt[b])
@@ -160,7 +179,8 @@ class _DetailLayer(pg.GraphicsObject):
         p.setPen(ink)
         for i, t in enumerate(lines):
             line(i, t)
-        self.texts[b] = lines
+        if st["text"]:
+            self.texts[b] = lines
         if not v.cpu:  # the fill bar: filled slots / block size
             filled = int(s.filled[b])
             self.bars[b] = filled
@@ -169,7 +189,7 @@ class _DetailLayer(pg.GraphicsObject):
             p.fillRect(bar, bar_bg)
             if filled:
                 p.fillRect(QRectF(bar.left(), bar.top(), bar.width() * filled / s.block_size, bar.height()), bar_fg)
-            if st["fill_text"]:
+            if st["fill_text"] and st["text"]:
                 t = f"{filled}/{s.block_size}"
                 p.drawText(QPointF(text_rect.right() - fm.horizontalAdvance(t), bar.top() - st["descent"] - 1), t)
 
@@ -183,8 +203,10 @@ class _DetailLayer(pg.GraphicsObject):
             font = QFont()
             font.setPixelSize(int(max(8, min(15 * text_scale(), row_h * 0.62))))
             p.setFont(font)
-            self._style = QFontMetrics(font)
+            self._style = QFontMetrics(font) if self._readable(font.pixelSize()) else False
         fm = self._style
+        if fm is False:  # presenting, and too small to read: the colours alone
+            return
         p.setPen(QColor(*text_on(colour)))
         ref = int(s.ref_cnt[b])
         if v.leaked_set and b in v.leaked_set:

@@ -131,7 +131,7 @@ class RequestPanel(QWidget):
         100 px a column pushed `cached` out of a 1280x720 window's panel)."""
         fm = self.table.fontMetrics()
         likely = {"id": "000000", "prompt": "00000", "cached": "00000", "output": "00000", "blocks": "0000",
-                  "state": "finished_length", "client": "client 00"}
+                  "state": "preempted: swapped out", "client": "client 00"}
         for i, name in enumerate(self.model.HEADERS[:-1]):
             text = max(name, likely.get(name, name), key=fm.horizontalAdvance)
             self.table.setColumnWidth(i, fm.horizontalAdvance(text) + 14)

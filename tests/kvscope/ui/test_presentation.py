@@ -1,0 +1,148 @@
+"""A projector at 1280x720 with 1.5x text (issue 34): presentation mode keeps each textbook lesson whole, tabs
+read whole, no legend lies over a bar, and in presentation nothing is drawn smaller than 12 px."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QFontInfo
+from PySide6.QtWidgets import QAbstractButton, QComboBox, QLabel, QTabBar
+
+from engine import EngineConfig, LLMEngine
+from kvscope.scenario import ScenarioRunner, load_scenario
+from kvscope.sources.live import LiveSource
+from kvscope.ui.main_window import PRESENT_MIN_TEXT_PX, MainWindow
+from kvscope.ui.style import min_text_px, text_scale
+
+# the textbook's lessons at the step their note names, with the requests the lesson draws
+LESSONS = [("four-score", 1, ["0"]),  # figure 4: one request prefilled
+           ("four-score", 3, ["0"]),  # figure 4: its table gains a block
+           ("four-score", 7, ["0", "1"]),  # figure 5: two requests interleaved in one pool
+           ("parallel-sampling", 2, ["0", "0#1"]),  # figure 6: two samples sharing blocks, the copy-on-write step
+           ("parallel-sampling", 4, ["0", "0#1"])]  # figure 6: the tables diverged, full blocks still shared
+
+
+@pytest.fixture
+def window(qtbot, smollm2, tmp_path):
+    model, tok, _src = smollm2  # the lessons' prompts are text: their blocks as the classroom sees them
+    tok = copy.deepcopy(tok)  # this window's engine thread's own (a Rust tokenizer is not shared across threads)
+
+    def source(name: str) -> LiveSource:
+        sc = load_scenario(name) if name else None
+        config = EngineConfig(**sc.config) if sc else EngineConfig(block_size=4, num_gpu_blocks=32)
+        engine = LLMEngine.from_hf_model(model, tok, config, name="SmolLM2")
+        return LiveSource(engine, ScenarioRunner(sc) if sc else None)
+
+    win = MainWindow(source, QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    qtbot.waitUntil(lambda: win.info is not None, timeout=20_000)
+    win.resize(1280, 720)
+    yield win
+    win.set_presentation(False)
+    win.shutdown()
+
+
+def lesson(qtbot, win, name: str, steps: int, select: list[str]) -> None:
+    win.load_scenario(name)
+    qtbot.waitUntil(lambda: win.info is not None and win.info.scenario_name == name, timeout=20_000)
+    win.step(steps)
+    qtbot.waitUntil(lambda: win.latest is not None and win.latest.step >= steps, timeout=20_000)
+    win.flush()
+    win.requests.select(select)
+    win.on_request_selected(select[0])
+    qtbot.wait(150)  # the docks settle at their sizes, the figure fits them
+    win.flush()
+
+
+def visible_texts(win):
+    """(widget, pixel size) of every visible widget that shows text."""
+    for w in (w for kind in (QLabel, QAbstractButton, QComboBox, QTabBar) for w in win.findChildren(kind)):
+        if w.isVisibleTo(win) and w.isVisible():
+            if isinstance(w, QLabel) and not w.text().strip():
+                continue
+            yield w, QFontInfo(w.font()).pixelSize()
+
+
+@pytest.mark.parametrize("name,steps,select", LESSONS, ids=[f"{n}@{s}:{'+'.join(r)}" for n, s, r in LESSONS])
+def test_each_lesson_is_whole_in_the_figure_and_every_text_at_least_12_px(qtbot, window, name, steps, select):
+    win = window
+    win.set_text_scale(1.5)
+    win.set_presentation(True)
+    lesson(qtbot, win, name, steps, select)
+    assert win.presenting and min_text_px() == PRESENT_MIN_TEXT_PX and text_scale() >= 1.5
+    assert sorted(win.figure.request_ids) == sorted(select)
+    assert win.figure.lesson_in_view(), f"{name} at step {steps}: the lesson's rows are cut {win.figure.last_lesson}"
+    assert win.figure.min_text_px() >= PRESENT_MIN_TEXT_PX - 0.01
+    small = [(type(w).__name__, getattr(w, "text", lambda: "")()[:30], px) for w, px in visible_texts(win)
+             if px < PRESENT_MIN_TEXT_PX]
+    assert not small, small
+    layer = win.grid.layer
+    assert layer.min_px == 0 or layer.min_px >= PRESENT_MIN_TEXT_PX  # the grid leaves out labels it cannot show
+    for name_ in ("requests", "events", "plots", "fragmentation", "diagnosis"):
+        assert not win.docks[name_].isVisible()  # the other panels stepped aside
+
+
+def test_a_lesson_on_another_panel_presents_that_panel(qtbot, window):
+    win = window
+    win.set_presentation(True)
+    lesson(qtbot, win, "fragmentation", 10, ["0"])
+    assert win.lesson_view() == "fragmentation" and win.docks["fragmentation"].isVisible()
+    assert not win.docks["figure"].isVisible() and not win.docks["requests"].isVisible()
+    frag = win.fragmentation
+    assert 0 < frag.canvas.bars_bottom <= frag.canvas.height()
+
+
+def test_leaving_presentation_restores_the_panels_and_the_text_size(qtbot, window):
+    win = window
+    win.set_text_scale(1.0)
+    before = {n: d.isVisible() for n, d in win.docks.items()}
+    win.act_present.trigger()
+    assert win.presenting and text_scale() == 1.5
+    win.act_present.trigger()
+    qtbot.wait(50)
+    assert not win.presenting and text_scale() == 1.0 and min_text_px() is None
+    assert {n: d.isVisible() for n, d in win.docks.items()} == before
+    assert float(win.settings.value("text_scale")) == 1.0  # presentation's scale is not kept as the user's
+
+
+def test_at_1_5x_text_the_tabs_read_whole_and_no_legend_lies_over_a_bar(qtbot, window):
+    win = window
+    win.set_text_scale(1.5)
+    lesson(qtbot, win, "fragmentation", 10, ["0"])
+    bars = [b for b in win.findChildren(QTabBar) if b.isVisible() and b.count()]
+    assert bars
+    for bar in bars:
+        for i in range(bar.count()):
+            text = bar.tabText(i)
+            need = bar.fontMetrics().horizontalAdvance(text)
+            assert need <= bar.tabRect(i).width(), f"tab {text!r} is cut ({need} px in {bar.tabRect(i).width()})"
+    win.show_view("fragmentation")
+    qtbot.wait(100)
+    frag = win.fragmentation
+    assert frag.canvas.bars_bottom > 0, "the fragmentation figure drew its bars"
+    assert frag.canvas.bars_bottom <= frag.canvas.height()
+    canvas, legend = frag.canvas.geometry(), frag.legend.geometry()
+    assert not canvas.intersects(legend), (canvas, legend)
+
+
+def test_selected_blocks_are_a_spotlight_not_a_pale_wash_and_a_preemption_says_how_it_comes_back(qtbot, window):
+    """Pale green is the fragmentation figure's "reserved, empty": a selection dims the other blocks instead of
+    whitening its own; and the request table says recompute or swap where it said "preem"."""
+    from kvscope.ui.qt_models import STATE_WORDS
+    win = window
+    win.resize(1280, 720)
+    lesson(qtbot, win, "four-score", 3, ["0"])
+    mask = win.grid.overlay.image
+    if mask is not None:  # small cells: the overlay is drawn
+        cols = win.grid.grid.shape[1]
+        for b in win.requests.selected_block_ids():
+            assert mask[b // cols, b % cols, 3] == 0
+        others = [b for b in range(win.latest.snapshot.num_blocks) if b not in set(win.requests.selected_block_ids())]
+        assert all(mask[b // cols, b % cols, 3] > 0 for b in others)
+    assert STATE_WORDS == {"preempted": "preempted: recompute", "swapped": "preempted: swapped out"}
+    fm = win.requests.table.fontMetrics()
+    col = win.requests.model.HEADERS.index("state")
+    assert win.requests.table.columnWidth(col) >= fm.horizontalAdvance("preempted: swapped out")
