@@ -1,7 +1,9 @@
 """Shared fixtures: a tiny random Llama (fast oracle) and the embedded SmolLM2 (real oracle)."""
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 # Headless and offline, before Qt or transformers are imported.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -17,6 +19,24 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine import LLMEngine  # noqa: E402
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    """After pytest-qt has closed a test's widgets and its fixtures are torn down, delete those windows now.
+
+    pytest-qt only posts their deletion; left posted, a window and its plots were destroyed inside the
+    next test's event loop, or inside a garbage collection there, with its engine thread running, and
+    once that segfaulted CI (in a weak map's callback, under pytest-qt's exec). Here the deletion and the
+    collection of what the test dropped happen between tests, where nothing else is going on."""
+    result = yield
+    widgets = sys.modules.get("PySide6.QtWidgets")
+    if widgets is not None and widgets.QApplication.instance() is not None:
+        from PySide6.QtCore import QCoreApplication, QEvent
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        if {"qtbot", "qapp"} & set(item.fixturenames):
+            gc.collect()
+    return result
 
 TINY_VOCAB = 256
 

@@ -17,6 +17,7 @@ from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.engine_process import SpawnedEngine
 from kvscope.serve.options import ServeOptions
 from kvscope.sources.base import InjectSpec
+from kvscope.ui.lifetime import dispose
 from kvscope.ui.main_window import MainWindow
 from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style
@@ -270,6 +271,7 @@ def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | N
     finally:
         poll.stop()
     win.shutdown()  # detaches the bridge: open responses end before the server stops
+    dispose(win)
     if server is not None:
         server.stop()
     if interrupted:

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from engine.inspect.snapshot import BlockState
 from kvscope.sources.fleet_sim import FleetFrame, InstanceFrame, SimFleetSource
+from kvscope.ui.lifetime import dispose
 from kvscope.ui.palette import ROUTE_HIGHLIGHT, STATES, hex_colour
 from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style, set_text_scale
@@ -254,4 +255,5 @@ def run_sim_fleet_window(source: SimFleetSource, screenshot: str | None = None, 
     driver = SimFleetDriver(win, screenshot, steps if steps is not None else (4000 if screenshot else None))
     win.show()
     code = app.exec()
+    dispose(win)
     return driver.exit_code or code

@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 from kvscope.sources.attach_history import AttachHistory
 from kvscope.sources.attached import CANNOT_SHOW, AttachRecord
 from kvscope.sources.remote_cache import DrawNode, ForestSnapshot, RemoteCacheModel, Tier, hash_text
+from kvscope.ui.lifetime import dispose
 from kvscope.ui.screenshot import save_window
 from kvscope.ui.style import apply_style
 from kvscope.ui.views.event_log import EventLogView
@@ -414,6 +415,7 @@ def drive_window(win, interval: float, screenshot: str | None, steps: int | None
                           before_poll)
     win.show()
     code = QApplication.instance().exec()
+    dispose(win)
     return driver.exit_code or code
 
 
