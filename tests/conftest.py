@@ -32,11 +32,12 @@ def pytest_runtest_teardown(item):
     result = yield
     widgets = sys.modules.get("PySide6.QtWidgets")
     if widgets is not None and widgets.QApplication.instance() is not None:
-        from PySide6.QtCore import QCoreApplication, QEvent
-        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        from kvscope.ui.lifetime import delete_posted
+        delete_posted()
         if {"qtbot", "qapp"} & set(item.fixturenames):
             gc.collect()
     return result
+
 
 TINY_VOCAB = 256
 

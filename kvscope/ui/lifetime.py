@@ -16,4 +16,10 @@ def dispose(win: QWidget) -> None:
     if win.isVisible():  # closed already on the usual paths; a second closeEvent would save settings twice
         win.close()
     win.deleteLater()
+    delete_posted()
+
+
+def delete_posted() -> None:
+    """Carry out every ``deleteLater`` posted so far, now: outside an event loop Qt would keep them for the next
+    loop that runs, and delete those widgets in the middle of whatever it is doing."""
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
