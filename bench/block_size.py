@@ -7,6 +7,7 @@
 prefix at a fine grain (only full blocks are cached); large blocks mean fewer table entries and
 bigger copies. Waste = allocated but unfilled slots / allocated slots, averaged over steps.
 """
+
 from __future__ import annotations
 
 import time
@@ -53,22 +54,42 @@ def run(quick: bool) -> dict:
             alloc, filled = alloc + a, filled + f
         dt = time.perf_counter() - t0
         q, h = engine.kv.prefix_cache_queries - q0, engine.kv.prefix_cache_hits - h0
-        rows.append({"block_size": bs, "out_tok_s": sum(o for _, o in mix) / dt, "waste": 1 - filled / alloc,
-                     "hit_rate": h / q if q else 0.0, "seconds": dt})
+        rows.append(
+            {
+                "block_size": bs,
+                "out_tok_s": sum(o for _, o in mix) / dt,
+                "waste": 1 - filled / alloc,
+                "hit_rate": h / q if q else 0.0,
+                "seconds": dt,
+            }
+        )
     result = {"model": mtn[2], "requests": n, "system_prompt_tokens": sys_len, "rows": rows}
     write_results("block_size", result, quick)
     plt = pyplot()
     fig, ax = plt.subplots(1, 3, figsize=(11, 3))
-    for a, key, label in ((ax[0], "out_tok_s", "output tok/s"), (ax[1], "waste", "internal waste"),
-                          (ax[2], "hit_rate", "prefix-cache hit rate")):
+    for a, key, label in (
+        (ax[0], "out_tok_s", "output tok/s"),
+        (ax[1], "waste", "internal waste"),
+        (ax[2], "hit_rate", "prefix-cache hit rate"),
+    ):
         a.plot(SIZES, [r[key] for r in rows], "o-", color="#2a7")
         a.set_xscale("log", base=2)
         a.set_xticks(SIZES, [str(s) for s in SIZES])
         a.set_xlabel("block size (tokens)")
         a.set_title(label)
     save_figure(fig, "block_size", quick)
-    print(table(rows, [("block_size", "block size", "d"), ("out_tok_s", "output tok/s", ".1f"),
-                       ("waste", "waste", ".1%"), ("hit_rate", "hit rate", ".0%"), ("seconds", "seconds", ".1f")]))
+    print(
+        table(
+            rows,
+            [
+                ("block_size", "block size", "d"),
+                ("out_tok_s", "output tok/s", ".1f"),
+                ("waste", "waste", ".1%"),
+                ("hit_rate", "hit rate", ".0%"),
+                ("seconds", "seconds", ".1f"),
+            ],
+        )
+    )
     return result
 
 

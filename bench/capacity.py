@@ -9,6 +9,7 @@ each prompt drawn from one common prefix. The scheduler and block manager run fo
 model is a fake runner (capacity is bookkeeping, not arithmetic). Waste = allocated but unfilled
 slots / allocated slots of the blocks in use, averaged over steps (a shared block counts once).
 """
+
 from __future__ import annotations
 
 from common import (
@@ -30,8 +31,15 @@ SMOLLM2_TOKEN_BYTES = 2 * 30 * 3 * 64 * 4  # K and V x layers x kv heads x head 
 
 
 def run_layout(label: str, n_blocks: int, bs: int, prompts, outputs, **kw) -> dict:
-    engine = engine_for(tiny_model(), num_gpu_blocks=n_blocks, block_size=bs, max_num_seqs=len(prompts),
-                        max_model_len=2048, max_num_batched_tokens=4096, **kw)
+    engine = engine_for(
+        tiny_model(),
+        num_gpu_blocks=n_blocks,
+        block_size=bs,
+        max_num_seqs=len(prompts),
+        max_model_len=2048,
+        max_num_batched_tokens=4096,
+        **kw,
+    )
     install_fake_runner(engine)
     for p, o in zip(prompts, outputs):
         engine.add_request(p, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True))
@@ -46,9 +54,15 @@ def run_layout(label: str, n_blocks: int, bs: int, prompts, outputs, **kw) -> di
         alloc += a
         filled += f
     m = engine.metrics()
-    return {"layout": label, "peak_running": peak, "mean_running": running_sum / steps, "steps": steps,
-            "waste": 1 - filled / alloc if alloc else 0.0, "preemptions": m["num_preemptions"],
-            "hit_rate": m["prefix_cache_hits"] / m["prefix_cache_queries"] if m["prefix_cache_queries"] else 0.0}
+    return {
+        "layout": label,
+        "peak_running": peak,
+        "mean_running": running_sum / steps,
+        "steps": steps,
+        "waste": 1 - filled / alloc if alloc else 0.0,
+        "preemptions": m["num_preemptions"],
+        "hit_rate": m["prefix_cache_hits"] / m["prefix_cache_queries"] if m["prefix_cache_queries"] else 0.0,
+    }
 
 
 def run(quick: bool) -> dict:
@@ -59,13 +73,24 @@ def run(quick: bool) -> dict:
     outputs = [o for _, o in mix]
     vocab = tiny_model()[0].config.vocab_size
     shared = random_prompts([512], vocab, seed=99)[0]
-    rows = [run_layout("contiguous (2048 reserved)", n_blocks, bs, random_prompts([p for p, _ in mix], vocab, 1),
-                       outputs, kv_layout="contiguous"),
-            run_layout("paged", n_blocks, bs, random_prompts([p for p, _ in mix], vocab, 1), outputs,
-                       enable_prefix_caching=False)]
+    rows = [
+        run_layout(
+            "contiguous (2048 reserved)",
+            n_blocks,
+            bs,
+            random_prompts([p for p, _ in mix], vocab, 1),
+            outputs,
+            kv_layout="contiguous",
+        ),
+        run_layout(
+            "paged", n_blocks, bs, random_prompts([p for p, _ in mix], vocab, 1), outputs, enable_prefix_caching=False
+        ),
+    ]
     for frac in (0.0, 0.5, 0.8):
-        prompts = [shared[:int(frac * p)] + random_prompts([p - int(frac * p)], vocab, 1000 + i)[0]
-                   for i, (p, _) in enumerate(mix)]
+        prompts = [
+            shared[: int(frac * p)] + random_prompts([p - int(frac * p)], vocab, 1000 + i)[0]
+            for i, (p, _) in enumerate(mix)
+        ]
         rows.append(run_layout(f"paged + caching, {frac:.0%} shared", n_blocks, bs, prompts, outputs))
     base = rows[0]["peak_running"]
     for r in rows:
@@ -82,10 +107,20 @@ def run(quick: bool) -> dict:
     ax[1].set_yticklabels([])
     fig.suptitle(f"{budget >> 20} MiB of KV ({n_blocks} blocks of {bs}), {n} requests")
     save_figure(fig, "capacity", quick)
-    print(table(rows, [("layout", "layout", ""), ("peak_running", "most running", "d"),
-                       ("vs_contiguous", "x contiguous", ".1f"), ("mean_running", "mean running", ".1f"),
-                       ("waste", "waste", ".1%"), ("hit_rate", "hit rate", ".0%"),
-                       ("preemptions", "preemptions", "d")]))
+    print(
+        table(
+            rows,
+            [
+                ("layout", "layout", ""),
+                ("peak_running", "most running", "d"),
+                ("vs_contiguous", "x contiguous", ".1f"),
+                ("mean_running", "mean running", ".1f"),
+                ("waste", "waste", ".1%"),
+                ("hit_rate", "hit rate", ".0%"),
+                ("preemptions", "preemptions", "d"),
+            ],
+        )
+    )
     return result
 
 

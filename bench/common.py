@@ -1,4 +1,5 @@
 """What the benchmarks share: models, length mixes, a fake model runner, waste, results and plots."""
+
 from __future__ import annotations
 
 import functools
@@ -32,6 +33,7 @@ def machine() -> str:
 def smollm2():
     """(hf_model, tokenizer, name) of the embedded SmolLM2, loaded once per process."""
     from engine.runner.models.loader import embedded_source, load_hf_model
+
     src = embedded_source()
     model, tok = load_hf_model(src, "auto", torch.device("cpu"))
     model.generation_config.eos_token_id = None
@@ -43,10 +45,20 @@ def smollm2():
 def tiny_model():
     """A tiny random Llama: fast enough that the engine's own overhead shows."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -68,23 +80,26 @@ def length_mix(n: int, seed: int, prompt: tuple[int, int], output: tuple[int, in
     return [(rng.randint(*prompt), rng.randint(*output)) for _ in range(n)]
 
 
-def random_prompts(lengths: list[int], vocab: int, seed: int,
-                   shared_prefix: list[int] | None = None) -> list[list[int]]:
+def random_prompts(
+    lengths: list[int], vocab: int, seed: int, shared_prefix: list[int] | None = None
+) -> list[list[int]]:
     rng = random.Random(seed)
     shared_prefix = shared_prefix or []
-    return [shared_prefix + [rng.randrange(1, vocab) for _ in range(max(1, n - len(shared_prefix)))]
-            for n in lengths]
+    return [shared_prefix + [rng.randrange(1, vocab) for _ in range(max(1, n - len(shared_prefix)))] for n in lengths]
 
 
 def install_fake_runner(engine: LLMEngine) -> None:
     """Replace the model with a token generator: the scheduler and block manager run for real."""
+
     def apply_device_work(sched: SchedulerOutput) -> None:
         return None
 
     def execute(sched: SchedulerOutput):
         vocab = engine.vocab_size
-        return {s.request.request_id: (s.request.num_tokens * 7919 + 1) % vocab
-                for s in sched.scheduled if s.samples}, {}
+        return {
+            s.request.request_id: (s.request.num_tokens * 7919 + 1) % vocab for s in sched.scheduled if s.samples
+        }, {}
+
     engine.runner.apply_device_work = apply_device_work
     engine.runner.execute = execute
 
@@ -106,8 +121,7 @@ def kv_waste(engine: LLMEngine) -> tuple[int, int]:
 def write_results(name: str, data: dict, quick: bool) -> Path:
     folder = RESULTS / "quick" if quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
-    data = {"benchmark": name, "quick": quick, "machine": machine(),
-            "date": time.strftime("%Y-%m-%d"), **data}
+    data = {"benchmark": name, "quick": quick, "machine": machine(), "date": time.strftime("%Y-%m-%d"), **data}
     path = folder / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path
@@ -128,6 +142,7 @@ def save_figure(fig, name: str, quick: bool) -> None:
 def main(run, description: str | None = None) -> None:
     """The command line every benchmark shares: ``--quick`` is the CI smoke test's size."""
     import argparse
+
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help="a small run (CI checks its JSON's shape, not speed)")
     run(ap.parse_args().quick)
@@ -135,8 +150,10 @@ def main(run, description: str | None = None) -> None:
 
 def pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -144,8 +161,11 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     """Markdown: ``cols`` = (key, header, format)."""
     lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(format(r[k], f) if isinstance(r[k], (int, float)) else str(r[k])
-                                       for k, _, f in cols) + " |")
+        lines.append(
+            "| "
+            + " | ".join(format(r[k], f) if isinstance(r[k], (int, float)) else str(r[k]) for k, _, f in cols)
+            + " |"
+        )
     return "\n".join(lines)
 
 

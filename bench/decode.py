@@ -7,6 +7,7 @@ Prints a table and writes bench/results/decode.json. The engine and transformers
 a single pair of runs swung the batch-16 ratio between 0.9x and 1.3x); absolute numbers depend
 on the machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,16 @@ import torch
 from engine import LLM, LLMEngine, SamplingParams
 from engine.runner.models.loader import embedded_source, load_hf_model
 
-PROMPTS = ["Explain what a page table is.", "Write a haiku about caches.", "What is the capital of France?",
-           "Describe copy-on-write in one paragraph.", "List three uses of a hash map.", "Why is the sky blue?",
-           "Summarise the plot of Hamlet.", "What does a scheduler do?"]
+PROMPTS = [
+    "Explain what a page table is.",
+    "Write a haiku about caches.",
+    "What is the capital of France?",
+    "Describe copy-on-write in one paragraph.",
+    "List three uses of a hash map.",
+    "Why is the sky blue?",
+    "Summarise the plot of Hamlet.",
+    "What does a scheduler do?",
+]
 
 
 def main() -> None:
@@ -56,16 +64,35 @@ def main() -> None:
                 gen = model.generate(**enc, max_new_tokens=args.max_tokens, do_sample=False)
             hf.append((gen.shape[1] - enc["input_ids"].shape[1]) * b / (time.perf_counter() - t))
         ratios = sorted(e / h for e, h in zip(eng, hf))
-        rows.append({"batch": b, "engine_tok_s": statistics.median(eng), "hf_tok_s": statistics.median(hf),
-                     "ratio": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1]})
+        rows.append(
+            {
+                "batch": b,
+                "engine_tok_s": statistics.median(eng),
+                "hf_tok_s": statistics.median(hf),
+                "ratio": statistics.median(ratios),
+                "ratio_min": ratios[0],
+                "ratio_max": ratios[-1],
+            }
+        )
     print("| batch | engine tok/s | transformers generate tok/s | engine / transformers (median, range) |")
     print("|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['batch']} | {r['engine_tok_s']:.1f} | {r['hf_tok_s']:.1f} | {r['ratio']:.2f}x "
-              f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) |")
+        print(
+            f"| {r['batch']} | {r['engine_tok_s']:.1f} | {r['hf_tok_s']:.1f} | {r['ratio']:.2f}x "
+            f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) |"
+        )
     out = Path(__file__).parent / "results" / "decode.json"
-    out.write_text(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads",
-                               "torch": torch.__version__, "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+                "torch": torch.__version__,
+                "max_tokens": args.max_tokens,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ their first 80 requests, N = 1, 2, 4), llama-3.1-8b on simulated H100s (the cost
 
 The runs of 1 to 3 go to ``--workers`` processes (default 2: this machine's cores), the longest first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,10 @@ def plan(quick: bool) -> Plan:
 
 def traces(quick: bool) -> dict[str, Path]:
     if quick or not (FULL / "conversation_trace.jsonl").exists():
-        return {"conversation": EXCERPTS / "mooncake_conversation_200.jsonl",
-                "synthetic": EXCERPTS / "mooncake_synthetic_200.jsonl"}
+        return {
+            "conversation": EXCERPTS / "mooncake_conversation_200.jsonl",
+            "synthetic": EXCERPTS / "mooncake_synthetic_200.jsonl",
+        }
     return {"conversation": FULL / "conversation_trace.jsonl", "synthetic": FULL / "synthetic_trace.jsonl"}
 
 
@@ -99,14 +102,28 @@ def one(task: dict) -> dict:
         refs = round_robin_sharing(w, n, REFERENCE_BLOCK, 131072)
         t0 = time.perf_counter()
         pool = max(r.blocks_allocated for r in refs)  # every instance's never evicts
-        res = run_fleet(w, EngineConfig(block_size=REFERENCE_BLOCK, num_gpu_blocks=pool), SimConfig(sequential=True),
-                        n, "round-robin")
+        res = run_fleet(
+            w,
+            EngineConfig(block_size=REFERENCE_BLOCK, num_gpu_blocks=pool),
+            SimConfig(sequential=True),
+            n,
+            "round-robin",
+        )
         engine, ref = [i.cached_tokens for i in res.instances], [r.cached_tokens for r in refs]
-        return {**labels, "instances": n, "block_size": REFERENCE_BLOCK, "requests": res.total.requests,
-                "engine_cached_tokens": engine, "reference_cached_tokens": ref, "equal": engine == ref,
-                "evictions": res.total.evictions, "hit_rate": res.hit_rate,
-                "reference_hit_rate": sum(ref) / sum(r.prompt_tokens for r in refs),
-                "seconds": time.perf_counter() - t0, "peak_rss_mb": res.total.peak_rss_mb}
+        return {
+            **labels,
+            "instances": n,
+            "block_size": REFERENCE_BLOCK,
+            "requests": res.total.requests,
+            "engine_cached_tokens": engine,
+            "reference_cached_tokens": ref,
+            "equal": engine == ref,
+            "evictions": res.total.evictions,
+            "hit_rate": res.hit_rate,
+            "reference_hit_rate": sum(ref) / sum(r.prompt_tokens for r in refs),
+            "seconds": time.perf_counter() - t0,
+            "peak_rss_mb": res.total.peak_rss_mb,
+        }
     cfg = EngineConfig(block_size=BLOCK)
     sim = SimConfig(kv_tokens=task["kv_tokens"], time_scale=task["time_scale"])
     if task["kind"] == "single":
@@ -122,22 +139,54 @@ def tasks(p: Plan, paths: dict[str, Path]) -> list[dict]:
         base = {"trace_key": key, "path": str(path), "limit": p.limit}
         for n in p.reference_counts:
             out.append({**base, "kind": "reference", "instances": n, "cost": 1})
-        quarter = {**base, "rate": "quarter", "time_scale": QUARTER, "capacity": "per instance",
-                   "kv_tokens": p.per_instance}
+        quarter = {
+            **base,
+            "rate": "quarter",
+            "time_scale": QUARTER,
+            "capacity": "per instance",
+            "kv_tokens": p.per_instance,
+        }
         out.append({**quarter, "kind": "single", "cost": 4})
         real = {**base, "rate": "real", "time_scale": 1.0}
         for router in ROUTER_NAMES:
             for n in p.counts:
                 out.append({**quarter, "kind": "fleet", "router": router, "instances": n, "cost": 4 + n})
                 if n > 1:
-                    out.append({**real, "kind": "fleet", "capacity": "per instance", "kv_tokens": p.per_instance,
-                                "router": router, "instances": n, "cost": 4 + n})
+                    out.append(
+                        {
+                            **real,
+                            "kind": "fleet",
+                            "capacity": "per instance",
+                            "kv_tokens": p.per_instance,
+                            "router": router,
+                            "instances": n,
+                            "cost": 4 + n,
+                        }
+                    )
                 if n > 1 and n != p.shared_n:
-                    out.append({**real, "kind": "fleet", "capacity": "fleet", "kv_tokens": p.fleet_total / n,
-                                "router": router, "instances": n, "cost": 4 + n})
+                    out.append(
+                        {
+                            **real,
+                            "kind": "fleet",
+                            "capacity": "fleet",
+                            "kv_tokens": p.fleet_total / n,
+                            "router": router,
+                            "instances": n,
+                            "cost": 4 + n,
+                        }
+                    )
         for capacity, kv in (("per instance", p.per_instance), ("fleet", p.fleet_total)):  # N = 1 at the real rate
-            out.append({**real, "kind": "fleet", "capacity": capacity, "kv_tokens": kv, "router": "round-robin",
-                        "instances": 1, "cost": 6})
+            out.append(
+                {
+                    **real,
+                    "kind": "fleet",
+                    "capacity": capacity,
+                    "kv_tokens": kv,
+                    "router": "round-robin",
+                    "instances": 1,
+                    "cost": 6,
+                }
+            )
     for t in out:  # the conversation trace costs about 6x the synthetic one
         t["cost"] *= 6 if t["trace_key"] == "conversation" else 1
     return sorted(out, key=lambda t: -t["cost"])
@@ -149,11 +198,12 @@ def run_all(todo: list[dict], workers: int) -> list[dict]:
 
     def note(r: dict) -> None:
         done.append(r)
-        what = (f"{r['trace_key']} {r['kind']} " + (f"{r.get('router', '')} x {r.get('instances', '')} "
-                                                    f"{r.get('rate', '')} {r.get('capacity', '')}"))
+        what = f"{r['trace_key']} {r['kind']} " + (
+            f"{r.get('router', '')} x {r.get('instances', '')} {r.get('rate', '')} {r.get('capacity', '')}"
+        )
         hit = r.get("hit_rate", r.get("summary", {}).get("hit_rate"))
-        print(f"  [{len(done)}/{len(todo)} at {time.perf_counter() - t0:.0f} s] {what}: hit rate {hit:.2%}",
-              flush=True)
+        print(f"  [{len(done)}/{len(todo)} at {time.perf_counter() - t0:.0f} s] {what}: hit rate {hit:.2%}", flush=True)
+
     if workers <= 1:
         for t in todo:
             note(one(t))
@@ -174,8 +224,17 @@ def equality(results: list[dict]) -> list[dict]:
             if r["kind"] == "fleet" and r["trace_key"] == key and r["instances"] == 1 and r["rate"] == "quarter":
                 fleet = {k: v for k, v in r.items() if k in single}
                 diff = sorted(k for k in single if k not in MACHINE_COST and single[k] != fleet.get(k))
-                out.append({"trace": key, "router": r["router"], "equal": not diff, "differs": diff,
-                            "hit_rate": r["hit_rate"], "ttft_p99_s": r["ttft_p99_s"], "requests": r["requests"]})
+                out.append(
+                    {
+                        "trace": key,
+                        "router": r["router"],
+                        "equal": not diff,
+                        "differs": diff,
+                        "hit_rate": r["hit_rate"],
+                        "ttft_p99_s": r["ttft_p99_s"],
+                        "requests": r["requests"],
+                    }
+                )
     return out
 
 
@@ -189,8 +248,16 @@ def sweep_rows(results: list[dict], p: Plan) -> list[dict]:
         if r["instances"] == p.shared_n and r["rate"] == "real" and r["capacity"] == "per instance":
             rows.append(dict(r, capacity="fleet", shared=f"N = {p.shared_n}: the per-instance run (the same pools)"))
     order = {"real": 0, "quarter": 1}
-    return sorted(rows, key=lambda r: (r["trace_key"], order[r["rate"]], r["capacity"] != "per instance",
-                                       ROUTER_NAMES.index(r["router"]), r["instances"]))
+    return sorted(
+        rows,
+        key=lambda r: (
+            r["trace_key"],
+            order[r["rate"]],
+            r["capacity"] != "per instance",
+            ROUTER_NAMES.index(r["router"]),
+            r["instances"],
+        ),
+    )
 
 
 def select(rows: list[dict], trace: str, rate: str, capacity: str) -> list[dict]:
@@ -207,8 +274,9 @@ def save(fig, name: str, quick: bool) -> None:
 def legend_below(fig, ax) -> None:
     """One legend for the figure, under every panel (over no line)."""
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=10,
-               frameon=False)
+    fig.legend(
+        handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=10, frameon=False
+    )
 
 
 def plot_per_instance(rows: list[dict], keys: list[str], quick: bool) -> None:
@@ -224,8 +292,10 @@ def plot_per_instance(rows: list[dict], keys: list[str], quick: bool) -> None:
         row_axes[2].set_title(f"{key}: TTFT at a quarter of the rate", fontsize=10)
         row_axes[3].set_title(f"{key}: load imbalance (real rate)", fontsize=10)
     legend_below(fig, axes[0][0])
-    fig.suptitle("A fleet of N instances (llama-3.1-8b on simulated H100s, each pool 426,788 tokens): "
-                 "p50 solid, p99 dashed", fontsize=11)
+    fig.suptitle(
+        "A fleet of N instances (llama-3.1-8b on simulated H100s, each pool 426,788 tokens): p50 solid, p99 dashed",
+        fontsize=11,
+    )
     save(fig, "fleet", quick)
 
 
@@ -237,14 +307,21 @@ def plot_fixed_total(rows: list[dict], keys: list[str], total: float, quick: boo
         per = select(rows, key, "real", "per instance")  # the same fleets with a card each, faint, to compare
         for router in ROUTER_NAMES:
             pts = sorted((r for r in per if r["router"] == router), key=lambda r: r["instances"])
-            row_axes[0].plot([r["instances"] for r in pts], [r["hit_rate"] for r in pts], ":",
-                             color=ROUTER_STYLE[router][0], alpha=0.5)
+            row_axes[0].plot(
+                [r["instances"] for r in pts],
+                [r["hit_rate"] for r in pts],
+                ":",
+                color=ROUTER_STYLE[router][0],
+                alpha=0.5,
+            )
         row_axes[0].set_title(f"{key}: fleet hit rate (dotted: a card's pool each)", fontsize=10)
         row_axes[1].set_title(f"{key}: TTFT at the real rate", fontsize=10)
         row_axes[2].set_title(f"{key}: load imbalance", fontsize=10)
     legend_below(fig, axes[0][0])
-    fig.suptitle(f"The same {total / 1e6:.2f} M tokens of KV split over N instances (real rate): p50 solid, "
-                 "p99 dashed", fontsize=11)
+    fig.suptitle(
+        f"The same {total / 1e6:.2f} M tokens of KV split over N instances (real rate): p50 solid, p99 dashed",
+        fontsize=11,
+    )
     save(fig, "fleet_total", quick)
 
 
@@ -253,21 +330,42 @@ def speed(conversation: Path) -> dict:
     args = [str(conversation), "--instances", "8", "--router", "prefix-aware"]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "engine.workload", *args, "--json"], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.workload", *args, "--json"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     s = json.loads(out.stdout)["workload"]
     process_s = time.perf_counter() - t0
-    return {"command": "python -m engine.workload " + " ".join(args), "process_s": process_s, "run_s": s["wall_s"],
-            "peak_rss_mb": s["peak_rss_mb"], "aim_s": AIM_S, "met": process_s <= AIM_S, "load_before": load,
-            "hit_rate": s["hit_rate"], "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
-            "load_imbalance": s["load_imbalance"], "steps": s["steps"], "requests": s["requests"]}
+    return {
+        "command": "python -m engine.workload " + " ".join(args),
+        "process_s": process_s,
+        "run_s": s["wall_s"],
+        "peak_rss_mb": s["peak_rss_mb"],
+        "aim_s": AIM_S,
+        "met": process_s <= AIM_S,
+        "load_before": load,
+        "hit_rate": s["hit_rate"],
+        "ttft_p50_s": s["ttft_p50_s"],
+        "ttft_p99_s": s["ttft_p99_s"],
+        "load_imbalance": s["load_imbalance"],
+        "steps": s["steps"],
+        "requests": s["requests"],
+    }
 
 
-COLUMNS = [("trace_key", "trace", ""), ("rate", "rate", ""), ("capacity", "capacity", ""),
-           ("router", "router", ""), ("instances", "N", "d"), ("hit_rate", "hit rate", ".1%"),
-           ("ttft_p50_s", "TTFT p50 s", ".3g"), ("ttft_p99_s", "TTFT p99 s", ".3g"),
-           ("load_imbalance", "imbalance", ".2f"), ("utilization", "busy", ".0%"), ("preemptions", "preempt", "d"),
-           ("wall_s", "wall s", ".0f")]
+COLUMNS = [
+    ("trace_key", "trace", ""),
+    ("rate", "rate", ""),
+    ("capacity", "capacity", ""),
+    ("router", "router", ""),
+    ("instances", "N", "d"),
+    ("hit_rate", "hit rate", ".1%"),
+    ("ttft_p50_s", "TTFT p50 s", ".3g"),
+    ("ttft_p99_s", "TTFT p99 s", ".3g"),
+    ("load_imbalance", "imbalance", ".2f"),
+    ("utilization", "busy", ".0%"),
+    ("preemptions", "preempt", "d"),
+    ("wall_s", "wall s", ".0f"),
+]
 
 
 def run(quick: bool, workers: int = 1) -> dict:
@@ -276,13 +374,35 @@ def run(quick: bool, workers: int = 1) -> dict:
     t0 = time.perf_counter()
     results = run_all(tasks(p, paths), workers)
     refs = sorted((r for r in results if r["kind"] == "reference"), key=lambda r: (r["trace_key"], r["instances"]))
-    print(table(refs, [("trace_key", "trace", ""), ("instances", "N", "d"), ("requests", "requests", "d"),
-                       ("hit_rate", "engine", ".2%"), ("reference_hit_rate", "reference", ".2%"),
-                       ("equal", "equal", ""), ("seconds", "s", ".1f")]), flush=True)
+    print(
+        table(
+            refs,
+            [
+                ("trace_key", "trace", ""),
+                ("instances", "N", "d"),
+                ("requests", "requests", "d"),
+                ("hit_rate", "engine", ".2%"),
+                ("reference_hit_rate", "reference", ".2%"),
+                ("equal", "equal", ""),
+                ("seconds", "s", ".1f"),
+            ],
+        ),
+        flush=True,
+    )
     assert all(r["equal"] for r in refs), "round robin's hits differ from the reference"
     eq = equality(results)
-    print(table(eq, [("trace", "trace", ""), ("router", "router", ""), ("equal", "N = 1 = single", ""),
-                     ("hit_rate", "hit rate", ".2%")]), flush=True)
+    print(
+        table(
+            eq,
+            [
+                ("trace", "trace", ""),
+                ("router", "router", ""),
+                ("equal", "N = 1 = single", ""),
+                ("hit_rate", "hit rate", ".2%"),
+            ],
+        ),
+        flush=True,
+    )
     assert eq and all(r["equal"] for r in eq), f"a fleet of one differs from the single engine: {eq}"
     rows = sweep_rows(results, p)
     print(format_table(rows, [(k, h, f) for k, h, f in COLUMNS]), flush=True)
@@ -291,17 +411,28 @@ def run(quick: bool, workers: int = 1) -> dict:
     plot_fixed_total(rows, keys, p.fleet_total, quick)
     fast = [] if quick else [speed(paths["conversation"])]
     for s in fast:
-        print(f"  speed: {s['command']}: {s['process_s']:.0f} s (aim {AIM_S} s), {s['peak_rss_mb']:.0f} MB",
-              flush=True)
+        print(f"  speed: {s['command']}: {s['process_s']:.0f} s (aim {AIM_S} s), {s['peak_rss_mb']:.0f} MB", flush=True)
     for r in rows:
         r.pop("path", None)
-    result = {"traces": {k: str(v.relative_to(ROOT.parent) if v.is_relative_to(ROOT.parent) else v)
-                         for k, v in paths.items()},
-              "limit": p.limit, "sim": "llama-3.1-8b on h100 (cost model defaults)", "block_size": BLOCK,
-              "capacity_per_instance_tokens": p.per_instance, "fleet_capacity_tokens": p.fleet_total,
-              "time_scales": {"real": 1.0, "quarter": QUARTER}, "counts": list(p.counts), "routers": ROUTER_NAMES,
-              "reference": refs, "equality": eq, "rows": rows, "speed": fast, "workers": workers,
-              "seconds": time.perf_counter() - t0}
+    result = {
+        "traces": {
+            k: str(v.relative_to(ROOT.parent) if v.is_relative_to(ROOT.parent) else v) for k, v in paths.items()
+        },
+        "limit": p.limit,
+        "sim": "llama-3.1-8b on h100 (cost model defaults)",
+        "block_size": BLOCK,
+        "capacity_per_instance_tokens": p.per_instance,
+        "fleet_capacity_tokens": p.fleet_total,
+        "time_scales": {"real": 1.0, "quarter": QUARTER},
+        "counts": list(p.counts),
+        "routers": ROUTER_NAMES,
+        "reference": refs,
+        "equality": eq,
+        "rows": rows,
+        "speed": fast,
+        "workers": workers,
+        "seconds": time.perf_counter() - t0,
+    }
     write_results("fleet", result, quick)
     return result
 

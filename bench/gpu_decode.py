@@ -10,6 +10,7 @@ weights give near-uniform logits, so fp16 rounding flips some argmaxes: it is re
 asserted; the exactness checks are the fp32 tests). ``--device cpu --shape tiny`` runs the
 same code on a CPU (a smoke test; the numbers mean nothing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,41 @@ from engine import LLMEngine, SamplingParams
 from engine.runner.memory import weights_bytes
 
 # Peak HBM bandwidth (GB/s) of common cards; --peak-gbs overrides.
-PEAK_GBS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
-            "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864, "L4": 300, "RTX 4090": 1008, "RTX 3090": 936,
-            "A10": 600, "T4": 320}
+PEAK_GBS = {
+    "H200": 4800,
+    "H100 SXM": 3350,
+    "H100 PCIe": 2000,
+    "H100": 3350,
+    "A100-SXM4-80GB": 2039,
+    "A100 80GB PCIe": 1935,
+    "A100": 1555,
+    "L40S": 864,
+    "L4": 300,
+    "RTX 4090": 1008,
+    "RTX 3090": 936,
+    "A10": 600,
+    "T4": 320,
+}
 
 SHAPES = {
-    "llama-2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
+    "llama-2-7b": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+    ),
+    "tiny": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -43,6 +70,7 @@ def peak_gbs(name: str, override: float | None) -> float | None:
 
 def build_model(args, device: torch.device):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
     if args.model:
         return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float16, device_map=str(device)).eval()
     cfg = LlamaConfig(**SHAPES[args.shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -69,8 +97,9 @@ def engine_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     outs: dict[str, list[int]] = {}
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()) or \
-            engine.scheduler.waiting:
+    while (
+        any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()) or engine.scheduler.waiting
+    ):
         for o in engine.step().outputs:
             outs[o.request_id] = o.outputs[0].token_ids
     sync(engine.device)
@@ -83,8 +112,7 @@ def engine_decode(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) 
         steps += 1
     sync(engine.device)
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "steps": steps, "kv_tokens_read": kv_tokens,
-            "tokens": [list(outs[i]) for i in ids]}
+    return {"seconds": dt, "steps": steps, "kv_tokens_read": kv_tokens, "tokens": [list(outs[i]) for i in ids]}
 
 
 def hf_decode(model, prompts: list[list[int]], max_tokens: int, device: torch.device) -> dict:
@@ -93,10 +121,15 @@ def hf_decode(model, prompts: list[list[int]], max_tokens: int, device: torch.de
         model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), max_new_tokens=2, do_sample=False)
         sync(device)
         t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                             min_new_tokens=max_tokens)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            min_new_tokens=max_tokens,
+        )
         sync(device)
-    return {"seconds": time.perf_counter() - t0, "tokens": out[:, ids.shape[1]:].tolist()}
+    return {"seconds": time.perf_counter() - t0, "tokens": out[:, ids.shape[1] :].tolist()}
 
 
 def main() -> None:
@@ -122,9 +155,16 @@ def main() -> None:
     # each engine run, and a pool sized to 90% of it (the engine's default) leaves it no room.
     block_size = 16
     num_blocks = max_batch * -(-max_model_len // block_size) + 8
-    engine = LLMEngine.from_hf_model(model, None, name=args.model or f"random {args.shape}",
-                                     max_num_seqs=max_batch, enforce_eager=args.enforce_eager,
-                                     max_model_len=max_model_len, block_size=block_size, num_gpu_blocks=num_blocks)
+    engine = LLMEngine.from_hf_model(
+        model,
+        None,
+        name=args.model or f"random {args.shape}",
+        max_num_seqs=max_batch,
+        enforce_eager=args.enforce_eager,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+    )
     setup_s = time.perf_counter() - t0
     w_bytes = weights_bytes(engine.runner.model)
     kv_token_bytes = engine.runner.block_bytes // engine.config.block_size
@@ -141,25 +181,49 @@ def main() -> None:
         k = min(32, args.max_tokens)
         agree = sum(a == h for ea, ha in zip(eng["tokens"], hf["tokens"]) for a, h in zip(ea[:k], ha[:k]))
         n_new = b * (args.max_tokens - 1)  # decode steps produce all but the first token
-        rows.append({"batch": b, "engine_tok_s": n_new / eng["seconds"], "step_ms": step_s * 1e3,
-                     "hf_tok_s": b * args.max_tokens / hf["seconds"], "achieved_gbs": gbs,
-                     "bandwidth_fraction": gbs / peak if peak else None,
-                     "greedy_agreement_first32": agree / (k * b)})
+        rows.append(
+            {
+                "batch": b,
+                "engine_tok_s": n_new / eng["seconds"],
+                "step_ms": step_s * 1e3,
+                "hf_tok_s": b * args.max_tokens / hf["seconds"],
+                "achieved_gbs": gbs,
+                "bandwidth_fraction": gbs / peak if peak else None,
+                "greedy_agreement_first32": agree / (k * b),
+            }
+        )
     label = args.model or f"random {args.shape}"
-    print(f"device: {name}; model: {label} {engine.runner.dtype}; weights {w_bytes / 2**30:.2f} GiB; "
-          f"engine setup {setup_s:.1f} s (graphs: {'off' if engine.runner.decode_graphs is None else 'on'})")
-    print("| batch | engine tok/s | step ms | transformers tok/s | engine / transformers | GB/s | of peak "
-          "| greedy agreement (32) |")
+    print(
+        f"device: {name}; model: {label} {engine.runner.dtype}; weights {w_bytes / 2**30:.2f} GiB; "
+        f"engine setup {setup_s:.1f} s (graphs: {'off' if engine.runner.decode_graphs is None else 'on'})"
+    )
+    print(
+        "| batch | engine tok/s | step ms | transformers tok/s | engine / transformers | GB/s | of peak "
+        "| greedy agreement (32) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         frac = f"{r['bandwidth_fraction']:.0%}" if r["bandwidth_fraction"] else "n/a"
-        print(f"| {r['batch']} | {r['engine_tok_s']:.1f} | {r['step_ms']:.2f} | {r['hf_tok_s']:.1f} | "
-              f"{r['engine_tok_s'] / r['hf_tok_s']:.2f}x | {r['achieved_gbs']:.0f} | {frac} | "
-              f"{r['greedy_agreement_first32']:.0%} |")
+        print(
+            f"| {r['batch']} | {r['engine_tok_s']:.1f} | {r['step_ms']:.2f} | {r['hf_tok_s']:.1f} | "
+            f"{r['engine_tok_s'] / r['hf_tok_s']:.2f}x | {r['achieved_gbs']:.0f} | {frac} | "
+            f"{r['greedy_agreement_first32']:.0%} |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "model": args.model or f"random {args.shape}", "peak_gbs": peak,
-                               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "device": name,
+                "model": args.model or f"random {args.shape}",
+                "peak_gbs": peak,
+                "prompt_len": args.prompt_len,
+                "max_tokens": args.max_tokens,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ split-K and the torch reference; prefill attention over one 2,048-token prompt i
 On the CPU (``--device cpu --tiny``) the shapes are tiny and each op runs once: the numbers mean
 nothing, the run checks that the script works end to end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,28 @@ from engine.runner.attention import torch_ref, triton_paged  # noqa: E402
 from engine.runner.attention.metadata import AttentionMetadata  # noqa: E402
 from engine.runner.models.llama import RMSNorm, rotate_half  # noqa: E402
 
-FULL = dict(hidden=4096, heads=32, kv_heads=32, head_dim=128, inter=11008, tokens=[1, 64, 2048],
-            decode=[(8, 32768), (64, 512), (1, 4096)], prefill=2048, block_size=16)
-TINY = dict(hidden=96, heads=4, kv_heads=2, head_dim=32, inter=80, tokens=[1, 3],
-            decode=[(2, 600), (3, 40)], prefill=40, block_size=16)
+FULL = dict(
+    hidden=4096,
+    heads=32,
+    kv_heads=32,
+    head_dim=128,
+    inter=11008,
+    tokens=[1, 64, 2048],
+    decode=[(8, 32768), (64, 512), (1, 4096)],
+    prefill=2048,
+    block_size=16,
+)
+TINY = dict(
+    hidden=96,
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    inter=80,
+    tokens=[1, 3],
+    decode=[(2, 600), (3, 40)],
+    prefill=40,
+    block_size=16,
+)
 
 
 class Timer:
@@ -58,6 +77,7 @@ class Timer:
             fn()
             return (time.perf_counter() - t0) * 1e3
         import triton.testing
+
         if not graph:
             return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
         stream = torch.cuda.Stream()
@@ -73,11 +93,23 @@ class Timer:
         return ms / self.GRAPH_CALLS
 
 
-def row(op: str, shape: str, fused_ms: float, unfused_ms: float | None, nbytes: float | None = None,
-        flops: float | None = None, peak_gbs: float | None = None, **extra) -> dict:
-    r = {"op": op, "shape": shape, "fused_us": fused_ms * 1e3,
-         "unfused_us": None if unfused_ms is None else unfused_ms * 1e3,
-         "speedup": None if unfused_ms is None else unfused_ms / fused_ms}
+def row(
+    op: str,
+    shape: str,
+    fused_ms: float,
+    unfused_ms: float | None,
+    nbytes: float | None = None,
+    flops: float | None = None,
+    peak_gbs: float | None = None,
+    **extra,
+) -> dict:
+    r = {
+        "op": op,
+        "shape": shape,
+        "fused_us": fused_ms * 1e3,
+        "unfused_us": None if unfused_ms is None else unfused_ms * 1e3,
+        "speedup": None if unfused_ms is None else unfused_ms / fused_ms,
+    }
     if nbytes is not None:
         r["gbs"] = nbytes / fused_ms / 1e6
         r["peak_frac"] = r["gbs"] / peak_gbs if peak_gbs else None
@@ -88,20 +120,35 @@ def row(op: str, shape: str, fused_ms: float, unfused_ms: float | None, nbytes: 
 
 
 # -- the fused ops -------------------------------------------------------------------------------
-def with_eager(timer: Timer, op: str, shape: str, fused: Callable, unfused: Callable, nbytes: float,
-               peak: float) -> dict:
+def with_eager(
+    timer: Timer, op: str, shape: str, fused: Callable, unfused: Callable, nbytes: float, peak: float
+) -> dict:
     """A row timed in CUDA graphs (the columns), with the eager times beside (Python and launches)."""
-    return row(op, shape, timer(fused), timer(unfused), nbytes, peak_gbs=peak,
-               fused_eager_us=timer(fused, graph=False) * 1e3, unfused_eager_us=timer(unfused, graph=False) * 1e3)
+    return row(
+        op,
+        shape,
+        timer(fused),
+        timer(unfused),
+        nbytes,
+        peak_gbs=peak,
+        fused_eager_us=timer(fused, graph=False) * 1e3,
+        unfused_eager_us=timer(unfused, graph=False) * 1e3,
+    )
 
 
 def bench_norm(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
     h = s["hidden"]
     x, res = torch.randn(t, h, device=dev, dtype=dtype), torch.randn(t, h, device=dev, dtype=dtype)
     norm = RMSNorm(torch.rand(h, device=dev, dtype=dtype), 1e-5)
-    return with_eager(timer, "fused_add_rms_norm", f"T={t} H={h}",
-                      lambda: fused_ops.fused_add_rms_norm(x, res, norm.weight, 1e-5), lambda: norm(res + x),
-                      (4 * t * h + h) * x.element_size(), peak)
+    return with_eager(
+        timer,
+        "fused_add_rms_norm",
+        f"T={t} H={h}",
+        lambda: fused_ops.fused_add_rms_norm(x, res, norm.weight, 1e-5),
+        lambda: norm(res + x),
+        (4 * t * h + h) * x.element_size(),
+        peak,
+    )
 
 
 def bench_rope(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
@@ -126,8 +173,15 @@ def bench_rope(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
         return qr
 
     nbytes = t * ((2 * hq + 4 * hk) * d + d) * qkv.element_size()  # q in and out, k and v in and out, cos/sin
-    return with_eager(timer, "rope_and_store", f"T={t} {hq}x{d} q, {hk} kv",
-                      lambda: fused_ops.rope_and_store(q, k, v, cache, positions, kc, vc, slots), unfused, nbytes, peak)
+    return with_eager(
+        timer,
+        "rope_and_store",
+        f"T={t} {hq}x{d} q, {hk} kv",
+        lambda: fused_ops.rope_and_store(q, k, v, cache, positions, kc, vc, slots),
+        unfused,
+        nbytes,
+        peak,
+    )
 
 
 def bench_silu(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
@@ -138,8 +192,15 @@ def bench_silu(timer: Timer, s: dict, t: int, dtype, dev, peak: float) -> dict:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    return with_eager(timer, "silu_and_mul", f"T={t} I={i}", lambda: fused_ops.silu_and_mul(gate_up), unfused,
-                      3 * t * i * gate_up.element_size(), peak)
+    return with_eager(
+        timer,
+        "silu_and_mul",
+        f"T={t} I={i}",
+        lambda: fused_ops.silu_and_mul(gate_up),
+        unfused,
+        3 * t * i * gate_up.element_size(),
+        peak,
+    )
 
 
 # -- attention -----------------------------------------------------------------------------------
@@ -150,8 +211,9 @@ def decode_meta(batch: int, ctx: int, bs: int, num_blocks: int, dev) -> Attentio
     lens = [ctx] * batch
     rows = torch.arange(batch, device=dev)
     slots = tables[:, (ctx - 1) // bs] * bs + (ctx - 1) % bs
-    return AttentionMetadata(slots, tables, torch.tensor(lens, device=dev), list(range(batch + 1)), lens, bs,
-                             rows, rows, [])
+    return AttentionMetadata(
+        slots, tables, torch.tensor(lens, device=dev), list(range(batch + 1)), lens, bs, rows, rows, []
+    )
 
 
 def bench_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dict]:
@@ -162,19 +224,40 @@ def bench_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv) -> list[dic
         meta = decode_meta(batch, ctx, bs, kc.shape[0], dev)
         q = torch.randn(batch, hq, d, device=dev, dtype=dtype)
         nbytes = 2 * batch * ctx * hk * d * kc.element_size() + 2 * q.numel() * q.element_size()
-        scale = d ** -0.5
+        scale = d**-0.5
         splits = triton_paged.decode_splits(batch, hk, meta.block_tables.shape[1] * bs, dev)
         fused = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, scale))  # noqa: B023
         one = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, scale, num_splits=1))  # noqa: B023
         ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, scale), graph=False)  # noqa: B023 (syncs)
-        out.append(row("decode_attention", f"B={batch} ctx={ctx}", fused, ref, nbytes, peak_gbs=peak, splits=splits,
-                       no_split_us=one * 1e3, no_split_peak_frac=nbytes / one / 1e6 / peak if peak else None))
+        out.append(
+            row(
+                "decode_attention",
+                f"B={batch} ctx={ctx}",
+                fused,
+                ref,
+                nbytes,
+                peak_gbs=peak,
+                splits=splits,
+                no_split_us=one * 1e3,
+                no_split_peak_frac=nbytes / one / 1e6 / peak if peak else None,
+            )
+        )
     return out
 
 
 # (BLOCK_N, warps, stages, split waves, min split tokens): around the defaults, one knob at a time.
-SWEEP = [(64, 4, 3, 4, 256), (64, 4, 2, 4, 256), (32, 4, 3, 4, 256), (128, 4, 3, 4, 256), (64, 8, 3, 4, 256),
-         (64, 4, 3, 2, 256), (64, 4, 3, 8, 256), (64, 4, 3, 4, 64), (64, 4, 3, 4, 128), (64, 4, 3, 4, 512)]
+SWEEP = [
+    (64, 4, 3, 4, 256),
+    (64, 4, 2, 4, 256),
+    (32, 4, 3, 4, 256),
+    (128, 4, 3, 4, 256),
+    (64, 8, 3, 4, 256),
+    (64, 4, 3, 2, 256),
+    (64, 4, 3, 8, 256),
+    (64, 4, 3, 4, 64),
+    (64, 4, 3, 4, 128),
+    (64, 4, 3, 4, 512),
+]
 
 
 def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv, seconds: float) -> list[dict]:
@@ -192,12 +275,26 @@ def sweep_decode(timer: Timer, s: dict, dtype, dev, peak: float, kv, seconds: fl
             for block_n, warps, stages, waves, min_split in SWEEP:
                 if time.monotonic() > deadline:
                     return rows
-                triton_paged.TUNING.update(decode_block_n=block_n, decode_warps=warps, decode_stages=stages,
-                                           split_waves=waves, min_split_tokens=min_split)
-                ms = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5))  # noqa: B023
-                rows.append(dict(shape=f"B={batch} ctx={ctx}", block_n=block_n, warps=warps, stages=stages,
-                                 waves=waves, min_split_tokens=min_split, us=ms * 1e3,
-                                 peak_frac=nbytes / ms / 1e6 / peak if peak else None))
+                triton_paged.TUNING.update(
+                    decode_block_n=block_n,
+                    decode_warps=warps,
+                    decode_stages=stages,
+                    split_waves=waves,
+                    min_split_tokens=min_split,
+                )
+                ms = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d**-0.5))  # noqa: B023
+                rows.append(
+                    dict(
+                        shape=f"B={batch} ctx={ctx}",
+                        block_n=block_n,
+                        warps=warps,
+                        stages=stages,
+                        waves=waves,
+                        min_split_tokens=min_split,
+                        us=ms * 1e3,
+                        peak_frac=nbytes / ms / 1e6 / peak if peak else None,
+                    )
+                )
                 print(f"sweep {rows[-1]}", flush=True)
     finally:
         triton_paged.TUNING.clear()
@@ -209,8 +306,8 @@ def bench_prefill(timer: Timer, s: dict, dtype, dev, kv) -> dict:
     q, meta, flops = prefill_case(s, dtype, dev, kv)
     kc, vc = kv
     d, n = s["head_dim"], s["prefill"]
-    fused = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5))
-    ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, d ** -0.5), graph=False)  # it syncs
+    fused = timer(lambda: triton_paged.paged_attention(q, kc, vc, meta, d**-0.5))
+    ref = timer(lambda: torch_ref.paged_attention(q, kc, vc, meta, d**-0.5), graph=False)  # it syncs
     return row("prefill_attention", f"one prompt of {n}", fused, ref, flops=flops)
 
 
@@ -230,14 +327,23 @@ def sweep_prefill(timer: Timer, s: dict, dtype, dev, kv) -> list[dict]:
     saved = dict(triton_paged.TUNING)
     rows = []
     try:
-        for bm, bn, warps, stages in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3),
-                                      (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3)]:
-            triton_paged.TUNING.update(prefill_block_m=bm, prefill_block_n=bn, prefill_warps=warps,
-                                       prefill_stages=stages)
+        for bm, bn, warps, stages in [
+            (128, 64, 8, 3),
+            (128, 64, 8, 2),
+            (128, 128, 8, 2),
+            (128, 32, 4, 3),
+            (64, 64, 4, 3),
+            (64, 128, 4, 2),
+            (128, 64, 4, 3),
+        ]:
+            triton_paged.TUNING.update(
+                prefill_block_m=bm, prefill_block_n=bn, prefill_warps=warps, prefill_stages=stages
+            )
             try:
                 ms = timer(lambda: triton_paged.paged_attention(q, *kv, meta, s["head_dim"] ** -0.5))
-                rows.append(dict(block_m=bm, block_n=bn, warps=warps, stages=stages, us=ms * 1e3,
-                                 tflops=flops / ms / 1e9))
+                rows.append(
+                    dict(block_m=bm, block_n=bn, warps=warps, stages=stages, us=ms * 1e3, tflops=flops / ms / 1e9)
+                )
             except Exception as e:  # noqa: BLE001 - a config out of shared memory, say
                 rows.append(dict(block_m=bm, block_n=bn, warps=warps, stages=stages, error=str(e)[:300]))
             print(f"prefill sweep {rows[-1]}", flush=True)
@@ -264,8 +370,10 @@ def _cell(r: dict) -> Callable[[str, str], str]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| op | shape | fused/Triton us | unfused/torch us | speedup | GB/s | of peak | TFLOP/s | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| op | shape | fused/Triton us | unfused/torch us | speedup | GB/s | of peak | TFLOP/s | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         f = _cell(r)
         note = ""
@@ -275,9 +383,11 @@ def table(rows: list[dict]) -> str:
             note = f"{r['splits']} splits; 1 split: {r['no_split_us']:.1f} us"
             if r.get("no_split_peak_frac") is not None:
                 note += f" ({r['no_split_peak_frac']:.0%})"
-        lines.append(f"| {r['op']} | {r['shape']} | {r['fused_us']:.1f} | {f('unfused_us', '.1f')} | "
-                     f"{f('speedup', '.2f')} | {f('gbs', '.0f')} | {f('peak_frac', '.0%')} | {f('tflops', '.1f')} | "
-                     f"{note} |")
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['fused_us']:.1f} | {f('unfused_us', '.1f')} | "
+            f"{f('speedup', '.2f')} | {f('gbs', '.0f')} | {f('peak_frac', '.0%')} | {f('tflops', '.1f')} | "
+            f"{note} |"
+        )
     return "\n".join(lines)
 
 
@@ -304,13 +414,20 @@ def main() -> None:
     # One layer's cache, big enough for the largest decode batch: 8 x 32k tokens = 2 x 2 GiB in fp16.
     tokens = max(b * c for b, c in s["decode"])
     nb = tokens // s["block_size"] + 8
-    kv = tuple(torch.randn(nb, s["block_size"], s["kv_heads"], s["head_dim"], device=dev, dtype=dtype)
-               for _ in range(2))
+    kv = tuple(
+        torch.randn(nb, s["block_size"], s["kv_heads"], s["head_dim"], device=dev, dtype=dtype) for _ in range(2)
+    )
     section(rows, "decode", lambda: bench_decode(timer, s, dtype, dev, args.peak_gbs, kv))
     section(rows, "prefill", lambda: [bench_prefill(timer, s, dtype, dev, kv)])
-    report = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)",
-              "torch": torch.__version__, "triton": __import__("triton").__version__, "peak_gbs": args.peak_gbs,
-              "dtype": str(dtype), "tuning": dict(triton_paged.TUNING), "rows": rows}
+    report = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)",
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "peak_gbs": args.peak_gbs,
+        "dtype": str(dtype),
+        "tuning": dict(triton_paged.TUNING),
+        "rows": rows,
+    }
     if args.sweep:
         report["decode_sweep"] = sweep_decode(timer, s, dtype, dev, args.peak_gbs, kv, args.sweep_seconds)
         report["prefill_sweep"] = sweep_prefill(timer, s, dtype, dev, kv)

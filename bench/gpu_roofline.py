@@ -8,6 +8,7 @@ capped by its dense fp16 rate; where a point sits under the slanted roof, the ga
 (launch gaps, host time, small kernels), under the flat one, arithmetic. Decode rows of every variant, the
 2,048-token prefill, and the long-context attention kernel alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,30 +42,54 @@ def main() -> None:
     gbs, tflops = card.get("peak_gbs") or 4800, card.get("peak_tflops") or 989.5
     decode = next(s for s in report["sections"] if s["name"] == "decode")["data"]
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(9, 5.6), dpi=120)
     xs = [10 ** (i / 20) for i in range(-20, 101)]
-    ax.plot(xs, [min(tflops, x * gbs / 1e3) for x in xs], color="black", lw=1.5,
-            label=f"roof: {gbs:,.0f} GB/s, {tflops:g} TFLOP/s (datasheet)")
-    styles = {"graphs + fused kernels": ("o", "#1f77b4"), "graphs, ops unfused": ("s", "#ff7f0e"),
-              "eager, ops unfused": ("^", "#7f7f7f")}
+    ax.plot(
+        xs,
+        [min(tflops, x * gbs / 1e3) for x in xs],
+        color="black",
+        lw=1.5,
+        label=f"roof: {gbs:,.0f} GB/s, {tflops:g} TFLOP/s (datasheet)",
+    )
+    styles = {
+        "graphs + fused kernels": ("o", "#1f77b4"),
+        "graphs, ops unfused": ("s", "#ff7f0e"),
+        "eager, ops unfused": ("^", "#7f7f7f"),
+    }
     for variant, (marker, color) in styles.items():
         rows = [r for r in decode.get("decode", []) if r["variant"] == variant]
         if not rows:
             continue
         pts = [decode_point(r) for r in rows]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, ls=":",
-                label=f"decode, {variant}")
+        ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, ls=":", label=f"decode, {variant}"
+        )
         for r, (x, y) in zip(rows, pts):
-            ax.annotate(f"b={r['batch']}: {r['frac']:.0%}" if r.get("frac") else f"b={r['batch']}", (x, y),
-                        textcoords="offset points", xytext=(6, -12), fontsize=9, color=color)
+            ax.annotate(
+                f"b={r['batch']}: {r['frac']:.0%}" if r.get("frac") else f"b={r['batch']}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize=9,
+                color=color,
+            )
     pf = decode.get("prefill")
     if pf:
         n = pf["tokens"]
         x = (2 * LINEAR_PARAMS * n + 2 * n * n * 4096 * 32) / (2 * LINEAR_PARAMS + KV_TOKEN_BYTES * n)
-        ax.plot([x], [pf["tflops"]], marker="*", ms=14, color="#2ca02c", ls="",
-                label=f"prefill, {n} tokens: {pf['tflops'] / tflops:.0%} of the flat roof")
+        ax.plot(
+            [x],
+            [pf["tflops"]],
+            marker="*",
+            ms=14,
+            color="#2ca02c",
+            ls="",
+            label=f"prefill, {n} tokens: {pf['tflops'] / tflops:.0%} of the flat roof",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte read)", fontsize=11)

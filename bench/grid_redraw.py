@@ -8,6 +8,7 @@
   detail plot, and a pan (no new snapshot) and a paint.
 The overview's budget is 16 ms at 1,048,576 blocks (one frame at 60 Hz).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,19 @@ def fake_snapshot(n: int, step: int, rng) -> object:
     held = np.flatnonzero(ref[:4096] > 0)[:256]
     tokens = tuple(int(t) for t in rng.integers(0, 50_000, len(held) * BLOCK_SIZE))
     req = RequestInfo("0", 0, "RUNNING", len(tokens), 0, 0, len(tokens), tuple(int(b) for b in held), "", tokens)
-    return assemble_snapshot(step, BLOCK_SIZE, ref_cnt=ref, has_hash=rng.random(n) < 0.3,
-                             last_access=rng.integers(0, step + 1, n), free_queue=np.flatnonzero(ref == 0),
-                             requests=[req], cached_tokens={}, block_hashes={}, counters={}, num_cpu_blocks=0)
+    return assemble_snapshot(
+        step,
+        BLOCK_SIZE,
+        ref_cnt=ref,
+        has_hash=rng.random(n) < 0.3,
+        last_access=rng.integers(0, step + 1, n),
+        free_queue=np.flatnonzero(ref == 0),
+        requests=[req],
+        cached_tokens={},
+        block_hashes={},
+        counters={},
+        num_cpu_blocks=0,
+    )
 
 
 def median_ms(times: list[float]) -> float:
@@ -69,23 +80,35 @@ def measure_all(sizes=(16_384, 262_144, 1_048_576), repeats: int = 20) -> dict:
     snaps = {}
     for n in sizes:
         snaps[n] = [fake_snapshot(n, i + 1, rng) for i in range(repeats + 1)]
-        out["full"].append({"blocks": n, "median_ms": _timed(lambda s: (view.set_snapshot(s), view.grab()),
-                                                             snaps[n])})
+        out["full"].append({"blocks": n, "median_ms": _timed(lambda s: (view.set_snapshot(s), view.grab()), snaps[n])})
         grids = []
         for s in snaps[n]:
             codes, lut = codes_for(s, "state")
             grids.append((to_grid(codes, len(lut) - 1), lut))
-        out["overview"].append({"blocks": n, "median_ms": _timed(
-            lambda g: (view.overview.set_grid(*g), view.overview.grab()), grids)})
+        out["overview"].append(
+            {"blocks": n, "median_ms": _timed(lambda g: (view.overview.set_grid(*g), view.overview.grab()), grids)}
+        )
     n = sizes[-1]
-    for level, px in ((DetailLevel.CELLS, 1.0), (DetailLevel.BORDERS, BORDER_PX * 1.5),
-                      (DetailLevel.LABELS, LABEL_PX * 1.5), (DetailLevel.SLOTS, slots_px(BLOCK_SIZE) * 1.2)):
+    for level, px in (
+        (DetailLevel.CELLS, 1.0),
+        (DetailLevel.BORDERS, BORDER_PX * 1.5),
+        (DetailLevel.LABELS, LABEL_PX * 1.5),
+        (DetailLevel.SLOTS, slots_px(BLOCK_SIZE) * 1.2),
+    ):
         view.zoom_to(px, QPointF(20, 10) if level >= DetailLevel.LABELS else None)
         assert view.detail_level == level, (level, view.pixels_per_cell())
         new = _timed(lambda s: (view.set_snapshot(s), view.plot.grab()), snaps[n])
         pan = _timed(lambda i: (view.pan_by(0.02 if i % 2 else -0.02, 0), view.plot.grab()), range(repeats + 1))
-        out["detail"].append({"blocks": n, "level": level.name.lower(), "px_per_cell": round(view.pixels_per_cell(), 1),
-                              "cells_with_text": view.layer.painted_cells, "new_snapshot_ms": new, "pan_ms": pan})
+        out["detail"].append(
+            {
+                "blocks": n,
+                "level": level.name.lower(),
+                "px_per_cell": round(view.pixels_per_cell(), 1),
+                "cells_with_text": view.layer.painted_cells,
+                "new_snapshot_ms": new,
+                "pan_ms": pan,
+            }
+        )
     view.close()
     return out
 
@@ -108,11 +131,15 @@ def main() -> None:
     print("| blocks | full grid redraw | overview redraw (budget 16 ms) |\n|---:|---:|---:|")
     for f, o in zip(res["full"], res["overview"]):
         print(f"| {f['blocks']:,} | {f['median_ms']:.1f} ms | {o['median_ms']:.1f} ms |")
-    print(f"\n| detail level at {res['detail'][0]['blocks']:,} blocks | px/cell | cells with text | new snapshot "
-          "| pan |\n|---|---:|---:|---:|---:|")
+    print(
+        f"\n| detail level at {res['detail'][0]['blocks']:,} blocks | px/cell | cells with text | new snapshot "
+        "| pan |\n|---|---:|---:|---:|---:|"
+    )
     for d in res["detail"]:
-        print(f"| {d['level']} | {d['px_per_cell']} | {d['cells_with_text']} | {d['new_snapshot_ms']:.1f} ms "
-              f"| {d['pan_ms']:.1f} ms |")
+        print(
+            f"| {d['level']} | {d['px_per_cell']} | {d['cells_with_text']} | {d['new_snapshot_ms']:.1f} ms "
+            f"| {d['pan_ms']:.1f} ms |"
+        )
     (Path(__file__).parent / "results" / "grid_redraw.json").write_text(json.dumps(res, indent=2))
     app.quit()
 

@@ -13,6 +13,7 @@ Also the grid's redraw time at 16 k, 262 k and 1 M blocks, and
 (``snapshot_scale``) at 2,912, 65,536 and 1,048,576 blocks with 256 requests of steady traffic: a
 snapshot's cost, the timeline's memory after 10,000 steps (2,000 at 1 M blocks) and a scrub's time.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,6 +54,7 @@ class SessionRunner:
 
     def __init__(self) -> None:
         from kvscope.sources.live import LiveSource
+
         self.s = LiveSource(new_engine())
 
     def run(self, reqs) -> tuple[int, float]:
@@ -73,6 +75,7 @@ class WindowRunner:
 
     def __init__(self, win, load_timeout_s: float) -> None:
         from PySide6.QtWidgets import QApplication
+
         self.app, self.win = QApplication.instance(), win
         win.show()
         win.start()
@@ -90,6 +93,7 @@ class WindowRunner:
         from PySide6.QtCore import QEventLoop
 
         from kvscope.ui.worker import InjectSpec
+
         app, win = self.app, self.win
         win.inject([InjectSpec(p, sp) for p, sp in reqs])
         h = win.history
@@ -121,6 +125,7 @@ def thread_window() -> WindowRunner:
 
     from kvscope.sources.live import LiveSource
     from kvscope.ui.main_window import MainWindow
+
     QApplication.instance() or QApplication([])
     win = MainWindow(lambda _scenario: LiveSource(new_engine()), QSettings(os.devnull, QSettings.Format.IniFormat))
     return WindowRunner(win, 60)
@@ -137,6 +142,7 @@ def process_window() -> WindowRunner:
     from kvscope.runtime.build import SourceSpec
     from kvscope.ui.main_window import MainWindow
     from kvscope.ui.worker import ProcessBackend
+
     folder = tempfile.mkdtemp(prefix="kvscope-tiny-")
     tiny_model()[0].save_pretrained(folder)
     QApplication.instance() or QApplication([])
@@ -148,14 +154,17 @@ def process_window() -> WindowRunner:
 def run(quick: bool) -> dict:
     from engine.gc_policy import tune_gc
     from kvscope.runtime.engine_process import leave_a_core_to_the_window
+
     tune_gc()  # as kvscope's window and engine processes do (the engine process after each load)
     # The bare engine runs with the CPU threads the engine process gives itself (one core fewer than the
     # machine's; the environment, which the engine process inherits, says the same)
     threads = leave_a_core_to_the_window()
     batches = [workload(8 if quick else 32, 22 + i) for i in range(1 if quick else BATCHES)]
-    modes = (("LiveSource: + snapshot and events", SessionRunner),
-             ("window, engine on a thread (--engine-thread)", thread_window),
-             ("window, engine in its own process (kvscope)", process_window))
+    modes = (
+        ("LiveSource: + snapshot and events", SessionRunner),
+        ("window, engine on a thread (--engine-thread)", thread_window),
+        ("window, engine in its own process (kvscope)", process_window),
+    )
     # Each batch of a mode runs just after the bare engine ran the same batch, and the ratio is taken
     # per pair: one run alone varies by up to 1.5x on this shared machine, in spells of seconds, so
     # rounds of whole modes in turn moved a mode's median by +-0.1 from one run to the next.
@@ -179,19 +188,35 @@ def run(quick: bool) -> dict:
     def row(label: str, done: list[tuple[int, float]], r: list[float]) -> dict:
         steps, dt = sorted(done, key=lambda x: x[0] / x[1])[len(done) // 2]
         r = sorted(r)
-        return {"mode": label, "steps": steps, "steps_s": steps / dt, "ms_per_step": 1000 * dt / steps,
-                "pairs": len(r), "vs_bare": r[len(r) // 2], "vs_bare_range": [r[0], r[-1]],
-                "vs_bare_quartiles": [r[len(r) // 4], r[(3 * len(r)) // 4]]}
+        return {
+            "mode": label,
+            "steps": steps,
+            "steps_s": steps / dt,
+            "ms_per_step": 1000 * dt / steps,
+            "pairs": len(r),
+            "vs_bare": r[len(r) // 2],
+            "vs_bare_range": [r[0], r[-1]],
+            "vs_bare_quartiles": [r[len(r) // 4], r[(3 * len(r)) // 4]],
+        }
+
     rows = [row("engine.step() alone", bare_runs, [1.0] * len(bare_runs))]
     rows += [row(label, runs[label], ratios[label]) for label, _ in modes]
     from grid_redraw import measure
+
     grid = measure(sizes=(16_384, 262_144) if quick else (16_384, 262_144, 1_048_576), repeats=5 if quick else 20)
     import snapshot_scale
+
     scale = snapshot_scale.run(quick)["rows"]
-    result = {"model": "tiny random Llama", "torch_threads": threads, "requests_per_batch": len(batches[0]),
-              "batches": len(batches),
-              "rounds": 1 if quick else ROUNDS, "rows": rows, "grid_redraw": grid,
-              "scale": scale}
+    result = {
+        "model": "tiny random Llama",
+        "torch_threads": threads,
+        "requests_per_batch": len(batches[0]),
+        "batches": len(batches),
+        "rounds": 1 if quick else ROUNDS,
+        "rows": rows,
+        "grid_redraw": grid,
+        "scale": scale,
+    }
     write_results("inspector_cost", result, quick)
     plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3))
@@ -201,8 +226,17 @@ def run(quick: bool) -> dict:
     ax[1].set_ylabel("grid redraw, ms (median)")
     ax[1].set_xlabel("blocks in the pool")
     save_figure(fig, "inspector_cost", quick)
-    print(table(rows, [("mode", "mode", ""), ("steps_s", "steps/s", ".1f"), ("ms_per_step", "ms/step", ".2f"),
-                       ("vs_bare", "x bare (median of pairs)", ".2f")]))
+    print(
+        table(
+            rows,
+            [
+                ("mode", "mode", ""),
+                ("steps_s", "steps/s", ".1f"),
+                ("ms_per_step", "ms/step", ".2f"),
+                ("vs_bare", "x bare (median of pairs)", ".2f"),
+            ],
+        )
+    )
     print(table(grid, [("blocks", "blocks", ",d"), ("median_ms", "grid redraw ms (median)", ".1f")]))
     return result
 

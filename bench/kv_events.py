@@ -12,6 +12,7 @@ Rows, side by side in one run:
 - the subscriber alone: decode + apply to the prefix forest, per batch of the same shape;
 - loopback end to end: batches a second from ``publish_payload`` to the attached forest.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,6 +46,7 @@ def step_cost(publish: bool, steps: int) -> float:
             t = time.perf_counter()
             observer(rec)
             observer_times.append(time.perf_counter() - t)
+
         timed.close = observer.close
         session.observers.append(timed)
     rng = random.Random(5)
@@ -52,8 +54,10 @@ def step_cost(publish: bool, steps: int) -> float:
     times = []
     for i in range(steps):
         if i % 2 == 0:
-            session.inject(shared + [rng.randrange(1, 500) for _ in range(rng.randrange(16, 200))],
-                           SamplingParams(max_tokens=rng.randrange(8, 64), temperature=0.0, ignore_eos=True))
+            session.inject(
+                shared + [rng.randrange(1, 500) for _ in range(rng.randrange(16, 200))],
+                SamplingParams(max_tokens=rng.randrange(8, 64), temperature=0.0, ignore_eos=True),
+            )
         t0 = time.perf_counter()
         session.step()
         times.append(time.perf_counter() - t0)
@@ -88,8 +92,9 @@ def per_batch(n: int) -> tuple[float, float]:
 
 def loopback(n: int) -> float:
     pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", hwm=10 * n), 16)
-    src = AttachedSource(AttachConfig(connectable(pub.endpoint), rcvhwm=10 * n, max_messages_per_poll=10 * n,
-                                      max_nodes=10 * n * 8))
+    src = AttachedSource(
+        AttachConfig(connectable(pub.endpoint), rcvhwm=10 * n, max_messages_per_poll=10 * n, max_nodes=10 * n * 8)
+    )
     while not src.counters["batches"]:  # until the subscription is through
         pub.publish_payload(encode_batch([], 0.0))
         src.poll(0.05)
@@ -120,10 +125,18 @@ def run(quick: bool) -> dict:
     rate = loopback(n)
     rows = [
         {"what": "engine step (fake runner), no publisher", "value": bare, "unit": "µs / step", "vs_bare": 1.0},
-        {"what": "engine step (fake runner), publishing", "value": published, "unit": "µs / step",
-         "vs_bare": published / bare},
-        {"what": "of which the publisher (ratio: its share of the step)", "value": in_step, "unit": "µs / step",
-         "vs_bare": in_step / published},
+        {
+            "what": "engine step (fake runner), publishing",
+            "value": published,
+            "unit": "µs / step",
+            "vs_bare": published / bare,
+        },
+        {
+            "what": "of which the publisher (ratio: its share of the step)",
+            "value": in_step,
+            "unit": "µs / step",
+            "vs_bare": in_step / published,
+        },
         {"what": "publish one batch (8 stored + 4 removed)", "value": publish_us, "unit": "µs / batch", "vs_bare": ""},
         {"what": "decode + apply one such batch", "value": apply_us, "unit": "µs / batch", "vs_bare": ""},
         {"what": "loopback publish -> forest", "value": rate, "unit": "batches / s", "vs_bare": ""},
@@ -134,11 +147,17 @@ def run(quick: bool) -> dict:
     fig, ax = plt.subplots(figsize=(6, 2.6))
     ax.barh(["no publisher", "publishing"], [bare, published], color=["#888", "#2a7"])
     ax.set_xlabel("µs per engine step (fake runner: bookkeeping only)")
-    ax.set_title(f"publish {publish_us:.0f} µs/batch · apply {apply_us:.0f} µs/batch · {rate:,.0f} batches/s loopback",
-                 fontsize=8)
+    ax.set_title(
+        f"publish {publish_us:.0f} µs/batch · apply {apply_us:.0f} µs/batch · {rate:,.0f} batches/s loopback",
+        fontsize=8,
+    )
     save_figure(fig, "kv_events", quick)
-    print(table(rows, [("what", "measured", ""), ("value", "value", ".1f"), ("unit", "unit", ""),
-                       ("vs_bare", "ratio", ".2f")]))
+    print(
+        table(
+            rows,
+            [("what", "measured", ""), ("value", "value", ".1f"), ("unit", "unit", ""), ("vs_bare", "ratio", ".2f")],
+        )
+    )
     return result
 
 

@@ -14,6 +14,7 @@ On SmolLM2 (fp32 on the CPU here), for kv_cache_dtype auto / fp8 / int8 / int4 (
   over the first 32 / 128 / 512 (agreement, and the first position that differs). After the
   1,024- and 4,096-token prompts only 128 tokens are generated unless ``--full`` (CPU time).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,15 +52,26 @@ class Recorder:
 def run_drift(mtn, dtype: str, prompts: list[list[int]], n_outs: list[int], reference: dict | None) -> dict:
     """One engine run per prompt (batching a 128-token context with a 4,096-token one would pad
     the short one's decode attention to the long one's length in the torch path)."""
-    parts = [_drift_one(mtn, dtype, [p], n_outs[i], None if reference is None else
-                        {k: [v[i]] for k, v in reference.items() if k != "seconds"}) for i, p in enumerate(prompts)]
-    return {k: [x for part in parts for x in part[k]] if k != "seconds" else sum(part[k] for part in parts)
-            for k in parts[0]}
+    parts = [
+        _drift_one(
+            mtn,
+            dtype,
+            [p],
+            n_outs[i],
+            None if reference is None else {k: [v[i]] for k, v in reference.items() if k != "seconds"},
+        )
+        for i, p in enumerate(prompts)
+    ]
+    return {
+        k: [x for part in parts for x in part[k]] if k != "seconds" else sum(part[k] for part in parts)
+        for k in parts[0]
+    }
 
 
 def _drift_one(mtn, dtype: str, prompts: list[list[int]], n_out: int, reference: dict | None) -> dict:
-    engine = engine_for(mtn, kv_cache_dtype=dtype, num_gpu_blocks=4096, max_model_len=8192, block_size=16,
-                        max_num_batched_tokens=2048)
+    engine = engine_for(
+        mtn, kv_cache_dtype=dtype, num_gpu_blocks=4096, max_model_len=8192, block_size=16, max_num_batched_tokens=2048
+    )
     greedy = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
     ids = {"free": [engine.add_request(p, greedy, request_id=f"free{i}") for i, p in enumerate(prompts)]}
     forced = {}
@@ -123,11 +135,15 @@ def run(quick: bool, full: bool = False) -> dict:
         fmts = part_formats(dtype)
         bytes32 = sum(token_bytes(f, kvh, head_dim, 4) for f in fmts)
         bytes16 = sum(token_bytes(f, kvh, head_dim, 2) for f in fmts)
-        row = {"kv_cache_dtype": dtype, "blocks": engine.pool.num_blocks,
-               "tokens": engine.pool.num_blocks * 16, "bytes_per_token_layer": bytes32,
-               "x_fp32": sum(token_bytes("none", kvh, head_dim, 4) for _ in fmts) / bytes32,
-               "x_16bit": sum(token_bytes("none", kvh, head_dim, 2) for _ in fmts) / bytes16,
-               "tok_s": throughput(mtn, dtype, 4 if quick else 16, 16 if quick else 128, 8 if quick else 64)}
+        row = {
+            "kv_cache_dtype": dtype,
+            "blocks": engine.pool.num_blocks,
+            "tokens": engine.pool.num_blocks * 16,
+            "bytes_per_token_layer": bytes32,
+            "x_fp32": sum(token_bytes("none", kvh, head_dim, 4) for _ in fmts) / bytes32,
+            "x_16bit": sum(token_bytes("none", kvh, head_dim, 2) for _ in fmts) / bytes16,
+            "tok_s": throughput(mtn, dtype, 4 if quick else 16, 16 if quick else 128, 8 if quick else 64),
+        }
         del engine
         if dtype != "auto":
             d = run_drift(mtn, dtype, prompts, n_outs, reference)
@@ -141,8 +157,14 @@ def run(quick: bool, full: bool = False) -> dict:
                 row[f"kl_max_{plen}"] = max(kl)
                 row[f"kl_{plen}"] = kl
         rows.append(row)
-    result = {"model": mtn[2], "budget_bytes": budget, "prompt_lengths": list(lengths), "generated": n_outs,
-              "marks": list(marks), "rows": rows}
+    result = {
+        "model": mtn[2],
+        "budget_bytes": budget,
+        "prompt_lengths": list(lengths),
+        "generated": n_outs,
+        "marks": list(marks),
+        "rows": rows,
+    }
     name = "kv_quant_full" if full else "kv_quant"
     write_results(name, result, quick)
     plt = pyplot()
@@ -159,9 +181,18 @@ def run(quick: bool, full: bool = False) -> dict:
     axes[0].set_ylabel("KL(ref || quantized), nats")
     axes[0].legend()
     save_figure(fig, name, quick)
-    print(table(rows, [("kv_cache_dtype", "kv_cache_dtype", ""), ("blocks", "blocks in 1 GiB", "d"),
-                       ("x_fp32", "x fp32 cache", ".2f"), ("x_16bit", "x 16-bit cache", ".2f"),
-                       ("tok_s", "tok/s", ".1f")]))
+    print(
+        table(
+            rows,
+            [
+                ("kv_cache_dtype", "kv_cache_dtype", ""),
+                ("blocks", "blocks in 1 GiB", "d"),
+                ("x_fp32", "x fp32 cache", ".2f"),
+                ("x_16bit", "x 16-bit cache", ".2f"),
+                ("tok_s", "tok/s", ".1f"),
+            ],
+        )
+    )
     cols = [("kv_cache_dtype", "kv_cache_dtype", "")]
     for plen in lengths:
         cols += [(f"agree_{plen}_{m}", f"{plen}: agree@{m}", ".0%") for m in marks if m <= n_outs[lengths.index(plen)]]
@@ -172,6 +203,7 @@ def run(quick: bool, full: bool = False) -> dict:
 
 if __name__ == "__main__":
     import sys
+
     full = "--full" in sys.argv
     if full:
         sys.argv.remove("--full")

@@ -19,6 +19,7 @@ system prompt ends up on every instance), and in each round one prompt of each i
 7. the fleet's poll with four instances, idle and under load;
 8. the window over this fleet: ``bench/results/live_fleet.png`` (1280x720).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def bytes_per_block() -> int:
     """SmolLM2's KV bytes in one 32-token block, in float32 (what both engines serve it in here)."""
     from engine.runner.models.loader import embedded_folder
+
     c = json.loads((embedded_folder() / "config.json").read_text())
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 4 * BLOCK
@@ -64,8 +66,13 @@ def check_counts(fleet, servers, notices: list[str]) -> dict:
     rec = settle(fleet, notices=notices)
     own = [s.own_blocks() for s in servers[:3]] + [len(vllm_own_hashes(servers[3]))]
     vllm_same = {h for (_r, _m, h) in fleet.members[3].source.model.nodes} == vllm_own_hashes(servers[3])
-    return {"fleet": [r.blocks for r in rec.instances], "own": own, "vllm_hashes_equal": vllm_same,
-            "equal": [r.blocks for r in rec.instances] == own and vllm_same, "rec": rec}
+    return {
+        "fleet": [r.blocks for r in rec.instances],
+        "own": own,
+        "vllm_hashes_equal": vllm_same,
+        "equal": [r.blocks for r in rec.instances] == own and vllm_same,
+        "rec": rec,
+    }
 
 
 def load_round(servers, r: int, own_prompts: dict[str, list[str]], max_tokens: int = 8) -> None:
@@ -76,9 +83,9 @@ def load_round(servers, r: int, own_prompts: dict[str, list[str]], max_tokens: i
         jobs.append((srv, p))
     threads = [threading.Thread(target=srv.complete, args=(p, max_tokens)) for srv, p in jobs]
     for i in range(0, len(threads), 4):  # four at a time
-        for t in threads[i:i + 4]:
+        for t in threads[i : i + 4]:
             t.start()
-        for t in threads[i:i + 4]:
+        for t in threads[i : i + 4]:
             t.join(300)
 
 
@@ -106,10 +113,28 @@ def poll_ms(fleet, n: int) -> float:
 def screenshot(path: str, own_prompt: str, quick: bool) -> str:
     png = RESULTS / ("quick" if quick else "") / "live_fleet.png"
     png.parent.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "kvscope", "--fleet", path, "--route-prompt", own_prompt,
-                        "--screenshot", str(png), "--steps", "40", "--window-size", "1280x720"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "QT_QPA_PLATFORM": "offscreen", "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "--fleet",
+            path,
+            "--route-prompt",
+            own_prompt,
+            "--screenshot",
+            str(png),
+            "--steps",
+            "40",
+            "--window-size",
+            "1280x720",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen", "OMP_NUM_THREADS": "1"},
+    )
     if r.returncode:
         raise SystemExit(f"the fleet window's screenshot failed: {r.stderr[-2000:]}")
     return str(png.relative_to(ROOT))
@@ -120,6 +145,7 @@ def run(quick: bool) -> dict:
     from engine.runner.models.loader import embedded_folder, load_tokenizer
     from kvscope.sources.fleet import FleetSource
     from kvscope.sources.fleet_spec import read_fleet_file
+
     tok = load_tokenizer(str(embedded_folder()))
     bpb = bytes_per_block()
     rounds = 2 if quick else 5
@@ -148,17 +174,28 @@ def run(quick: bool) -> dict:
                 ids = tok.encode(own_prompts[name][-1])
                 ans = fleet.route(ids)
                 got = {s.instance: s.blocks for s in ans.scores}
-                routes.append({"round": r + 1, "sent_to": name, "best": list(ans.best), "blocks": got[name],
-                               "prompt_blocks": len(ids) // BLOCK, "right": ans.best == (name,),
-                               "others": sum(v for n, v in got.items() if n != name)})
-            print(f"round {r + 1}: fleet {c['fleet']} own {c['own']} vLLM hashes equal: {c['vllm_hashes_equal']}",
-                  flush=True)
+                routes.append(
+                    {
+                        "round": r + 1,
+                        "sent_to": name,
+                        "best": list(ans.best),
+                        "blocks": got[name],
+                        "prompt_blocks": len(ids) // BLOCK,
+                        "right": ans.best == (name,),
+                        "others": sum(v for n, v in got.items() if n != name),
+                    }
+                )
+            print(
+                f"round {r + 1}: fleet {c['fleet']} own {c['own']} vLLM hashes equal: {c['vllm_hashes_equal']}",
+                flush=True,
+            )
         rec = checks[-1]["rec"]
         vllm_held = vllm_own_hashes(servers[3])
         hasher = VllmBlockHasher("sha256_cbor", "0")
         vllm_scores = []
-        for p in [q for ps in own_prompts.values() for q in ps] + [chat(s, 10 * r) for r in range(rounds)
-                                                                    for s in (0, 1)]:
+        for p in [q for ps in own_prompts.values() for q in ps] + [
+            chat(s, 10 * r) for r in range(rounds) for s in (0, 1)
+        ]:
             ids = tok.encode(p)
             want = 0
             for d in hasher.chain(ids, BLOCK):
@@ -169,6 +206,7 @@ def run(quick: bool) -> dict:
         lags = lag(fleet, servers[0], 0, [solo("lag", i) for i in range(5 if quick else 20)])
         # an instance killed, and started again where it was
         settle(fleet, notices=notices)
+
         def poll_said(timeout: float):
             rec = fleet.poll(timeout)
             notices.extend(rec.notices)
@@ -199,46 +237,85 @@ def run(quick: bool) -> dict:
         fleet.close()
         for s in servers:
             s.close()
-    rows = [{"instance": r.name, "engine": "vLLM 0.32 (CPU)" if r.name == "vllm" else "kvscope --serve",
-             "fleet_blocks": r.blocks, "own_blocks": checks[-1]["own"][i],
-             "equal_rounds": f"{sum(c['fleet'][i] == c['own'][i] for c in checks)} of {len(checks)}",
-             "blocks_reproduced": int(r.hashes.split(": ")[1].split()[0]), "also_elsewhere": r.shared_blocks,
-             "blocks_not_reproduced": int(r.hashes.split(", ")[-1].split()[0]) if " not " in r.hashes else 0,
-             "routes_right": f"{sum(x['right'] for x in routes if x['sent_to'] == r.name)} of "
-                             f"{sum(x['sent_to'] == r.name for x in routes)}"}
-            for i, r in enumerate(rec.instances)]
+    rows = [
+        {
+            "instance": r.name,
+            "engine": "vLLM 0.32 (CPU)" if r.name == "vllm" else "kvscope --serve",
+            "fleet_blocks": r.blocks,
+            "own_blocks": checks[-1]["own"][i],
+            "equal_rounds": f"{sum(c['fleet'][i] == c['own'][i] for c in checks)} of {len(checks)}",
+            "blocks_reproduced": int(r.hashes.split(": ")[1].split()[0]),
+            "also_elsewhere": r.shared_blocks,
+            "blocks_not_reproduced": int(r.hashes.split(", ")[-1].split()[0]) if " not " in r.hashes else 0,
+            "routes_right": f"{sum(x['right'] for x in routes if x['sent_to'] == r.name)} of "
+            f"{sum(x['sent_to'] == r.name for x in routes)}",
+        }
+        for i, r in enumerate(rec.instances)
+    ]
     d = rec.duplication
     data = {
-        "setup": {"instances": NAMES, "block_size": BLOCK, "kvscope_pool_blocks": 24, "vllm_pool_blocks": 40,
-                  "hash": "sha256_cbor, PYTHONHASHSEED=0", "bytes_per_block": bpb, "rounds": rounds,
-                  "requests_per_round": 8 + 4, "servers_started_s": round(started_s, 1)},
+        "setup": {
+            "instances": NAMES,
+            "block_size": BLOCK,
+            "kvscope_pool_blocks": 24,
+            "vllm_pool_blocks": 40,
+            "hash": "sha256_cbor, PYTHONHASHSEED=0",
+            "bytes_per_block": bpb,
+            "rounds": rounds,
+            "requests_per_round": 8 + 4,
+            "servers_started_s": round(started_s, 1),
+        },
         "rows": rows,
         "counts_equal_every_round": all(c["equal"] for c in checks) and after["equal"],
         "vllm_hash_map_equal": all(c["vllm_hashes_equal"] for c in checks),
-        "routes": {"right": sum(x["right"] for x in routes), "of": len(routes),
-                   "whole_prompt_cached": sum(x["blocks"] == x["prompt_blocks"] for x in routes),
-                   "other_instances_blocks": sum(x["others"] for x in routes), "each": routes},
+        "routes": {
+            "right": sum(x["right"] for x in routes),
+            "of": len(routes),
+            "whole_prompt_cached": sum(x["blocks"] == x["prompt_blocks"] for x in routes),
+            "other_instances_blocks": sum(x["others"] for x in routes),
+            "each": routes,
+        },
         "vllm_scores_equal_its_hash_map": f"{sum(vllm_scores)} of {len(vllm_scores)}",
         "duplication": {**d.as_dict(), "distinct_blocks": rec.distinct_blocks, "blocks": rec.blocks},
-        "lag_ms": {"median": round(1e3 * statistics.median(lags), 2), "p95": round(1e3 * percentile(lags, 95), 2),
-                   "n": len(lags)},
-        "kill_restart": {"marked_down_ms": round(1e3 * down_s, 1), "server_restart_s": round(restart_s, 1),
-                         "back_up_ms": round(1e3 * up_s, 1), "cleared_and_equal_ms": round(1e3 * cleared_s, 1),
-                         "counts_equal_after": after["equal"]},
+        "lag_ms": {
+            "median": round(1e3 * statistics.median(lags), 2),
+            "p95": round(1e3 * percentile(lags, 95), 2),
+            "n": len(lags),
+        },
+        "kill_restart": {
+            "marked_down_ms": round(1e3 * down_s, 1),
+            "server_restart_s": round(restart_s, 1),
+            "back_up_ms": round(1e3 * up_s, 1),
+            "cleared_and_equal_ms": round(1e3 * cleared_s, 1),
+            "counts_equal_after": after["equal"],
+        },
         "poll_ms": {"idle": round(idle_ms, 3), "under_load_median": round(statistics.median(busy), 3)},
         "notices": notices,
         "picture": picture,
     }
     write_results("live_fleet", data, quick)
-    print(table(rows, [("instance", "instance", ""), ("engine", "engine", ""), ("fleet_blocks", "fleet view", "d"),
-                       ("own_blocks", "its own count", "d"), ("equal_rounds", "equal after rounds", ""),
-                       ("blocks_reproduced", "blocks' hashes reproduced", "d"),
-                       ("blocks_not_reproduced", "not", "d"), ("also_elsewhere", "also elsewhere", "d"),
-                       ("routes_right", "own prompts routed to it", "")]))
-    print(f"duplicated: {d.blocks} blocks, {d.extra_copies} extra copies, {d.extra_bytes / 2**20:.1f} MiB; "
-          f"lag median {data['lag_ms']['median']} ms (p95 {data['lag_ms']['p95']}); killed -> down in "
-          f"{1e3 * down_s:.1f} ms; poll {idle_ms:.2f} ms idle; routes {data['routes']['right']} of "
-          f"{data['routes']['of']}; vLLM's scores equal its hash map: {data['vllm_scores_equal_its_hash_map']}")
+    print(
+        table(
+            rows,
+            [
+                ("instance", "instance", ""),
+                ("engine", "engine", ""),
+                ("fleet_blocks", "fleet view", "d"),
+                ("own_blocks", "its own count", "d"),
+                ("equal_rounds", "equal after rounds", ""),
+                ("blocks_reproduced", "blocks' hashes reproduced", "d"),
+                ("blocks_not_reproduced", "not", "d"),
+                ("also_elsewhere", "also elsewhere", "d"),
+                ("routes_right", "own prompts routed to it", ""),
+            ],
+        )
+    )
+    print(
+        f"duplicated: {d.blocks} blocks, {d.extra_copies} extra copies, {d.extra_bytes / 2**20:.1f} MiB; "
+        f"lag median {data['lag_ms']['median']} ms (p95 {data['lag_ms']['p95']}); killed -> down in "
+        f"{1e3 * down_s:.1f} ms; poll {idle_ms:.2f} ms idle; routes {data['routes']['right']} of "
+        f"{data['routes']['of']}; vLLM's scores equal its hash map: {data['vllm_scores_equal_its_hash_map']}"
+    )
     return data
 
 

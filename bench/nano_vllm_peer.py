@@ -9,6 +9,7 @@ code is not part of this project. Get it yourself and point the benchmark at the
 Only ``nanovllm/engine/{scheduler,block_manager,sequence}.py`` and ``sampling_params.py`` are
 loaded, under stub packages, so its model code (flash-attn, CUDA) is never imported.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,6 +39,7 @@ def load(path: str | Path):
         sys.modules[name] = m
         spec.loader.exec_module(m)
         return m
+
     sp = module("nanovllm.sampling_params", root / "sampling_params.py")
     seq = module("nanovllm.engine.sequence", root / "engine" / "sequence.py")
     module("nanovllm.engine.block_manager", root / "engine" / "block_manager.py")
@@ -45,20 +47,25 @@ def load(path: str | Path):
     return sched.Scheduler, seq.Sequence, sp.SamplingParams
 
 
-def stepper(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int,
-            vocab: int):
+def stepper(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int, vocab: int):
     """A function running one timed step of ``schedule()`` + ``postprocess()`` with every request
     decoding (the prompts' prefill already done); it returns the step's seconds."""
     Scheduler, Sequence, SamplingParams = load(path)
     Sequence.block_size = block_size
-    cfg = types.SimpleNamespace(max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, 400 * len(prompts)),
-                                eos=-1, kvcache_block_size=block_size, num_kvcache_blocks=num_blocks)
+    cfg = types.SimpleNamespace(
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=max(2048, 400 * len(prompts)),
+        eos=-1,
+        kvcache_block_size=block_size,
+        num_kvcache_blocks=num_blocks,
+    )
     s = Scheduler(cfg)
     for p in prompts:
         s.add(Sequence(list(p), SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True)))
 
     def fake_tokens(seqs):  # the same rule as common.install_fake_runner
         return [(len(q) * 7919 + 1) % vocab for q in seqs]
+
     seqs, prefill = s.schedule()  # every prompt prefills in this step
     s.postprocess(seqs, fake_tokens(seqs), prefill)
 
@@ -69,11 +76,13 @@ def stepper(path: str | Path, prompts: list[list[int]], steps: int, block_size: 
         dt = time.perf_counter() - t0
         assert not prefill and len(seqs) == len(prompts)
         return dt
+
     return step
 
 
-def measure(path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int,
-            vocab: int) -> dict:
+def measure(
+    path: str | Path, prompts: list[list[int]], steps: int, block_size: int, num_blocks: int, vocab: int
+) -> dict:
     """Median µs per step of ``schedule()`` + ``postprocess()`` with every request decoding."""
     step = stepper(path, prompts, steps, block_size, num_blocks, vocab)
     return {"us_per_step": 1e6 * statistics.median(step() for _ in range(steps))}

@@ -10,6 +10,7 @@ Two workloads on SmolLM2, each run with caching on and off:
   plus a 100-300 token user message.
 TTFT p50/p99, requests/s, output tokens/s and the hit rate (prefix_cache_hits / queries).
 """
+
 from __future__ import annotations
 
 import time
@@ -97,25 +98,43 @@ def run(quick: bool) -> dict:
             conv = conv + outs[0]
         chat_s = time.perf_counter() - t0
         q, h = engine.kv.prefix_cache_queries - q0, engine.kv.prefix_cache_hits - h0
-        rows.append({"caching": "on" if caching else "off", "ttft_p50_s": percentile(ttfts, 50),
-                     "ttft_p99_s": percentile(ttfts, 99), "sequential_req_s": n_req / seq_s,
-                     "concurrent_out_tok_s": n_req * max_tokens / conc_s,
-                     "concurrent_ttft_p50_s": percentile(conc_ttft, 50), "shared_hit_rate": shared_hits,
-                     "chat_ttft_p50_s": percentile(chat_ttft, 50), "chat_ttft_last_s": chat_ttft[-1],
-                     "chat_ttft_per_turn_s": chat_ttft, "chat_seconds": chat_s,
-                     "chat_hit_rate": h / q if q else 0.0})
+        rows.append(
+            {
+                "caching": "on" if caching else "off",
+                "ttft_p50_s": percentile(ttfts, 50),
+                "ttft_p99_s": percentile(ttfts, 99),
+                "sequential_req_s": n_req / seq_s,
+                "concurrent_out_tok_s": n_req * max_tokens / conc_s,
+                "concurrent_ttft_p50_s": percentile(conc_ttft, 50),
+                "shared_hit_rate": shared_hits,
+                "chat_ttft_p50_s": percentile(chat_ttft, 50),
+                "chat_ttft_last_s": chat_ttft[-1],
+                "chat_ttft_per_turn_s": chat_ttft,
+                "chat_seconds": chat_s,
+                "chat_hit_rate": h / q if q else 0.0,
+            }
+        )
     off, on = rows
     speedup = {k: off[k] / on[k] for k in ("ttft_p50_s", "ttft_p99_s", "chat_ttft_p50_s", "chat_ttft_last_s")}
     speedup["sequential_req_s"] = on["sequential_req_s"] / off["sequential_req_s"]
     speedup["concurrent_out_tok_s"] = on["concurrent_out_tok_s"] / off["concurrent_out_tok_s"]
-    result = {"model": mtn[2], "system_prompt_tokens": sys_len, "requests": n_req, "chat_turns": turns,
-              "max_tokens": max_tokens, "rows": rows, "speedup_with_caching": speedup}
+    result = {
+        "model": mtn[2],
+        "system_prompt_tokens": sys_len,
+        "requests": n_req,
+        "chat_turns": turns,
+        "max_tokens": max_tokens,
+        "rows": rows,
+        "speedup_with_caching": speedup,
+    }
     write_results("prefix_caching", result, quick)
     plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.2))
-    ax[0].bar(["p50 off", "p50 on", "p99 off", "p99 on"],
-              [off["ttft_p50_s"], on["ttft_p50_s"], off["ttft_p99_s"], on["ttft_p99_s"]],
-              color=["#888", "#2a7", "#888", "#2a7"])
+    ax[0].bar(
+        ["p50 off", "p50 on", "p99 off", "p99 on"],
+        [off["ttft_p50_s"], on["ttft_p50_s"], off["ttft_p99_s"], on["ttft_p99_s"]],
+        color=["#888", "#2a7", "#888", "#2a7"],
+    )
     ax[0].set_ylabel("TTFT, s")
     ax[0].set_title(f"{sys_len}-token shared system prompt")
     for r, c in ((off, "#888"), (on, "#2a7")):
@@ -125,12 +144,22 @@ def run(quick: bool) -> dict:
     ax[1].legend()
     ax[1].set_title(f"{turns}-turn chat")
     save_figure(fig, "prefix_caching", quick)
-    print(table(rows, [("caching", "caching", ""), ("ttft_p50_s", "TTFT p50 s", ".3f"),
-                       ("ttft_p99_s", "TTFT p99 s", ".3f"), ("sequential_req_s", "req/s (one client)", ".2f"),
-                       ("concurrent_out_tok_s", "out tok/s (all at once)", ".1f"),
-                       ("shared_hit_rate", "hit rate", ".0%"), ("chat_ttft_p50_s", "chat TTFT p50 s", ".3f"),
-                       ("chat_ttft_last_s", "chat TTFT last turn s", ".3f"),
-                       ("chat_hit_rate", "chat hit rate", ".0%")]))
+    print(
+        table(
+            rows,
+            [
+                ("caching", "caching", ""),
+                ("ttft_p50_s", "TTFT p50 s", ".3f"),
+                ("ttft_p99_s", "TTFT p99 s", ".3f"),
+                ("sequential_req_s", "req/s (one client)", ".2f"),
+                ("concurrent_out_tok_s", "out tok/s (all at once)", ".1f"),
+                ("shared_hit_rate", "hit rate", ".0%"),
+                ("chat_ttft_p50_s", "chat TTFT p50 s", ".3f"),
+                ("chat_ttft_last_s", "chat TTFT last turn s", ".3f"),
+                ("chat_hit_rate", "chat hit rate", ".0%"),
+            ],
+        )
+    )
     print("with caching: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()))
     return result
 

@@ -10,6 +10,7 @@
    without the probe and with it (and kvscope attached, reading every step), alternating server starts. Aim:
    at least 0.99x.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,18 @@ STEPS = Path(__file__).resolve().parents[1] / "tests" / "probe_vllm" / "probe_st
 
 def synthetic(probe: bool, num_blocks: int, running: int, prompt: int, steps: int) -> dict:
     env = dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder())
-    args = [need_vllm(), str(STEPS), "--num-blocks", str(num_blocks), "--running", str(running), "--prompt",
-            str(prompt), "--steps", str(steps)]
+    args = [
+        need_vllm(),
+        str(STEPS),
+        "--num-blocks",
+        str(num_blocks),
+        "--running",
+        str(running),
+        "--prompt",
+        str(prompt),
+        "--steps",
+        str(steps),
+    ]
     if probe:
         args += ["--endpoint", f"tcp://127.0.0.1:{free_port()}"]
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
@@ -49,6 +60,7 @@ def live_run(probe: bool, requests: int, concurrency: int, max_tokens: int) -> d
         reader = None
         if probe:
             from kvscope.sources.probe import ProbeSource
+
             src = ProbeSource(ep, wait_s=60, client="bench")
             records = [0]
 
@@ -92,8 +104,11 @@ def live_run(probe: bool, requests: int, concurrency: int, max_tokens: int) -> d
 
 def run(quick: bool) -> dict:
     need_vllm()
-    size = dict(num_blocks=4096, running=32, prompt=200, steps=60) if quick else dict(
-        num_blocks=65_536, running=256, prompt=1000, steps=400)
+    size = (
+        dict(num_blocks=4096, running=32, prompt=200, steps=60)
+        if quick
+        else dict(num_blocks=65_536, running=256, prompt=1000, steps=400)
+    )
     rounds = 1 if quick else 3
     syn: dict[bool, list] = {False: [], True: []}
     for _ in range(rounds):
@@ -104,12 +119,21 @@ def run(quick: bool) -> dict:
     end = [t for r in syn[True] for t in r["end_step_s"]]
     rows = [
         {"what": "step, no probe (ms)", "mean": 1e3 * statistics.mean(bare), "median": 1e3 * statistics.median(bare)},
-        {"what": "step, probe + subscriber (ms)", "mean": 1e3 * statistics.mean(probed),
-         "median": 1e3 * statistics.median(probed)},
-        {"what": "probe's cost a step (ms)", "mean": 1e3 * (statistics.mean(probed) - statistics.mean(bare)),
-         "median": 1e3 * (statistics.median(probed) - statistics.median(bare))},
-        {"what": "probe's end-of-step work (ms)", "mean": 1e3 * statistics.mean(end),
-         "median": 1e3 * statistics.median(end)},
+        {
+            "what": "step, probe + subscriber (ms)",
+            "mean": 1e3 * statistics.mean(probed),
+            "median": 1e3 * statistics.median(probed),
+        },
+        {
+            "what": "probe's cost a step (ms)",
+            "mean": 1e3 * (statistics.mean(probed) - statistics.mean(bare)),
+            "median": 1e3 * (statistics.median(probed) - statistics.median(bare)),
+        },
+        {
+            "what": "probe's end-of-step work (ms)",
+            "mean": 1e3 * statistics.mean(end),
+            "median": 1e3 * statistics.median(end),
+        },
     ]
     live = []
     if not quick:
@@ -118,14 +142,24 @@ def run(quick: bool) -> dict:
                 live.append(live_run(probe, requests=48, concurrency=8, max_tokens=48))
     tok = {p: [r["tok_s"] for r in live if r["probe"] is p] for p in (False, True)}
     ratio = statistics.median(tok[True]) / statistics.median(tok[False]) if live else None
-    data = {"synthetic": {**size, "rounds": rounds, "rows": rows,
-                          "blocks_used": syn[True][-1]["blocks_used"], "running": syn[True][-1]["running"]},
-            "live": {"runs": live, "with_over_without": ratio}, "rows": rows}
+    data = {
+        "synthetic": {
+            **size,
+            "rounds": rounds,
+            "rows": rows,
+            "blocks_used": syn[True][-1]["blocks_used"],
+            "running": syn[True][-1]["running"],
+        },
+        "live": {"runs": live, "with_over_without": ratio},
+        "rows": rows,
+    }
     write_results("probe_cost", data, quick)
     print(table(rows, [("what", "", ""), ("mean", "mean", ".3f"), ("median", "median", ".3f")]))
     if live:
-        print(f"live CPU server, tokens/s with the probe over without (medians of {rounds}): {ratio:.3f}x  "
-              f"without {tok[False]}  with {tok[True]}")
+        print(
+            f"live CPU server, tokens/s with the probe over without (medians of {rounds}): {ratio:.3f}x  "
+            f"without {tok[False]}  with {tok[True]}"
+        )
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.hist([1e3 * t for t in bare], bins=60, alpha=0.6, label="no probe")

@@ -8,6 +8,7 @@ the file reaches its target size (13 MB: the size whose replay held 240 MB befor
 Then, in a fresh process, ``ReplaySource`` steps through every record while the process's resident
 memory is sampled each step: the growth over the replay (peak minus start) is what replay costs.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,16 @@ TARGET_MB = 13
 def record(path: Path, target_mb: float) -> int:
     from common import tiny_model
     from kvscope.sources.live import LiveSource
+
     running = 60
-    engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=2_912, max_num_seqs=running,
-                        max_num_batched_tokens=max(2048, running * 400), max_model_len=4096)
+    engine = engine_for(
+        tiny_model(),
+        block_size=16,
+        num_gpu_blocks=2_912,
+        max_num_seqs=running,
+        max_num_batched_tokens=max(2048, running * 400),
+        max_model_len=4096,
+    )
     install_fake_runner(engine)
     src = LiveSource(engine, trace_path=str(path))
     traffic = iter(_traffic(100_000))
@@ -63,8 +71,14 @@ print(n, start, peak)
 
 def replay(path: Path) -> tuple[int, int, int]:
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", REPLAY, str(path)], capture_output=True, text=True, check=True,
-                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    out = subprocess.run(
+        [sys.executable, "-c", REPLAY, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     n, start, peak = map(int, out.stdout.split()[-3:])
     return n, start, peak
 
@@ -76,16 +90,31 @@ def run(quick: bool) -> dict:
         steps = record(path, target)
         size = path.stat().st_size
         n, start, peak = replay(path)
-    row = {"trace_mb": size / 2**20, "steps": steps, "replayed": n, "rss_start_mb": start / 2**20,
-           "rss_growth_mb": (peak - start) / 2**20}
+    row = {
+        "trace_mb": size / 2**20,
+        "steps": steps,
+        "replayed": n,
+        "rss_start_mb": start / 2**20,
+        "rss_growth_mb": (peak - start) / 2**20,
+    }
     write_results("replay_memory", {"rows": [row]}, quick)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 2.5))
     ax.barh(["trace file", "replay's memory growth"], [row["trace_mb"], row["rss_growth_mb"]], color=["#888", "#2a7"])
     ax.set_xlabel("MB")
     save_figure(fig, "replay_memory", quick)
-    print(table([row], [("trace_mb", "trace MB", ".1f"), ("steps", "steps", "d"), ("replayed", "replayed", "d"),
-                        ("rss_start_mb", "RSS at start, MB", ".0f"), ("rss_growth_mb", "RSS growth, MB", ".0f")]))
+    print(
+        table(
+            [row],
+            [
+                ("trace_mb", "trace MB", ".1f"),
+                ("steps", "steps", "d"),
+                ("replayed", "replayed", "d"),
+                ("rss_start_mb", "RSS at start, MB", ".0f"),
+                ("rss_growth_mb", "RSS growth, MB", ".0f"),
+            ],
+        )
+    )
     return {"rows": [row]}
 
 

@@ -12,6 +12,7 @@ streams). For scale: one decode step of a 7B model on a current GPU takes about 
 ``--nano-vllm PATH`` (a checkout of nano-vllm, see ``bench/nano_vllm_peer.py``) its scheduler and
 block manager run the same workload side by side.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -41,13 +42,18 @@ def workload(n: int) -> list[list[int]]:
 def stepper(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY):
     """A function running one timed engine step with all ``n`` requests decoding; it returns the step's
     seconds. The prompts' prefill is done before the first."""
-    engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=n * 48 + 64, max_num_seqs=n,
-                        max_num_batched_tokens=max(2048, n * 400), enable_prefix_caching=caching,
-                        max_model_len=4096)
+    engine = engine_for(
+        tiny_model(),
+        block_size=16,
+        num_gpu_blocks=n * 48 + 64,
+        max_num_seqs=n,
+        max_num_batched_tokens=max(2048, n * 400),
+        enable_prefix_caching=caching,
+        max_model_len=4096,
+    )
     install_fake_runner(engine)
     for p in workload(n):
-        engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True,
-                                             output_kind=kind))
+        engine.add_request(p, SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True, output_kind=kind))
     engine.step()  # every prompt prefills in this step (the budget covers them all)
 
     def step() -> float:
@@ -56,21 +62,28 @@ def stepper(n: int, steps: int, caching: bool, kind: RequestOutputKind = Request
         dt = time.perf_counter() - t0
         assert len(engine.scheduler.running) == n
         return dt
+
     return step
 
 
 def measure(n: int, steps: int, caching: bool, kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> dict:
     step = stepper(n, steps, caching, kind)
     us = 1e6 * statistics.median(step() for _ in range(steps))
-    return {"running": n, "prefix_caching": "on" if caching else "off", "outputs": kind.name.lower(),
-            "us_per_step": us,
-            "us_per_request": us / n, "fraction_of_gpu_step": us / GPU_DECODE_STEP_US}
+    return {
+        "running": n,
+        "prefix_caching": "on" if caching else "off",
+        "outputs": kind.name.lower(),
+        "us_per_step": us,
+        "us_per_request": us / n,
+        "fraction_of_gpu_step": us / GPU_DECODE_STEP_US,
+    }
 
 
 def side_by_side(n: int, steps: int, nano_vllm: str, chunk: int = 5) -> dict:
     """kvscope and nano-vllm stepped in turns, ``chunk`` steps each, over the same ``steps``: a slow spell
     of this shared machine lands on both alike (whole runs one after the other differed by up to 2x)."""
     from nano_vllm_peer import stepper as peer
+
     vocab = tiny_model()[0].config.vocab_size
     ours, theirs = stepper(n, steps, True), peer(nano_vllm, workload(n), steps, 16, n * 48 + 64, vocab)
     a, b = [], []
@@ -93,24 +106,45 @@ def run(quick: bool, nano_vllm: str | None = None) -> dict:
     fig, ax = plt.subplots(figsize=(6, 3))
     for caching, c in (("on", "#2a7"), ("off", "#888")):
         rs = [r for r in rows if r["prefix_caching"] == caching and r["outputs"] == "final_only"]
-        ax.plot([r["running"] for r in rs], [r["us_per_step"] for r in rs], "o-", color=c,
-                label=f"prefix caching {caching}")
+        ax.plot(
+            [r["running"] for r in rs], [r["us_per_step"] for r in rs], "o-", color=c, label=f"prefix caching {caching}"
+        )
     ax.axhline(GPU_DECODE_STEP_US, color="#c44", ls="--", label="7B decode step on a GPU (~3 ms)")
     ax.set_xlabel("running requests")
     ax.set_ylabel("µs of Python per step")
     ax.legend(fontsize=8)
     save_figure(fig, "scheduler_overhead", quick)
-    print(table(rows, [("running", "running", "d"), ("prefix_caching", "caching", ""), ("outputs", "outputs", ""),
-                       ("us_per_step", "µs / step", ".0f"), ("us_per_request", "µs / request", ".1f"),
-                       ("fraction_of_gpu_step", "of a 3 ms GPU step", ".0%")]))
+    print(
+        table(
+            rows,
+            [
+                ("running", "running", "d"),
+                ("prefix_caching", "caching", ""),
+                ("outputs", "outputs", ""),
+                ("us_per_step", "µs / step", ".0f"),
+                ("us_per_request", "µs / request", ".1f"),
+                ("fraction_of_gpu_step", "of a 3 ms GPU step", ".0%"),
+            ],
+        )
+    )
     if peers:
-        print(table(peers, [("running", "running", "d"), ("kvscope_us", "kvscope µs / step", ".0f"),
-                            ("nano_vllm_us", "nano-vllm µs / step", ".0f"), ("ratio", "kvscope / nano-vllm", ".2f")]))
+        print(
+            table(
+                peers,
+                [
+                    ("running", "running", "d"),
+                    ("kvscope_us", "kvscope µs / step", ".0f"),
+                    ("nano_vllm_us", "nano-vllm µs / step", ".0f"),
+                    ("ratio", "kvscope / nano-vllm", ".2f"),
+                ],
+            )
+        )
     return result
 
 
 if __name__ == "__main__":
     import argparse
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small run (CI checks its JSON's shape, not speed)")
     ap.add_argument("--nano-vllm", metavar="PATH", help="a nano-vllm checkout to measure side by side")

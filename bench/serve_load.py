@@ -13,6 +13,7 @@ Checked: every request that stayed got exactly one complete answer whose token i
 next step; at the end ``audit()`` is clean, no request is left and every block is free or
 cached-free. Reported: requests/s, output tokens/s, TTFT (streaming) and end-to-end latency p50/p99.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,13 @@ def make_plans(n: int, seed: int, max_out: int, vocab: int | None = None) -> lis
 
 
 async def one_request(client: httpx.AsyncClient, plan: Plan) -> Outcome:
-    body = {"prompt": plan.prompt, "max_tokens": plan.max_tokens, "temperature": 0, "stream": plan.stream,
-            "return_token_ids": True}
+    body = {
+        "prompt": plan.prompt,
+        "max_tokens": plan.max_tokens,
+        "temperature": 0,
+        "stream": plan.stream,
+        "return_token_ids": True,
+    }
     t0 = time.perf_counter()
     if not plan.stream:
         try:
@@ -83,8 +89,9 @@ async def one_request(client: httpx.AsyncClient, plan: Plan) -> Outcome:
         if r.status_code != 200:
             return Outcome("error", error=f"{r.status_code} {r.text[:200]}")
         choice = r.json()["choices"][0]
-        return Outcome("done", choice["token_ids"], int(choice["finish_reason"] is not None), 1, None,
-                       time.perf_counter() - t0)
+        return Outcome(
+            "done", choice["token_ids"], int(choice["finish_reason"] is not None), 1, None, time.perf_counter() - t0
+        )
     out = Outcome("done", [])
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
@@ -95,7 +102,7 @@ async def one_request(client: httpx.AsyncClient, plan: Plan) -> Outcome:
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 out.dones += 1
                 continue
@@ -136,15 +143,29 @@ async def drive(url: str, plans: list[Plan], clients: int) -> tuple[list[Outcome
 def run(quick: bool) -> dict:
     n, clients, max_out = (40, 8, 24) if quick else (200, 16, 64)
     config = {**ENGINE, "num_gpu_blocks": 32} if quick else ENGINE  # smaller requests, smaller pool: preemption
-    row = serve_under_load(lambda: engine_for(tiny_model(), **config), make_plans(n, seed=0, max_out=max_out),
-                           clients)
-    print(table([row], [("requests", "requests", "d"), ("clients", "clients", "d"), ("stayed", "stayed", "d"),
-                        ("left", "left", "d"), ("aborts", "aborts", "d"), ("lost", "lost", "d"),
-                        ("doubled", "doubled", "d"),
-                        ("wrong_outputs", "wrong", "d"), ("leaked_blocks", "leaked", "d"),
-                        ("req_s", "req/s", ".1f"), ("out_tok_s", "out tok/s", ".0f"),
-                        ("ttft_p50_s", "TTFT p50 s", ".3f"), ("ttft_p99_s", "TTFT p99 s", ".3f"),
-                        ("e2e_p50_s", "e2e p50 s", ".3f"), ("e2e_p99_s", "e2e p99 s", ".3f")]))
+    row = serve_under_load(lambda: engine_for(tiny_model(), **config), make_plans(n, seed=0, max_out=max_out), clients)
+    print(
+        table(
+            [row],
+            [
+                ("requests", "requests", "d"),
+                ("clients", "clients", "d"),
+                ("stayed", "stayed", "d"),
+                ("left", "left", "d"),
+                ("aborts", "aborts", "d"),
+                ("lost", "lost", "d"),
+                ("doubled", "doubled", "d"),
+                ("wrong_outputs", "wrong", "d"),
+                ("leaked_blocks", "leaked", "d"),
+                ("req_s", "req/s", ".1f"),
+                ("out_tok_s", "out tok/s", ".0f"),
+                ("ttft_p50_s", "TTFT p50 s", ".3f"),
+                ("ttft_p99_s", "TTFT p99 s", ".3f"),
+                ("e2e_p50_s", "e2e p50 s", ".3f"),
+                ("e2e_p99_s", "e2e p99 s", ".3f"),
+            ],
+        )
+    )
     if row["errors_text"]:
         print("errors:", *row["errors_text"], sep="\n  ")
     result = {"config": config, "rows": [row]}
@@ -185,7 +206,8 @@ def serve_under_load(make_engine, plans: list[Plan], clients: int) -> dict:
     errors = [o.error for o in outcomes if o.status == "error"]
     # The oracle: the same prompts, greedy, through LLM.generate on a fresh engine.
     ref = LLM.from_engine(make_engine()).generate(
-        [p.prompt for p, _ in stayed], [SamplingParams(max_tokens=p.max_tokens, temperature=0.0) for p, _ in stayed])
+        [p.prompt for p, _ in stayed], [SamplingParams(max_tokens=p.max_tokens, temperature=0.0) for p, _ in stayed]
+    )
     wrong = sum(o.token_ids != r.outputs[0].token_ids for (_, o), r in zip(stayed, ref))  # lost or doubled tokens
     incomplete = sum(o.finish_reasons < 1 or o.dones < 1 for _, o in stayed)
     doubled = sum(o.finish_reasons > 1 or o.dones > 1 for _, o in stayed)
@@ -195,19 +217,32 @@ def serve_under_load(make_engine, plans: list[Plan], clients: int) -> dict:
     e2e = [o.e2e for _, o in stayed]
     out_tokens = sum(len(o.token_ids) for _, o in stayed)
     row = {
-        "requests": n, "clients": clients, "stayed": len(stayed), "left": left, "errors": len(errors),
-        "aborts": len(aborts), "aborts_not_admitted": sum(not a.admitted for a in aborts),
+        "requests": n,
+        "clients": clients,
+        "stayed": len(stayed),
+        "left": left,
+        "errors": len(errors),
+        "aborts": len(aborts),
+        "aborts_not_admitted": sum(not a.admitted for a in aborts),
         "max_abort_delay_steps": max((a.done_after - a.requested_after for a in aborts), default=0),
-        "wrong_outputs": wrong, "lost": len(errors) + incomplete, "doubled": doubled,
-        "leaked_blocks": leaked, "audit_ok": audit.ok, "requests_left_in_engine": live,
+        "wrong_outputs": wrong,
+        "lost": len(errors) + incomplete,
+        "doubled": doubled,
+        "leaked_blocks": leaked,
+        "audit_ok": audit.ok,
+        "requests_left_in_engine": live,
         "preemptions": counters["num_preemptions"],
         "prefix_hit_rate": counters["prefix_cache_hits"] / max(counters["prefix_cache_queries"], 1),
-        "seconds": seconds, "req_s": len(stayed) / seconds, "out_tok_s": out_tokens / seconds,
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-        "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+        "seconds": seconds,
+        "req_s": len(stayed) / seconds,
+        "out_tok_s": out_tokens / seconds,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p99_s": percentile(e2e, 99),
         "steps": counters["step"],
         "metrics_generation_tokens_ok": f'vllm:generation_tokens_total{{engine="0",model_name="{engine.model_name}"}} '
-                                        f'{float(counters["generation_tokens"])}' in metrics_text,
+        f"{float(counters['generation_tokens'])}" in metrics_text,
         "errors_text": errors[:5],
     }
     return row

@@ -16,6 +16,7 @@ arrays copied into a shared-memory slot and the batch pickled). The garbage coll
 (``engine.gc_policy.tune_gc``: the loaded heap frozen, the youngest generation collected every 50,000
 allocations): with CPython's default a snapshot at 65,536 blocks took 8.5 ms instead of 5.
 """
+
 from __future__ import annotations
 
 import gc
@@ -50,6 +51,7 @@ def deep_size(root, exclude=()) -> int:
     and ``exclude``: the latest snapshot, which is the engine's present state, not the timeline's past)."""
     import sys
     import types
+
     seen, stack, total = {id(x) for x in exclude}, [root], 0
     skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
     while stack:
@@ -64,8 +66,14 @@ def deep_size(root, exclude=()) -> int:
 
 def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
     running = min(RUNNING, num_blocks // 48)  # a 2,912-block pool holds ~60 such requests
-    engine = engine_for(tiny_model(), block_size=16, num_gpu_blocks=num_blocks, max_num_seqs=running,
-                        max_num_batched_tokens=max(2048, running * 400), max_model_len=4096)
+    engine = engine_for(
+        tiny_model(),
+        block_size=16,
+        num_gpu_blocks=num_blocks,
+        max_num_seqs=running,
+        max_num_batched_tokens=max(2048, running * 400),
+        max_model_len=4096,
+    )
     install_fake_runner(engine)
     traffic = iter(_traffic(steps * running // 100 + 4 * running))
     for _ in range(running):
@@ -94,11 +102,21 @@ def measure(num_blocks: int, steps: int, scrubs: int = 30) -> dict:
         scrub.append(1000 * (time.perf_counter() - t0))
         assert got is not None and got.step == s
     held = deep_size(history, (history.latest,))
-    return {"blocks": num_blocks, "running": running, "steps": steps, "timeline_mb": held / 2**20,
-            "snapshot_ms": statistics.median(snap_ms), "snapshot_p90_ms": sorted(snap_ms)[int(0.9 * len(snap_ms))],
-            "timeline_mb_estimate": history.nbytes / 2**20, "timeline_rss_mb": rss / 2**20,
-            "scrub_ms": statistics.median(scrub), "scrub_max_ms": max(scrub), "run_s": run_s,
-            "record_ms": record_ms, "steps_per_batch": per_batch}
+    return {
+        "blocks": num_blocks,
+        "running": running,
+        "steps": steps,
+        "timeline_mb": held / 2**20,
+        "snapshot_ms": statistics.median(snap_ms),
+        "snapshot_p90_ms": sorted(snap_ms)[int(0.9 * len(snap_ms))],
+        "timeline_mb_estimate": history.nbytes / 2**20,
+        "timeline_rss_mb": rss / 2**20,
+        "scrub_ms": statistics.median(scrub),
+        "scrub_max_ms": max(scrub),
+        "run_s": run_s,
+        "record_ms": record_ms,
+        "steps_per_batch": per_batch,
+    }
 
 
 def _records(engine, traffic, running: int, steps: int) -> tuple[float, float]:
@@ -115,8 +133,11 @@ def _records(engine, traffic, running: int, steps: int) -> tuple[float, float]:
             for _ in range(len(engine.scheduler.waiting), running - len(engine.scheduler.running)):
                 engine.add_request(*next(traffic))
             t0 = time.perf_counter()
-            enc.add(p.Stepped(StepRecord(engine.step_count, engine.live_state(), list(out.events), out, 0.0),
-                              MemoryReading()))
+            enc.add(
+                p.Stepped(
+                    StepRecord(engine.step_count, engine.live_state(), list(out.events), out, 0.0), MemoryReading()
+                )
+            )
             if enc.due:
                 batch = enc.flush()
                 pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
@@ -136,13 +157,24 @@ def run(quick: bool) -> dict:
     rows = [measure(n, steps if n != 1_048_576 else min(steps, 2_000)) for n in sizes]
     result = {"rows": rows}
     write_results("snapshot_scale", result, quick)
-    print(table(rows, [("blocks", "blocks", ",d"), ("running", "running", "d"), ("steps", "steps", ",d"),
-                       ("snapshot_ms", "snapshot ms (median)", ".2f"), ("snapshot_p90_ms", "p90", ".2f"),
-                       ("timeline_mb", "timeline MB (held)", ".0f"),
-                       ("timeline_mb_estimate", "its estimate", ".0f"),
-                       ("timeline_rss_mb", "RSS growth MB", ".0f"), ("scrub_ms", "scrub ms (median)", ".1f"),
-                       ("scrub_max_ms", "scrub ms (max)", ".1f"),
-                       ("record_ms", "engine-process record ms/step", ".2f")]))
+    print(
+        table(
+            rows,
+            [
+                ("blocks", "blocks", ",d"),
+                ("running", "running", "d"),
+                ("steps", "steps", ",d"),
+                ("snapshot_ms", "snapshot ms (median)", ".2f"),
+                ("snapshot_p90_ms", "p90", ".2f"),
+                ("timeline_mb", "timeline MB (held)", ".0f"),
+                ("timeline_mb_estimate", "its estimate", ".0f"),
+                ("timeline_rss_mb", "RSS growth MB", ".0f"),
+                ("scrub_ms", "scrub ms (median)", ".1f"),
+                ("scrub_max_ms", "scrub ms (max)", ".1f"),
+                ("record_ms", "engine-process record ms/step", ".2f"),
+            ],
+        )
+    )
     return result
 
 

@@ -18,6 +18,7 @@ step; at the end every block (device and CPU) is free and every sequence ended e
 fixed-seed greedy subset, never aborted, is token-identical to the same prompts run without
 pressure or faults (each one that a fault did not fail). ``run_soak`` is also the CI test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,13 @@ class FaultInjector:
         self.runner, self.rng, self.rates = runner, rng, rates
         self.injected: Counter[str] = Counter()
         self.noise = torch.Generator().manual_seed(rng.randrange(2**31))
-        for kind, name in (("model", "execute"), ("sampler", "sample"), ("swap_out", "swap_out_blocks"),
-                           ("swap_in", "swap_in_blocks"), ("copy_on_write", "copy_on_write")):
+        for kind, name in (
+            ("model", "execute"),
+            ("sampler", "sample"),
+            ("swap_out", "swap_out_blocks"),
+            ("swap_in", "swap_in_blocks"),
+            ("copy_on_write", "copy_on_write"),
+        ):
             setattr(runner, name, self._wrap(kind, getattr(runner, name)))
 
     def _fire(self, kind: str) -> bool:
@@ -73,32 +79,40 @@ class FaultInjector:
     def _wrap(self, kind: str, real):
         r = self.runner
         if kind == "model":
+
             def execute(sched):
                 if self._fire("model"):
                     bs = r.block_size
-                    slots = [s.block_ids[p // bs] * bs + p % bs for s in sched.scheduled
-                             for p in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens)]
+                    slots = [
+                        s.block_ids[p // bs] * bs + p % bs
+                        for s in sched.scheduled
+                        for p in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens)
+                    ]
                     for pair in r.kv_caches:
                         for cache in pair:
                             self._scribble(cache.view(-1, *cache.shape[2:]), torch.tensor(slots))
                     raise InjectedFault("model step")
                 return real(sched)
+
             return execute
         if kind == "sampler":
+
             def sample(logits, reqs):
                 if self._fire("sampler"):
                     raise InjectedFault("sampler")
                 return real(logits, reqs)
+
             return sample
 
         def copy(pairs):
             if self._fire(kind):
                 dst = torch.tensor([b for _, b in pairs])
-                for pair in (r.cpu_caches if kind == "swap_out" else r.kv_caches):
+                for pair in r.cpu_caches if kind == "swap_out" else r.kv_caches:
                     for cache in pair:
                         self._scribble(cache, dst)
                 raise InjectedFault(kind)
             return real(pairs)
+
         return copy
 
 
@@ -113,8 +127,9 @@ def _abort_category(engine, rid: str) -> str:
     return "mid-prefill" if r.num_computed_tokens < r.num_prompt_tokens else "mid-decode"
 
 
-def run_soak(num_requests: int, seed: int = 0, mode: str = "recompute", num_blocks: int = 48,
-             faults: bool = False) -> dict:
+def run_soak(
+    num_requests: int, seed: int = 0, mode: str = "recompute", num_blocks: int = 48, faults: bool = False
+) -> dict:
     log = logging.getLogger("engine")
     level = log.level
     if faults:
@@ -129,8 +144,16 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
     rng = random.Random(seed)
     mtn = tiny_model()
     vocab = mtn[0].config.vocab_size
-    engine = engine_for(mtn, block_size=4, num_gpu_blocks=num_blocks, num_cpu_blocks=24, preemption_mode=mode,
-                        max_num_seqs=16, max_num_batched_tokens=64, max_model_len=256)
+    engine = engine_for(
+        mtn,
+        block_size=4,
+        num_gpu_blocks=num_blocks,
+        num_cpu_blocks=24,
+        preemption_mode=mode,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+    )
     injector = FaultInjector(engine.runner, random.Random(seed + 7919), FAULT_RATES) if faults else None
     replayer = PoolReplayer(engine.pool.num_blocks)
     prefixes = [[rng.randrange(1, vocab) for _ in range(n)] for n in (0, 8, 16, 24)]
@@ -156,8 +179,13 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
             elif rng.random() < 0.05:
                 params = SamplingParams(max_tokens=max_tokens, use_beam_search=True, beam_width=2, ignore_eos=True)
             else:
-                params = SamplingParams(max_tokens=max_tokens, temperature=rng.choice((0.0, 0.8)),
-                                        n=rng.choice((1, 1, 1, 2, 3)), seed=rng.randrange(1000), ignore_eos=True)
+                params = SamplingParams(
+                    max_tokens=max_tokens,
+                    temperature=rng.choice((0.0, 0.8)),
+                    n=rng.choice((1, 1, 1, 2, 3)),
+                    seed=rng.randrange(1000),
+                    ignore_eos=True,
+                )
             before = len(engine.requests)
             try:
                 rid = engine.add_request(prompt, params)
@@ -173,10 +201,16 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
             # Half the aborts aim at sequences on the device (mid-prefill, mid-decode), which the
             # long waiting queue would otherwise outnumber.
             u = rng.random()
-            pool = (engine.scheduler.running if u < 0.4 else engine.scheduler.swapped if u < 0.6
-                    else engine.requests.values())
+            pool = (
+                engine.scheduler.running
+                if u < 0.4
+                else engine.scheduler.swapped
+                if u < 0.6
+                else engine.requests.values()
+            )
             live = sorted({r.group_id for r in pool} - set(greedy)) or sorted(
-                {r.group_id for r in engine.requests.values()} - set(greedy))
+                {r.group_id for r in engine.requests.values()} - set(greedy)
+            )
             if live:
                 rid = rng.choice(live)
                 aborts[_abort_category(engine, rid)] += 1
@@ -189,9 +223,11 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
         events = out.events + engine.pool.drain_events()
         replayer.apply_all(events)
         pool = engine.pool
-        if (replayer.ref_cnt.tolist() != [b.ref_cnt for b in pool.blocks] or list(replayer.free_queue) !=
-                pool.free_queue.ids() or replayer.block_hash != [b.block_hash.hex() if b.block_hash else None
-                                                                 for b in pool.blocks]):
+        if (
+            replayer.ref_cnt.tolist() != [b.ref_cnt for b in pool.blocks]
+            or list(replayer.free_queue) != pool.free_queue.ids()
+            or replayer.block_hash != [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
+        ):
             raise AssertionError(f"step {engine.step_count}: the replayed event stream differs from the pool")
         for ev in events:
             if isinstance(ev, (RequestFinished, RequestAborted)):
@@ -219,42 +255,82 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
     # The protected greedy subset, against the same prompts without pressure (and without faults).
     checked = {rid: v for rid, v in greedy.items() if rid not in failed}
     calm = LLM.from_engine(engine_for(mtn, block_size=4, num_gpu_blocks=4096, max_model_len=256))
-    ref = calm.generate([p for p, _ in checked.values()],
-                        [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in checked.values()])
+    ref = calm.generate(
+        [p for p, _ in checked.values()],
+        [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in checked.values()],
+    )
     mismatched = [rid for rid, r in zip(checked, ref) if outputs.get(rid) != r.outputs[0].token_ids]
     assert not mismatched, f"greedy outputs changed under pressure: {mismatched}"
     m = engine.metrics()
-    return {"mode": mode, "faults": faults, "requests": added, "refused": refused, "sequences": len(sequences),
-            "steps": engine.step_count,
-            "aborts": sum(aborts.values()), "aborts_by_state": dict(aborts), "preemptions": m["num_preemptions"],
-            "preemptions_by_mode": dict(preempt_modes), "swap_outs": m["swap_outs"], "swap_ins": m["swap_ins"],
-            "cow_copies": m["cow_copies"], "evictions": m["evictions"], "leaks_found": leaks,
-            "faults_by_kind": {k: injector.injected[k] for k in FAULT_KINDS} if injector else {},
-            "failed_steps": failed_steps, "requests_failed": len(failed), "sequences_failed": sequences_failed,
-            "recomputed_after_failed_swap_out": recomputed_after_failed_swap,
-            "greedy_checked": len(checked), "greedy_failed": len(greedy) - len(checked), "seconds": seconds}
+    return {
+        "mode": mode,
+        "faults": faults,
+        "requests": added,
+        "refused": refused,
+        "sequences": len(sequences),
+        "steps": engine.step_count,
+        "aborts": sum(aborts.values()),
+        "aborts_by_state": dict(aborts),
+        "preemptions": m["num_preemptions"],
+        "preemptions_by_mode": dict(preempt_modes),
+        "swap_outs": m["swap_outs"],
+        "swap_ins": m["swap_ins"],
+        "cow_copies": m["cow_copies"],
+        "evictions": m["evictions"],
+        "leaks_found": leaks,
+        "faults_by_kind": {k: injector.injected[k] for k in FAULT_KINDS} if injector else {},
+        "failed_steps": failed_steps,
+        "requests_failed": len(failed),
+        "sequences_failed": sequences_failed,
+        "recomputed_after_failed_swap_out": recomputed_after_failed_swap,
+        "greedy_checked": len(checked),
+        "greedy_failed": len(greedy) - len(checked),
+        "seconds": seconds,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--faults", action="store_true",
-                    help="also fail the model step, the sampler and each kind of device copy at random")
+    ap.add_argument(
+        "--faults",
+        action="store_true",
+        help="also fail the model step, the sampler and each kind of device copy at random",
+    )
     args = ap.parse_args()
-    rows = [run_soak(args.requests // 2, args.seed, "recompute", faults=args.faults),
-            run_soak(args.requests - args.requests // 2, args.seed + 1, "swap", faults=args.faults)]
+    rows = [
+        run_soak(args.requests // 2, args.seed, "recompute", faults=args.faults),
+        run_soak(args.requests - args.requests // 2, args.seed + 1, "swap", faults=args.faults),
+    ]
     write_results("soak_faults" if args.faults else "soak", {"rows": rows}, quick=False)
-    keys = ["requests", "refused", "sequences", "steps", "aborts", "preemptions", "swap_outs", "swap_ins", "cow_copies",
-            "evictions", "leaks_found", "greedy_checked", "seconds"]
+    keys = [
+        "requests",
+        "refused",
+        "sequences",
+        "steps",
+        "aborts",
+        "preemptions",
+        "swap_outs",
+        "swap_ins",
+        "cow_copies",
+        "evictions",
+        "leaks_found",
+        "greedy_checked",
+        "seconds",
+    ]
     if args.faults:
         keys[-1:-1] = ["failed_steps", "requests_failed", "recomputed_after_failed_swap_out", "greedy_failed"]
     print("| mode | " + " | ".join(keys) + " | aborts by state |" + (" faults by kind |" if args.faults else ""))
     print("|---" * (len(keys) + 2 + args.faults) + "|")
     for r in rows:
         cells = [f"{r[k]:.0f}" if k == "seconds" else str(r[k]) for k in keys]
-        print(f"| {r['mode']} | " + " | ".join(cells) + f" | {r['aborts_by_state']} |"
-              + (f" {r['faults_by_kind']} |" if args.faults else ""))
+        print(
+            f"| {r['mode']} | "
+            + " | ".join(cells)
+            + f" | {r['aborts_by_state']} |"
+            + (f" {r['faults_by_kind']} |" if args.faults else "")
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ since the warm-up ended (DIR/profile.txt): the length of each of the window's st
 by type; with ``--tracemalloc FRAMES`` too, the top allocation sites by traceback (it runs several times
 slower).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,21 +65,25 @@ def start_profiler(out: str, warmup_s: float, every_s: float, frames: int = 0) -
     import tracemalloc
 
     from kvscope.ui.main_window import MainWindow
+
     init = MainWindow.__init__
 
     def keep(self, *a, **kw):
         init(self, *a, **kw)
         _WINDOWS.append(self)
+
     MainWindow.__init__ = keep
     if frames:
         tracemalloc.start(frames)
-    threading.Thread(target=_profile_loop, args=(Path(out), warmup_s, every_s), name="soak-profiler",
-                     daemon=True).start()
+    threading.Thread(
+        target=_profile_loop, args=(Path(out), warmup_s, every_s), name="soak-profiler", daemon=True
+    ).start()
 
 
 def _type_counts() -> dict[str, int]:
     import gc
     from collections import Counter
+
     return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
 
 
@@ -106,18 +111,29 @@ def _rss() -> int:
 def window_stores(win) -> dict[str, int]:
     """The length of every store of the window that could grow with steps, requests or events."""
     import gc
+
     h, m = win.history, win.diagnosis.misses
     out = {f"history.{k}": v for k, v in h.store_lengths().items()}
-    out.update({"history.nbytes": h.nbytes, "history.dropped_steps": h.dropped_steps,
-                "diagnosis.misses": len(m.misses) if m else 0, "diagnosis.evicted": m.num_evicted if m else 0,
-                "diagnosis.mirror": len(m.mirror) if m else 0, "diagnosis.ref": len(m.ref) if m else 0,
-                "event_log.rows": win.events.model.rowCount(), "request_table.rows": win.requests.model.rowCount(),
-                "window.errors": len(win.errors), "gc.objects": len(gc.get_objects())})
+    out.update(
+        {
+            "history.nbytes": h.nbytes,
+            "history.dropped_steps": h.dropped_steps,
+            "diagnosis.misses": len(m.misses) if m else 0,
+            "diagnosis.evicted": m.num_evicted if m else 0,
+            "diagnosis.mirror": len(m.mirror) if m else 0,
+            "diagnosis.ref": len(m.ref) if m else 0,
+            "event_log.rows": win.events.model.rowCount(),
+            "request_table.rows": win.requests.model.rowCount(),
+            "window.errors": len(win.errors),
+            "gc.objects": len(gc.get_objects()),
+        }
+    )
     return out
 
 
 def _profile_loop(out: Path, warmup_s: float, every_s: float) -> None:
     import tracemalloc
+
     out.mkdir(parents=True, exist_ok=True)
     while not (_WINDOWS and _WINDOWS[-1].history.steps):  # the warm-up counts from the first step
         time.sleep(1)
@@ -132,13 +148,20 @@ def _profile_loop(out: Path, warmup_s: float, every_s: float) -> None:
         time.sleep(every_s)
         counts, stores = _type_counts(), window_stores(win)
         cur, _peak = tracemalloc.get_traced_memory()
-        lines = [f"at {time.monotonic() - t0:.0f} s from the first step ({time.monotonic() - t0 - warmup_s:.0f} s "
-                 f"after the baseline): RSS {_rss() / 2**20:.0f} MiB (baseline {base_rss / 2**20:.0f}), traced "
-                 f"{cur / 2**20:.0f} MiB", "", "stores (now, baseline):"]
+        lines = [
+            f"at {time.monotonic() - t0:.0f} s from the first step ({time.monotonic() - t0 - warmup_s:.0f} s "
+            f"after the baseline): RSS {_rss() / 2**20:.0f} MiB (baseline {base_rss / 2**20:.0f}), traced "
+            f"{cur / 2**20:.0f} MiB",
+            "",
+            "stores (now, baseline):",
+        ]
         lines += [f"  {k}: {v:,} ({base_stores.get(k, 0):,})" for k, v in stores.items()]
         lines += ["", "resident memory by mapping, MiB (now, baseline):"]
-        lines += [f"  {k}: {v / 2**20:,.1f} ({base_maps.get(k, 0) / 2**20:,.1f})" for k, v in memory_maps().items()
-                  if v > 2**20]
+        lines += [
+            f"  {k}: {v / 2**20:,.1f} ({base_maps.get(k, 0) / 2**20:,.1f})"
+            for k, v in memory_maps().items()
+            if v > 2**20
+        ]
         lines += ["", "object counts by type, largest growth:"]
         grew = sorted(((counts[k] - base_counts.get(k, 0), k) for k in counts), reverse=True)[:30]
         lines += [f"  {d:+,} {k} (now {counts[k]:,})" for d, k in grew]
@@ -174,15 +197,22 @@ def _plan(rng: random.Random, prefixes: list[list[int]]) -> tuple[dict, int | No
     prefix = rng.choice(prefixes) if rng.random() < 0.6 else []
     prompt = prefix + [rng.randrange(1, 256) for _ in range(rng.randint(4, 96))]
     n = rng.choice((1, 2))
-    body = {"prompt": prompt, "max_tokens": rng.randint(4, 48), "n": n, "stream": rng.random() < 0.5,
-            "temperature": 0.0 if n == 1 and rng.random() < 0.5 else 0.8, "seed": rng.randrange(10_000),
-            "return_token_ids": True}
+    body = {
+        "prompt": prompt,
+        "max_tokens": rng.randint(4, 48),
+        "n": n,
+        "stream": rng.random() < 0.5,
+        "temperature": 0.0 if n == 1 and rng.random() < 0.5 else 0.8,
+        "seed": rng.randrange(10_000),
+        "return_token_ids": True,
+    }
     cut = rng.randint(1, body["max_tokens"] - 1) if body["stream"] and rng.random() < 0.2 else None
     return body, cut
 
 
 async def _one(client, body: dict, cut: int | None, tally: Tally) -> None:
     import httpx
+
     tally.sent += 1
     try:
         if not body["stream"]:
@@ -225,6 +255,7 @@ async def _one(client, body: dict, cut: int | None, tally: Tally) -> None:
 
 async def drive(url: str, clients: int, seconds: float, tally: Tally, seed: int = 0) -> None:
     import httpx
+
     rng0 = random.Random(seed)
     prefixes = [[rng0.randrange(1, 256) for _ in range(k)] for k in (16, 40, 72)]
     stop = time.monotonic() + seconds
@@ -240,14 +271,15 @@ async def drive(url: str, clients: int, seconds: float, tally: Tally, seed: int 
 
 def greedy_answer(url: str) -> list[int]:
     import httpx
-    r = httpx.post(f"{url}/v1/completions", timeout=120,
-                   json={**GREEDY, "temperature": 0, "return_token_ids": True})
+
+    r = httpx.post(f"{url}/v1/completions", timeout=120, json={**GREEDY, "temperature": 0, "return_token_ids": True})
     r.raise_for_status()
     return r.json()["choices"][0]["token_ids"]
 
 
 def metrics(url: str) -> dict[str, float]:
     import httpx
+
     out = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         if line.startswith("vllm:") and " " in line:
@@ -266,12 +298,14 @@ def free_port() -> int:
 def save_model(folder: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import byte_tokenizer, make_tiny_hf
+
     make_tiny_hf("llama").save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
 
 
 def engine_pid(window_pid: int) -> int | None:
     import psutil
+
     for c in psutil.Process(window_pid).children():
         cmd = " ".join(c.cmdline())
         if "multiprocessing" in cmd and "resource_tracker" not in cmd:
@@ -281,6 +315,7 @@ def engine_pid(window_pid: int) -> int | None:
 
 def rss_mb(pid: int | None) -> float | None:
     import psutil
+
     try:
         return psutil.Process(pid).memory_info().rss / 2**20 if pid else None
     except psutil.NoSuchProcess:
@@ -305,9 +340,15 @@ def growth(samples: list[tuple[float, float]], warmup_s: float, window_s: float)
     mt, mv = sum(t for t, _ in after) / n, sum(v for _, v in after) / n
     var = sum((t - mt) ** 2 for t, _ in after)
     slope = sum((t - mt) * (v - mv) for t, v in after) / var * 60 if var else 0.0
-    return {"start_mb": pts[0][1], "after_warmup_mb": after[0][1], "end_mb": pts[-1][1],
-            "peak_mb": max(v for _, v in pts), "window_minutes": window_s / 60,
-            "max_growth_in_window_mb": max(rises, default=0.0), "slope_mb_per_min": slope}
+    return {
+        "start_mb": pts[0][1],
+        "after_warmup_mb": after[0][1],
+        "end_mb": pts[-1][1],
+        "peak_mb": max(v for _, v in pts),
+        "window_minutes": window_s / 60,
+        "max_growth_in_window_mb": max(rises, default=0.0),
+        "slope_mb_per_min": slope,
+    }
 
 
 def run(args) -> dict:
@@ -316,12 +357,34 @@ def run(args) -> dict:
     save_model(model)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    prof = dict(out=str(Path(args.profile).resolve()), warmup_s=args.warmup_minutes * 60,
-                every_s=args.profile_every, frames=args.tracemalloc) if args.profile else None
-    argv = [sys.executable, "-c", CHILD.format(prof=prof, bench=str(BENCH)), "--serve", "--port", str(port),
-            "--model", str(model), *ENGINE_FLAGS]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(tmp / "config"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    prof = (
+        dict(
+            out=str(Path(args.profile).resolve()),
+            warmup_s=args.warmup_minutes * 60,
+            every_s=args.profile_every,
+            frames=args.tracemalloc,
+        )
+        if args.profile
+        else None
+    )
+    argv = [
+        sys.executable,
+        "-c",
+        CHILD.format(prof=prof, bench=str(BENCH)),
+        "--serve",
+        "--port",
+        str(port),
+        "--model",
+        str(model),
+        *ENGINE_FLAGS,
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "XDG_CONFIG_HOME": str(tmp / "config"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     if args.xvfb:
         env.pop("QT_QPA_PLATFORM", None)
         argv = ["xvfb-run", "-a", "-s", "-screen 0 1920x1080x24", *argv]
@@ -341,6 +404,7 @@ def run(args) -> dict:
 def _window_pid(proc) -> int:
     """The Python process of the window (under xvfb-run, a grandchild)."""
     import psutil
+
     p = psutil.Process(proc.pid)
     for _ in range(200):
         for c in [p, *p.children(recursive=True)]:
@@ -353,6 +417,7 @@ def _window_pid(proc) -> int:
 
 def _wait_ready(url: str, proc, timeout: float = 300) -> None:
     import httpx
+
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
@@ -378,11 +443,21 @@ def _soak(args, proc, url: str, tmp: Path) -> dict:
 
     def sample() -> None:
         while True:
-            samples.append({"t": time.monotonic() - t0, "window_mb": rss_mb(win_pid), "engine_mb": rss_mb(eng_pid),
-                            "requests": tally.sent, "done": tally.done})
+            samples.append(
+                {
+                    "t": time.monotonic() - t0,
+                    "window_mb": rss_mb(win_pid),
+                    "engine_mb": rss_mb(eng_pid),
+                    "requests": tally.sent,
+                    "done": tally.done,
+                }
+            )
             s = samples[-1]
-            print(f"{s['t'] / 60:5.1f} min  window {s['window_mb']:7.1f} MB  engine {s['engine_mb'] or 0:7.1f} MB  "
-                  f"{s['done']:,} answered", flush=True)
+            print(
+                f"{s['t'] / 60:5.1f} min  window {s['window_mb']:7.1f} MB  engine {s['engine_mb'] or 0:7.1f} MB  "
+                f"{s['done']:,} answered",
+                flush=True,
+            )
             if stop.wait(args.sample_s):
                 return
 
@@ -396,8 +471,11 @@ def _soak(args, proc, url: str, tmp: Path) -> dict:
     rest = {}
     for _ in range(120):
         rest = metrics(url)
-        if (rest.get("vllm:num_requests_running") == 0 and rest.get("vllm:num_requests_waiting") == 0
-                and rest.get("vllm:kv_cache_usage_perc") == 0):
+        if (
+            rest.get("vllm:num_requests_running") == 0
+            and rest.get("vllm:num_requests_waiting") == 0
+            and rest.get("vllm:kv_cache_usage_perc") == 0
+        ):
             break
         time.sleep(0.5)
     last = greedy_answer(url)
@@ -415,18 +493,32 @@ def _soak(args, proc, url: str, tmp: Path) -> dict:
     engine_gone = rss_mb(eng_pid) is None
     warm, window = args.warmup_minutes * 60, args.window_minutes * 60
     result = {
-        "minutes": args.minutes, "clients": args.clients, "display": "xvfb" if args.xvfb else "offscreen",
-        "engine_flags": " ".join(ENGINE_FLAGS), "sample_s": args.sample_s, "warmup_minutes": args.warmup_minutes,
-        "requests_sent": tally.sent, "requests_answered": tally.done, "streams_cut": tally.cut,
-        "client_errors": tally.errors, "errors_text": tally.error_text, "output_tokens": tally.output_tokens,
-        "seconds": seconds, "req_s": tally.done / seconds,
-        "pool_at_rest": rest.get("vllm:num_requests_running") == 0 and rest.get("vllm:num_requests_waiting") == 0
+        "minutes": args.minutes,
+        "clients": args.clients,
+        "display": "xvfb" if args.xvfb else "offscreen",
+        "engine_flags": " ".join(ENGINE_FLAGS),
+        "sample_s": args.sample_s,
+        "warmup_minutes": args.warmup_minutes,
+        "requests_sent": tally.sent,
+        "requests_answered": tally.done,
+        "streams_cut": tally.cut,
+        "client_errors": tally.errors,
+        "errors_text": tally.error_text,
+        "output_tokens": tally.output_tokens,
+        "seconds": seconds,
+        "req_s": tally.done / seconds,
+        "pool_at_rest": rest.get("vllm:num_requests_running") == 0
+        and rest.get("vllm:num_requests_waiting") == 0
         and rest.get("vllm:kv_cache_usage_perc") == 0,
-        "greedy_unchanged": first == last, "greedy_tokens": len(first),
-        "sigterm_exit_code": code, "sigterm_seconds": time.monotonic() - proc_sig, "engine_gone_after": engine_gone,
+        "greedy_unchanged": first == last,
+        "greedy_tokens": len(first),
+        "sigterm_exit_code": code,
+        "sigterm_seconds": time.monotonic() - proc_sig,
+        "engine_gone_after": engine_gone,
         "window": growth([(s["t"], s["window_mb"]) for s in samples], warm, window),
         "engine": growth([(s["t"], s["engine_mb"]) for s in samples], warm, window),
-        "at_rest_mb": final, "samples": samples,
+        "at_rest_mb": final,
+        "samples": samples,
     }
     return result
 
@@ -435,6 +527,7 @@ def plot(result: dict, path: Path, before: dict | None = None) -> None:
     """RSS over time; ``before``: another run's results (the window before its stores were bounded), dashed."""
     sys.path.insert(0, str(BENCH))
     from common import pyplot
+
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     s = result["samples"]
@@ -442,8 +535,14 @@ def plot(result: dict, path: Path, before: dict | None = None) -> None:
     top = max(x["window_mb"] or 0 for x in s)
     if before is not None:
         b = before["samples"]
-        ax.plot([x["t"] / 60 for x in b], [x["window_mb"] for x in b], color="#9d9d9d", lw=1.5, ls="--",
-                label=f"window process, {before.get('label', 'before')}")
+        ax.plot(
+            [x["t"] / 60 for x in b],
+            [x["window_mb"] for x in b],
+            color="#9d9d9d",
+            lw=1.5,
+            ls="--",
+            label=f"window process, {before.get('label', 'before')}",
+        )
         top = max(top, max(x["window_mb"] or 0 for x in b))
     ax.plot(t, [x["window_mb"] for x in s], label="window process", color="#4c78a8", lw=2)
     ax.plot(t, [x["engine_mb"] for x in s], label="engine process", color="#f58518", lw=2)
@@ -452,8 +551,11 @@ def plot(result: dict, path: Path, before: dict | None = None) -> None:
     ax.set_ylabel("RSS (MB)")
     ax.set_xlim(0, max(t[-1], 1))
     ax.set_ylim(0, top * 1.15)
-    ax.set_title(f"kvscope --serve, {result['clients']} clients: {result['requests_answered']:,} requests in "
-                 f"{result['minutes']:g} min ({result['display']})", fontsize=10)
+    ax.set_title(
+        f"kvscope --serve, {result['clients']} clients: {result['requests_answered']:,} requests in "
+        f"{result['minutes']:g} min ({result['display']})",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right" if before is None else "center right")
     fig.tight_layout()
@@ -471,8 +573,13 @@ def main() -> None:
     ap.add_argument("--xvfb", action="store_true", help="run the window under xvfb-run (else offscreen)")
     ap.add_argument("--profile", metavar="DIR", help="tracemalloc in the window process; DIR/profile.txt")
     ap.add_argument("--profile-every", type=float, default=60.0)
-    ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
-                    help="with --profile: also tracemalloc's allocation sites, FRAMES deep (slow)")
+    ap.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="with --profile: also tracemalloc's allocation sites, FRAMES deep (slow)",
+    )
     ap.add_argument("--quick", action="store_true", help="2 minutes, 30 s of warm-up (CI-sized)")
     ap.add_argument("--name", default="soak_window", help="the results' file name in bench/results")
     ap.add_argument("--before", metavar="JSON", help="another run's results, drawn dashed (e.g. before a fix)")
@@ -483,6 +590,7 @@ def main() -> None:
     result = run(args)
     sys.path.insert(0, str(BENCH))
     from common import RESULTS, plot_path, write_results
+
     quick = args.quick
     if args.label:
         result["label"] = args.label
@@ -490,12 +598,13 @@ def main() -> None:
     before = json.loads(Path(args.before).read_text()) if args.before else None
     plot(result, plot_path(args.name, quick), before)
     if before is not None:
-        result["before"] = {k: before[k] for k in ("label", "minutes", "requests_answered", "window", "engine")
-                            if k in before}
+        result["before"] = {
+            k: before[k] for k in ("label", "minutes", "requests_answered", "window", "engine") if k in before
+        }
         write_results(args.name, result, quick)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     print(f"results: {(RESULTS / 'quick' if quick else RESULTS) / args.name}.json and .png")
-    ok = (result["client_errors"] == 0 and result["pool_at_rest"] and result["greedy_unchanged"])
+    ok = result["client_errors"] == 0 and result["pool_at_rest"] and result["greedy_unchanged"]
     sys.exit(0 if ok else 1)
 
 

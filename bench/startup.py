@@ -8,6 +8,7 @@ Each start is a fresh process (``python -c``: an offscreen window with the engin
 empty cache folder (``KVSCOPE_CACHE_DIR``), the warm ones the same folder afterwards. ``--quick`` uses the
 tiny random model (no conversion), for CI.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,13 +62,20 @@ if __name__ == "__main__":
 def start(cache: str, model: str, scenario: str) -> dict:
     env = {**os.environ, "KVSCOPE_CACHE_DIR": cache, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     import time
+
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-c", PROBE, str(t0), model, scenario], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE, str(t0), model, scenario],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"the probe failed: {r.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def run(quick: bool) -> dict:
@@ -80,14 +88,28 @@ def run(quick: bool) -> dict:
     cache = tempfile.mkdtemp(prefix="kvscope-cache-")
     cold = start(cache, model, scenario)
     warm = [start(cache, model, scenario) for _ in range(1 if quick else 3)]
-    rows = [{"start": "cold (converts the GGUF)" if not quick else "first", **cold},
-            *({"start": f"warm {i + 1} (the cached conversion)", **w} for i, w in enumerate(warm))]
-    result = {"model": "tiny random Llama" if quick else "SmolLM2-135M-Instruct (embedded)", "rows": rows,
-              "warm_ready_median_s": statistics.median(w["ready_s"] for w in warm),
-              "scenario_median_s": statistics.median(w["scenario_s"] for w in warm)}
+    rows = [
+        {"start": "cold (converts the GGUF)" if not quick else "first", **cold},
+        *({"start": f"warm {i + 1} (the cached conversion)", **w} for i, w in enumerate(warm)),
+    ]
+    result = {
+        "model": "tiny random Llama" if quick else "SmolLM2-135M-Instruct (embedded)",
+        "rows": rows,
+        "warm_ready_median_s": statistics.median(w["ready_s"] for w in warm),
+        "scenario_median_s": statistics.median(w["scenario_s"] for w in warm),
+    }
     write_results("startup", result, quick)
-    print(table(rows, [("start", "start", ""), ("ready_s", "window ready, s", ".1f"),
-                       ("load_s", "engine load, s", ".1f"), ("scenario_s", "pick a scenario, s", ".1f")]))
+    print(
+        table(
+            rows,
+            [
+                ("start", "start", ""),
+                ("ready_s", "window ready, s", ".1f"),
+                ("load_s", "engine load, s", ".1f"),
+                ("scenario_s", "pick a scenario, s", ".1f"),
+            ],
+        )
+    )
     return result
 
 

@@ -21,6 +21,7 @@ resources/workloads/):
    the aims (sequential at 1e7 tokens: <= 60 s at block size 512, <= 5 min at 16; full mode at
    1e6 tokens: <= 5 min; <= 2 GB).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ AIMS = {"sequential_bs512_s": 60, "sequential_bs16_s": 300, "full_1e6_s": 300, "
 
 def traces(quick: bool) -> dict[str, Path]:
     if quick or not (FULL / "conversation_trace.jsonl").exists():
-        return {"conversation": EXCERPTS / "mooncake_conversation_200.jsonl",
-                "synthetic": EXCERPTS / "mooncake_synthetic_200.jsonl"}
+        return {
+            "conversation": EXCERPTS / "mooncake_conversation_200.jsonl",
+            "synthetic": EXCERPTS / "mooncake_synthetic_200.jsonl",
+        }
     return {"conversation": FULL / "conversation_trace.jsonl", "synthetic": FULL / "synthetic_trace.jsonl"}
 
 
@@ -55,25 +58,43 @@ def equality(w, bs: int) -> dict:
     """The engine with a pool that never evicts, one request at a time, against the reference."""
     ref = prefix_sharing(w, bs, 131072)
     t0 = time.perf_counter()
-    res = run_workload(w, EngineConfig(block_size=bs, num_gpu_blocks=ref.blocks_allocated),
-                       SimConfig(sequential=True))
-    return {"trace": w.name, "block_size": bs, "requests": res.requests, "skipped_too_long": res.skipped_too_long,
-            "prompt_tokens": res.prompt_tokens, "engine_cached_tokens": res.cached_tokens,
-            "reference_cached_tokens": ref.cached_tokens, "equal": res.cached_tokens == ref.cached_tokens,
-            "hit_rate": res.hit_rate, "paper_table2": paper_ratio(w.name), "evictions": res.evictions,
-            "num_gpu_blocks": ref.blocks_allocated, "seconds": time.perf_counter() - t0}
+    res = run_workload(w, EngineConfig(block_size=bs, num_gpu_blocks=ref.blocks_allocated), SimConfig(sequential=True))
+    return {
+        "trace": w.name,
+        "block_size": bs,
+        "requests": res.requests,
+        "skipped_too_long": res.skipped_too_long,
+        "prompt_tokens": res.prompt_tokens,
+        "engine_cached_tokens": res.cached_tokens,
+        "reference_cached_tokens": ref.cached_tokens,
+        "equal": res.cached_tokens == ref.cached_tokens,
+        "hit_rate": res.hit_rate,
+        "paper_table2": paper_ratio(w.name),
+        "evictions": res.evictions,
+        "num_gpu_blocks": ref.blocks_allocated,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def timed(args: list[str]) -> dict:
     """``python -m engine.workload ... --json`` in a process of its own: its summary, wall time, peak RSS."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "engine.workload", *args, "--json"], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.workload", *args, "--json"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     s = json.loads(out.stdout)["workload"]
-    return {"command": "python -m engine.workload " + " ".join(args), "process_s": time.perf_counter() - t0,
-            "run_s": s["wall_s"], "peak_rss_mb": s["peak_rss_mb"], "hit_rate": s["hit_rate"],
-            "requests": s["requests"], "evictions": s["evictions"], "preemptions": s["preemptions"],
-            "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"]}
+    return {
+        "command": "python -m engine.workload " + " ".join(args),
+        "process_s": time.perf_counter() - t0,
+        "run_s": s["wall_s"],
+        "peak_rss_mb": s["peak_rss_mb"],
+        "hit_rate": s["hit_rate"],
+        "requests": s["requests"],
+        "evictions": s["evictions"],
+        "preemptions": s["preemptions"],
+        "ttft_p50_s": s["ttft_p50_s"],
+        "ttft_p99_s": s["ttft_p99_s"],
+    }
 
 
 def plot_figure9(rows: list[dict], refs: list[dict], quick: bool) -> None:
@@ -81,23 +102,47 @@ def plot_figure9(rows: list[dict], refs: list[dict], quick: bool) -> None:
     fig, ax = plt.subplots(figsize=(9.5, 5.4))
     colours = {"conversation": "#1f77b4", "synthetic": "#d62728"}
     styles = {"lru": "-", "lfu": "--"}
-    for (trace, policy) in dict.fromkeys((r["trace_key"], r["policy"]) for r in rows):
+    for trace, policy in dict.fromkeys((r["trace_key"], r["policy"]) for r in rows):
         pts = [r for r in rows if (r["trace_key"], r["policy"]) == (trace, policy)]
         c = colours[trace]
-        ax.plot([r["kv_tokens"] for r in pts], [r["hit_rate"] for r in pts], styles[policy], color=c,
-                label=f"{trace}: kvscope, {policy}")
+        ax.plot(
+            [r["kv_tokens"] for r in pts],
+            [r["hit_rate"] for r in pts],
+            styles[policy],
+            color=c,
+            label=f"{trace}: kvscope, {policy}",
+        )
         for r in pts:
-            ax.plot([r["kv_tokens"]], [r["hit_rate"]], "o", color=c, markersize=4,
-                    markerfacecolor="white" if r["skipped_too_big"] else c)
+            ax.plot(
+                [r["kv_tokens"]],
+                [r["hit_rate"]],
+                "o",
+                color=c,
+                markersize=4,
+                markerfacecolor="white" if r["skipped_too_big"] else c,
+            )
     for ref in refs:
         c = colours[ref["trace_key"]]
         ax.axhline(ref["hit_rate"], color=c, lw=0.8, ls=(0, (5, 3)))
-        ax.annotate(f"{ref['trace_key']}: its own sharing {ref['hit_rate']:.1%} (reference)",
-                    (1.1e4, ref["hit_rate"]), textcoords="offset points", xytext=(0, 3), fontsize=7, color=c)
+        ax.annotate(
+            f"{ref['trace_key']}: its own sharing {ref['hit_rate']:.1%} (reference)",
+            (1.1e4, ref["hit_rate"]),
+            textcoords="offset points",
+            xytext=(0, 3),
+            fontsize=7,
+            color=c,
+        )
         paper = ref["paper_table2"]
         ax.axhline(paper, color=c, lw=0.8, ls=":")
-        ax.annotate(f"paper, Table 2: {paper:.0%}", (1.1e4, paper), textcoords="offset points", xytext=(0, 3),
-                    fontsize=7, color=c, alpha=0.8)
+        ax.annotate(
+            f"paper, Table 2: {paper:.0%}",
+            (1.1e4, paper),
+            textcoords="offset points",
+            xytext=(0, 3),
+            fontsize=7,
+            color=c,
+            alpha=0.8,
+        )
         (x1, _), (x2, _) = FIGURE9_TEXT
         ax.plot([x1], [paper / 2], "v", color=c, markersize=9, alpha=0.6)
         ax.plot([x2], [paper], "o", color=c, markersize=11, markerfacecolor="none")
@@ -126,22 +171,38 @@ def plot_arrivals(rows: list[dict], seq_rows: list[dict], quick: bool) -> None:
         (1.0, 256, "lru", ":", "v", "real rate, 256 at once, lru"),
     ]
     for trace, c in colours.items():
-        seq = [r for r in seq_rows if r["trace_key"] == trace and r["policy"] == "lru"
-               and r["kv_tokens"] >= min((x["kv_tokens"] for x in rows), default=0)]
+        seq = [
+            r
+            for r in seq_rows
+            if r["trace_key"] == trace
+            and r["policy"] == "lru"
+            and r["kv_tokens"] >= min((x["kv_tokens"] for x in rows), default=0)
+        ]
         if seq:
-            axes[0].plot([r["kv_tokens"] for r in seq], [r["hit_rate"] for r in seq], color=c, lw=4, alpha=0.25,
-                         label=f"{trace}: one at a time (Figure 9's mode)")
+            axes[0].plot(
+                [r["kv_tokens"] for r in seq],
+                [r["hit_rate"] for r in seq],
+                color=c,
+                lw=4,
+                alpha=0.25,
+                label=f"{trace}: one at a time (Figure 9's mode)",
+            )
         for scale, seqs, policy, ls, mk, label in lines:
-            pts = [r for r in rows if (r["trace_key"], r["time_scale"], r["max_num_seqs"], r["policy"])
-                   == (trace, scale, seqs, policy)]
+            pts = [
+                r
+                for r in rows
+                if (r["trace_key"], r["time_scale"], r["max_num_seqs"], r["policy"]) == (trace, scale, seqs, policy)
+            ]
             if not pts:
                 continue
             x = [r["kv_tokens"] for r in pts]
-            axes[0].plot(x, [r["hit_rate"] for r in pts], ls, color=c, marker=mk, markersize=4,
-                         label=f"{trace}: {label}")
+            axes[0].plot(
+                x, [r["hit_rate"] for r in pts], ls, color=c, marker=mk, markersize=4, label=f"{trace}: {label}"
+            )
             if policy == "lru":
-                axes[1].plot(x, [r["ttft_p50_s"] for r in pts], ls, color=c, marker=mk, markersize=4,
-                             label=f"{trace}: {label}")
+                axes[1].plot(
+                    x, [r["ttft_p50_s"] for r in pts], ls, color=c, marker=mk, markersize=4, label=f"{trace}: {label}"
+                )
     for ax in axes:
         ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -163,12 +224,27 @@ def run(quick: bool) -> dict:
     t0 = time.perf_counter()
 
     # 1-2: the reference, and the engine with a pool that never evicts
-    eq_sizes = {"conversation": (512, 16), "synthetic": (512, 16)} if full else {"conversation": (512, 16),
-                                                                                  "synthetic": (512,)}
+    eq_sizes = (
+        {"conversation": (512, 16), "synthetic": (512, 16)}
+        if full
+        else {"conversation": (512, 16), "synthetic": (512,)}
+    )
     eq_rows = [dict(equality(w, bs), trace_key=k) for k, w in loaded.items() for bs in eq_sizes[k]]
-    print(table(eq_rows, [("trace_key", "trace", ""), ("block_size", "block", "d"), ("requests", "requests", "d"),
-                          ("hit_rate", "engine = reference", ".2%"), ("equal", "equal", ""),
-                          ("paper_table2", "paper (Table 2)", ".0%"), ("seconds", "s", ".1f")]), flush=True)
+    print(
+        table(
+            eq_rows,
+            [
+                ("trace_key", "trace", ""),
+                ("block_size", "block", "d"),
+                ("requests", "requests", "d"),
+                ("hit_rate", "engine = reference", ".2%"),
+                ("equal", "equal", ""),
+                ("paper_table2", "paper (Table 2)", ".0%"),
+                ("seconds", "s", ".1f"),
+            ],
+        ),
+        flush=True,
+    )
     assert all(r["equal"] for r in eq_rows), "the engine's hits differ from the reference"
 
     # 3: Figure 9, one request at a time
@@ -188,8 +264,7 @@ def run(quick: bool) -> dict:
 
     # 4: with arrivals, concurrency and preemption: at a quarter of the traces' rate one card keeps up; at their
     # real rate (a cluster's traffic) it cannot, so the queue grows and the running requests reach the cap
-    grid = ((TIME_SCALE, [1e6, 3e6, 1e7, 5e7, 1e8] if full else [1e5]),
-            (1.0, [1e6, 1e7] if full else [1e5]))
+    grid = ((TIME_SCALE, [1e6, 3e6, 1e7, 5e7, 1e8] if full else [1e5]), (1.0, [1e6, 1e7] if full else [1e5]))
     arr_rows = []
     for k, w in loaded.items():
         if quick:
@@ -201,15 +276,27 @@ def run(quick: bool) -> dict:
                 sim = SimConfig(time_scale=scale)
                 for r in sweep(w, arr_caps, ("lru", "lfu"), cfg, sim, reference=arr_ref):
                     arr_rows.append(dict(r, trace_key=k, max_num_seqs=seqs, time_scale=scale))
-                    print(f"  arrivals: {k} at 1/{scale:g} rate, {seqs} at once, {r['policy']} at "
-                          f"{r['kv_tokens']:.0e}: hit rate {r['hit_rate']:.1%}, {r['wall_s']:.0f} s", flush=True)
-    cols = [("trace_key", "trace", ""), ("time_scale", "time x", "g"), ("max_num_seqs", "at once", "d"),
-            ("policy", "policy", ""),
-            ("kv_tokens", "KV tokens", ".0e"), ("hit_rate", "hit rate", ".1%"), ("evictions", "evictions", ","),
-            ("preemptions", "preemptions", ","), ("peak_running", "peak running", "d"),
-            ("peak_waiting", "peak waiting", "d"),
-            ("ttft_p50_s", "TTFT p50 s", ".3g"), ("ttft_p99_s", "TTFT p99 s", ".3g"),
-            ("utilization", "card busy", ".0%"), ("wall_s", "wall s", ".0f")]
+                    print(
+                        f"  arrivals: {k} at 1/{scale:g} rate, {seqs} at once, {r['policy']} at "
+                        f"{r['kv_tokens']:.0e}: hit rate {r['hit_rate']:.1%}, {r['wall_s']:.0f} s",
+                        flush=True,
+                    )
+    cols = [
+        ("trace_key", "trace", ""),
+        ("time_scale", "time x", "g"),
+        ("max_num_seqs", "at once", "d"),
+        ("policy", "policy", ""),
+        ("kv_tokens", "KV tokens", ".0e"),
+        ("hit_rate", "hit rate", ".1%"),
+        ("evictions", "evictions", ","),
+        ("preemptions", "preemptions", ","),
+        ("peak_running", "peak running", "d"),
+        ("peak_waiting", "peak waiting", "d"),
+        ("ttft_p50_s", "TTFT p50 s", ".3g"),
+        ("ttft_p99_s", "TTFT p99 s", ".3g"),
+        ("utilization", "card busy", ".0%"),
+        ("wall_s", "wall s", ".0f"),
+    ]
     print(table(arr_rows, cols), flush=True)
     plot_arrivals(arr_rows, seq_rows, quick)
 
@@ -218,24 +305,43 @@ def run(quick: bool) -> dict:
     speed = []
     if full:
         for label, args, aim in (
-                ("sequential, block 512, 1e7 tokens", [conv, "--block-size", "512", "--kv-tokens", "1e7",
-                                                       "--sequential"], AIMS["sequential_bs512_s"]),
-                ("sequential, block 16, 1e7 tokens", [conv, "--block-size", "16", "--kv-tokens", "1e7",
-                                                      "--sequential"], AIMS["sequential_bs16_s"]),
-                ("full mode, block 16, 1e6 tokens, 64 at once", [conv, "--block-size", "16", "--kv-tokens", "1e6"],
-                 AIMS["full_1e6_s"])):
+            (
+                "sequential, block 512, 1e7 tokens",
+                [conv, "--block-size", "512", "--kv-tokens", "1e7", "--sequential"],
+                AIMS["sequential_bs512_s"],
+            ),
+            (
+                "sequential, block 16, 1e7 tokens",
+                [conv, "--block-size", "16", "--kv-tokens", "1e7", "--sequential"],
+                AIMS["sequential_bs16_s"],
+            ),
+            (
+                "full mode, block 16, 1e6 tokens, 64 at once",
+                [conv, "--block-size", "16", "--kv-tokens", "1e6"],
+                AIMS["full_1e6_s"],
+            ),
+        ):
             r = dict(timed(args), what=label, aim_s=aim, load_before=os.getloadavg()[0])  # others' work slows it
             r["met"] = r["process_s"] <= aim and r["peak_rss_mb"] <= AIMS["rss_mb"]
             speed.append(r)
             print(f"  speed: {label}: {r['process_s']:.1f} s (aim {aim} s), {r['peak_rss_mb']:.0f} MB", flush=True)
-    result = {"traces": {k: str(p.relative_to(ROOT.parent) if p.is_relative_to(ROOT.parent) else p)
-                         for k, p in paths.items()},
-              "requests": {k: len(w.requests) for k, w in loaded.items()},
-              "prompt_tokens": {k: w.prompt_tokens for k, w in loaded.items()},
-              "sim": "llama-3.1-8b on h100 (cost model defaults)", "arrivals_block_size": ARRIVAL_BLOCK,
-              "arrivals_time_scale": TIME_SCALE, "equality": eq_rows, "reference": refs,
-              "rows": seq_rows, "arrivals": arr_rows, "speed": speed, "aims": AIMS,
-              "seconds": time.perf_counter() - t0}
+    result = {
+        "traces": {
+            k: str(p.relative_to(ROOT.parent) if p.is_relative_to(ROOT.parent) else p) for k, p in paths.items()
+        },
+        "requests": {k: len(w.requests) for k, w in loaded.items()},
+        "prompt_tokens": {k: w.prompt_tokens for k, w in loaded.items()},
+        "sim": "llama-3.1-8b on h100 (cost model defaults)",
+        "arrivals_block_size": ARRIVAL_BLOCK,
+        "arrivals_time_scale": TIME_SCALE,
+        "equality": eq_rows,
+        "reference": refs,
+        "rows": seq_rows,
+        "arrivals": arr_rows,
+        "speed": speed,
+        "aims": AIMS,
+        "seconds": time.perf_counter() - t0,
+    }
     write_results("workloads", result, quick)
     return result
 

@@ -9,6 +9,7 @@ that is chosen by none is pruned and frees its own blocks.
 The selection follows transformers' beam search (``num_beams``, ``length_penalty``,
 ``early_stopping``) step for step, so the two return the same beams.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ class BeamGroup:
                 # Only the top beam_width candidates may become finished hypotheses.
                 if rank < k and self._improvable:
                     seq = beams[b].output_token_ids + [tok]
-                    new_hyps.append(BeamHypothesis(seq, score, score / gen_len ** self.length_penalty, stops))
+                    new_hyps.append(BeamHypothesis(seq, score, score / gen_len**self.length_penalty, stops))
             elif len(next_scores) < k:
                 next_scores.append((b, tok, score))
         self.finished = sorted(self.finished + new_hyps, key=lambda h: -h.score)[:k]
@@ -92,16 +93,18 @@ class BeamGroup:
 
         # Continue only while a running beam could still beat the worst finished one.
         if next_scores and len(self.finished) == k:
-            best = max(s for _, _, s in next_scores) / gen_len ** self.length_penalty
+            best = max(s for _, _, s in next_scores) / gen_len**self.length_penalty
             self._improvable = self._improvable and best > self.finished[-1].score
-        self.done = (not next_scores or not self._improvable
-                     or (self.early_stopping and len(self.finished) == k))
+        self.done = not next_scores or not self._improvable or (self.early_stopping and len(self.finished) == k)
         if self.done:
             return BeamRound([], list(beams), True)
         # The engine re-adds the survivors and their children through add_beam.
         self.beams, self.scores = [], {}
-        return BeamRound([(beams[b], toks) for b, toks in chosen.items()],
-                         [beams[b] for b in range(len(beams)) if b not in chosen], False)
+        return BeamRound(
+            [(beams[b], toks) for b, toks in chosen.items()],
+            [beams[b] for b in range(len(beams)) if b not in chosen],
+            False,
+        )
 
     def sort_beams(self) -> None:
         """Best first, as transformers orders its running beams (only exact ties depend on it)."""
@@ -111,6 +114,8 @@ class BeamGroup:
         """The best ``n`` hypotheses (finished ones, else the live beams as they stand)."""
         if self.finished or not self.beams:
             return self.finished[:n]
-        live = [BeamHypothesis(list(b.output_token_ids), self.scores[b.request_id], self.scores[b.request_id], False)
-                for b in self.beams]
+        live = [
+            BeamHypothesis(list(b.output_token_ids), self.scores[b.request_id], self.scores[b.request_id], False)
+            for b in self.beams
+        ]
         return sorted(live, key=lambda h: -h.score)[:n]

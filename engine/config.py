@@ -5,6 +5,7 @@
 line (``kvscope/cli/parser.py`` generates its engine flags from it) and the keys a
 scenario file may set (``kvscope/scenario.py``).
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,13 +30,31 @@ FAULTS = (None, "abort-leak", "cow-leak", "double-free", "shared-write")
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes; per-sample seeds are derived modulo 2**64
 
 
-def option(default: Any = None, help: str = "", *, choices: tuple | None = None, ge: float | None = None,
-           le: float | None = None, gt: float | None = None, group: str = "engine", scenario: bool = True,
-           aliases: tuple[str, ...] = (), default_factory: Any = None) -> Any:
+def option(
+    default: Any = None,
+    help: str = "",
+    *,
+    choices: tuple | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    gt: float | None = None,
+    group: str = "engine",
+    scenario: bool = True,
+    aliases: tuple[str, ...] = (),
+    default_factory: Any = None,
+) -> Any:
     """A config field with its metadata: ``help``, closed ``choices``, bounds (``ge``/``gt``/``le``),
     the command-line ``group``, extra flag ``aliases``, and whether a scenario file may set it."""
-    meta = {"help": help, "choices": choices, "ge": ge, "le": le, "gt": gt, "group": group,
-            "scenario": scenario, "aliases": aliases}
+    meta = {
+        "help": help,
+        "choices": choices,
+        "ge": ge,
+        "le": le,
+        "gt": gt,
+        "group": group,
+        "scenario": scenario,
+        "aliases": aliases,
+    }
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -46,66 +65,117 @@ class EngineConfig:
     """Everything that shapes one engine instance. ``None`` means "derive it"."""
 
     model: str | None = option(
-        None, "a short name (llama-2-7b, tinyllama, ...), a hub id, a local folder or a .gguf file; "
-        "default: the embedded SmolLM2-135M-Instruct", group="model", scenario=False)
+        None,
+        "a short name (llama-2-7b, tinyllama, ...), a hub id, a local folder or a .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+        group="model",
+        scenario=False,
+    )
     tokenizer: str | None = option(
-        None, "load this tokenizer (hub id or folder) instead of the model's own", group="model", scenario=False)
-    device: str = option("auto", "cpu, cuda, cuda:N; auto picks cuda when available", group="model",
-                         scenario=False)
-    dtype: str = option("auto", "weights and activations; auto keeps the checkpoint's dtype (fp32 for GGUF)",
-                        choices=DTYPES, group="model")
+        None, "load this tokenizer (hub id or folder) instead of the model's own", group="model", scenario=False
+    )
+    device: str = option("auto", "cpu, cuda, cuda:N; auto picks cuda when available", group="model", scenario=False)
+    dtype: str = option(
+        "auto",
+        "weights and activations; auto keeps the checkpoint's dtype (fp32 for GGUF)",
+        choices=DTYPES,
+        group="model",
+    )
     block_size: int = option(16, "tokens per KV block", ge=1, group="KV cache")
     num_gpu_blocks: int | None = option(
-        None, "number of physical blocks in the pool (overrides every sizing rule)", ge=1, group="KV cache")
+        None, "number of physical blocks in the pool (overrides every sizing rule)", ge=1, group="KV cache"
+    )
     kv_cache_memory_bytes: int | None = option(
-        None, "size the pool by bytes (block bytes = 2 x layers x kv_heads x head_dim x dtype x block)", ge=1,
-        group="KV cache")
+        None,
+        "size the pool by bytes (block bytes = 2 x layers x kv_heads x head_dim x dtype x block)",
+        ge=1,
+        group="KV cache",
+    )
     gpu_memory_utilization: float = option(
-        0.9, "on CUDA: fraction of the GPU's memory for weights + activations + the KV pool", gt=0.0, le=1.0,
-        group="KV cache")
-    cpu_kv_cache_bytes: int = option(2 << 30, "on the CPU: the most bytes the default-sized pool may take", ge=1,
-                                     group="KV cache")
+        0.9,
+        "on CUDA: fraction of the GPU's memory for weights + activations + the KV pool",
+        gt=0.0,
+        le=1.0,
+        group="KV cache",
+    )
+    cpu_kv_cache_bytes: int = option(
+        2 << 30, "on the CPU: the most bytes the default-sized pool may take", ge=1, group="KV cache"
+    )
     swap_space: float = option(4.0, "GiB of CPU pool for swap preemption", ge=0.0, group="KV cache")
-    num_cpu_blocks: int | None = option(None, "blocks of the CPU swap pool (overrides --swap-space)", ge=0,
-                                        group="KV cache")
+    num_cpu_blocks: int | None = option(
+        None, "blocks of the CPU swap pool (overrides --swap-space)", ge=0, group="KV cache"
+    )
     max_num_seqs: int = option(64, "most requests running at once", ge=1, group="scheduler")
     max_num_batched_tokens: int = option(
-        2048, "token budget of one step (long prompts are prefilled in chunks)", ge=1, group="scheduler")
+        2048, "token budget of one step (long prompts are prefilled in chunks)", ge=1, group="scheduler"
+    )
     max_model_len: int | None = option(
-        None, "cap the context length (default: the model's); a smaller cap fits a smaller KV pool", ge=2,
-        group="KV cache")
-    enable_prefix_caching: bool = option(True, "automatic prefix caching (--no-prefix-caching turns it off)",
-                                         group="KV cache", aliases=("--no-prefix-caching",))
-    preemption_mode: str = option("recompute", "what preemption does with a request's KV",
-                                  choices=PREEMPTION_MODES, group="scheduler")
+        None,
+        "cap the context length (default: the model's); a smaller cap fits a smaller KV pool",
+        ge=2,
+        group="KV cache",
+    )
+    enable_prefix_caching: bool = option(
+        True,
+        "automatic prefix caching (--no-prefix-caching turns it off)",
+        group="KV cache",
+        aliases=("--no-prefix-caching",),
+    )
+    preemption_mode: str = option(
+        "recompute", "what preemption does with a request's KV", choices=PREEMPTION_MODES, group="scheduler"
+    )
     kv_cache_dtype: str = option(
-        "auto", "store KV quantized: fp8 (e4m3, a scale per head), int8 (a scale per token and head), "
+        "auto",
+        "store KV quantized: fp8 (e4m3, a scale per head), int8 (a scale per token and head), "
         "int4 (int4 V with int8 K); about 2x the blocks of a 16-bit cache in the same memory",
-        choices=KV_CACHE_DTYPES, group="KV cache")
+        choices=KV_CACHE_DTYPES,
+        group="KV cache",
+    )
     attention_backend: str = option(
-        "auto", "paged attention: triton kernels (the default on CUDA) or the PyTorch reference",
-        choices=ATTENTION_BACKENDS, group="model")
+        "auto",
+        "paged attention: triton kernels (the default on CUDA) or the PyTorch reference",
+        choices=ATTENTION_BACKENDS,
+        group="model",
+    )
     enforce_eager: bool = option(False, "on CUDA: do not capture CUDA graphs for decode", group="model")
-    fuse_ops: bool = option(True, "with the Triton backend: fused kernels for RMSNorm with the residual add, rotary "
-                            "with the KV store, and SiLU-and-mul (--no-fuse-ops: PyTorch's ops one by one, a "
-                            "baseline)", group="model")
+    fuse_ops: bool = option(
+        True,
+        "with the Triton backend: fused kernels for RMSNorm with the residual add, rotary "
+        "with the KV store, and SiLU-and-mul (--no-fuse-ops: PyTorch's ops one by one, a "
+        "baseline)",
+        group="model",
+    )
     # "contiguous": each request reserves max_model_len of KV at admission, as systems before
     # PagedAttention did (a baseline for the benchmarks; prefix caching is off with it).
-    kv_layout: str = option("paged", "contiguous reserves max_model_len per request (a pre-PagedAttention "
-                            "baseline; no prefix caching)", choices=KV_LAYOUTS, group="KV cache")
-    hash_algo: str = option("sha256", "block hash: sha256 (kvscope's: the model's identity in every hash), builtin "
-                            "(fast, non-cryptographic; hits still compare tokens), or sha256_cbor (vLLM's "
-                            "--prefix-caching-hash-algo sha256_cbor, seeded by PYTHONHASHSEED as vLLM is: a router "
-                            "computes the same hashes for kvscope as for vLLM; docs/fleet.md)",
-                            choices=HASH_ALGOS, group="KV cache")
+    kv_layout: str = option(
+        "paged",
+        "contiguous reserves max_model_len per request (a pre-PagedAttention baseline; no prefix caching)",
+        choices=KV_LAYOUTS,
+        group="KV cache",
+    )
+    hash_algo: str = option(
+        "sha256",
+        "block hash: sha256 (kvscope's: the model's identity in every hash), builtin "
+        "(fast, non-cryptographic; hits still compare tokens), or sha256_cbor (vLLM's "
+        "--prefix-caching-hash-algo sha256_cbor, seeded by PYTHONHASHSEED as vLLM is: a router "
+        "computes the same hashes for kvscope as for vLLM; docs/fleet.md)",
+        choices=HASH_ALGOS,
+        group="KV cache",
+    )
     eviction_policy: str = option(
-        "lru", "which cached free block is evicted first: lru (vLLM's: least recently freed) or lfu (least "
+        "lru",
+        "which cached free block is evicted first: lru (vLLM's: least recently freed) or lfu (least "
         "frequently used, with dynamic ageing: prefixes hit often outlive one-off long prompts, and empty blocks "
-        "go before any cached one)", choices=EVICTION_POLICIES, group="KV cache")
-    seed: int = option(0, f"seed of the default sampling generator (0..{MAX_SEED})", ge=0, le=MAX_SEED,
-                       group="scheduler")
-    fault: str | None = option(None, "switch on a deliberate bug, to practise finding leaks", choices=FAULTS,
-                               group="debugging")
+        "go before any cached one)",
+        choices=EVICTION_POLICIES,
+        group="KV cache",
+    )
+    seed: int = option(
+        0, f"seed of the default sampling generator (0..{MAX_SEED})", ge=0, le=MAX_SEED, group="scheduler"
+    )
+    fault: str | None = option(
+        None, "switch on a deliberate bug, to practise finding leaks", choices=FAULTS, group="debugging"
+    )
 
     def validate(self) -> None:
         """Check every field against its annotation and metadata; raises ``ValueError`` with one line."""
@@ -186,6 +256,7 @@ def derive_seed(seed: int, index: int) -> int:
 class RequestOutputKind(enum.IntEnum):
     """What ``LLMEngine.step`` reports for a request (vLLM's names and values): every step its whole output
     so far, or only its final one (``LLM.generate`` asks for that: no per-step copies of a growing list)."""
+
     CUMULATIVE = 0
     FINAL_ONLY = 2
 
@@ -232,13 +303,15 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed <= MAX_SEED):
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED
+        ):
             raise ValueError(f"seed must be None or an integer in 0..{MAX_SEED} (2**64 - 1), got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
+        ):
             raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         for name in ("ignore_eos", "use_beam_search", "early_stopping"):
             if not isinstance(getattr(self, name), bool):

@@ -2,6 +2,7 @@
 counts recomputed from the block tables, and with the write audit every write into a shared or published
 block), and its state as a snapshot (copied) or a live state (what the engine process sends).
 """
+
 from __future__ import annotations
 
 from operator import attrgetter
@@ -57,8 +58,16 @@ class EngineInspection:
                 continue
             if b.ref_cnt > 1 or b.block_hash is not None:
                 why = f"ref count {b.ref_cnt}" if b.ref_cnt > 1 else "published hash"
-                self.write_problems.setdefault((bid, rid), AuditProblem(
-                    bid, "shared_write", 1, b.ref_cnt, f"{rid}, step {self.step_count}: write into a block with {why}"))
+                self.write_problems.setdefault(
+                    (bid, rid),
+                    AuditProblem(
+                        bid,
+                        "shared_write",
+                        1,
+                        b.ref_cnt,
+                        f"{rid}, step {self.step_count}: write into a block with {why}",
+                    ),
+                )
 
     def audit(self, emit_events: bool = False) -> AuditReport:
         """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event.
@@ -81,10 +90,16 @@ class EngineInspection:
 
     def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
         """What ``snapshot`` is derived from, without the derived views, copied."""
-        return pool_state(self.step_count, self.config.block_size, self.pool,
-                          [self._snapshot_row(r) for r in self._shown(max_finished)], self.metrics(),
-                          self.kv.cpu_pool.num_blocks, block_bytes=self.runner.block_bytes,
-                          model_name=self.model_name)
+        return pool_state(
+            self.step_count,
+            self.config.block_size,
+            self.pool,
+            [self._snapshot_row(r) for r in self._shown(max_finished)],
+            self.metrics(),
+            self.kv.cpu_pool.num_blocks,
+            block_bytes=self.runner.block_bytes,
+            model_name=self.model_name,
+        )
 
     def live_state(self, max_finished: int = MAX_FINISHED) -> LiveState:
         """The state now, not copied (what an engine process sends): the live requests' rows as ``LiveRow``s
@@ -101,14 +116,22 @@ class EngineInspection:
         if len(live) > 2 * len(self.requests) + 64:  # rows of requests that ended, dropped now and then
             self._live_rows = {rid: row for rid, row in live.items() if rid in self.requests}
         rows.sort(key=attrgetter("index"))
-        return LiveState(self.step_count, self.config.block_size, tuple(rows), self.metrics(),
-                         self.pool.state_counts(), self.kv.cpu_pool.num_blocks, self.runner.block_bytes,
-                         self.model_name, self.pool)
+        return LiveState(
+            self.step_count,
+            self.config.block_size,
+            tuple(rows),
+            self.metrics(),
+            self.pool.state_counts(),
+            self.kv.cpu_pool.num_blocks,
+            self.runner.block_bytes,
+            self.model_name,
+            self.pool,
+        )
 
     def _shown(self, max_finished: int) -> list[Request]:
         """The requests a snapshot shows: the live ones, then the last ``max_finished`` finished."""
         finished = list(self.finished_log)
-        return list(self.requests.values()) + finished[max(0, len(finished) - max_finished):]
+        return list(self.requests.values()) + finished[max(0, len(finished) - max_finished) :]
 
     def _snapshot_row(self, r: Request) -> RequestInfo:
         """A finished request's row never changes again: it is built once, not at every snapshot."""

@@ -2,6 +2,7 @@
 in memory, an engine-native model, or a runner without weights; and the one ``_setup`` they share (the runner,
 the block pool, the KV cache manager, the scheduler, the output processor, the request groups).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,9 @@ class EngineLoading:
     """``LLMEngine``'s constructors (a mixin: the engine is one object; its loading reads apart)."""
 
     @classmethod
-    def from_hf_model(cls, hf_model, tokenizer=None, config: EngineConfig | None = None,
-                      name: str = "in-memory model", **kwargs) -> Self:
+    def from_hf_model(
+        cls, hf_model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model", **kwargs
+    ) -> Self:
         """Serve a transformers model that is already loaded (a notebook's, a test's).
 
         The engine reads its weights (fusing q/k/v and gate/up into new tensors) and
@@ -49,8 +51,9 @@ class EngineLoading:
         return self
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model",
-                   **kwargs) -> Self:
+    def from_model(
+        cls, model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model", **kwargs
+    ) -> Self:
         """An engine over an engine-native ``LlamaForCausalLM`` already built (a benchmark's random weights):
         several engines may share one model's weights, each with its own pool."""
         config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
@@ -63,8 +66,9 @@ class EngineLoading:
         return self
 
     @classmethod
-    def from_runner(cls, runner, config: EngineConfig | None = None, tokenizer=None, name: str = "simulated model",
-                    **kwargs) -> Self:
+    def from_runner(
+        cls, runner, config: EngineConfig | None = None, tokenizer=None, name: str = "simulated model", **kwargs
+    ) -> Self:
         """An engine over a runner without weights (``engine.workload.SimRunner``): the real scheduler, block
         pool, prefix cache, preemption and events run, and only the forward pass is the runner's.
 
@@ -80,8 +84,17 @@ class EngineLoading:
         self.load_seconds = 0.0
         return self
 
-    def _setup(self, config: EngineConfig, device: torch.device, source: ModelSource, hf_model, tokenizer,
-               model=None, report: Progress | None = None, runner=None) -> None:
+    def _setup(
+        self,
+        config: EngineConfig,
+        device: torch.device,
+        source: ModelSource,
+        hf_model,
+        tokenizer,
+        model=None,
+        report: Progress | None = None,
+        runner=None,
+    ) -> None:
         """``model``: an already built ``LlamaForCausalLM`` (reused weights) instead of ``hf_model``;
         ``runner``: a runner without weights instead of both (``from_runner``)."""
         self.config = config
@@ -96,21 +109,31 @@ class EngineLoading:
         self.max_model_len = min(ctx, config.max_model_len or ctx)
         if report is not None:
             report("sizing and building the KV pool", 0.85)
-        self.runner = runner if runner is not None else ModelRunner(config, hf_model, device, self.max_model_len,
-                                                                     model=model)
+        self.runner = (
+            runner if runner is not None else ModelRunner(config, hf_model, device, self.max_model_len, model=model)
+        )
         self.eos_token_ids = self._eos_ids(hf_config)
         self.vocab_size = self.runner.vocab_size
         if tokenizer is not None and len(tokenizer) > self.vocab_size:
-            logger.warning("the tokenizer has %d tokens, the model %d: prompts with ids beyond the model's are "
-                           "refused", len(tokenizer), self.vocab_size)
+            logger.warning(
+                "the tokenizer has %d tokens, the model %d: prompts with ids beyond the model's are refused",
+                len(tokenizer),
+                self.vocab_size,
+            )
         contiguous = config.kv_layout == "contiguous"
-        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching and not contiguous,
-                              config.eviction_policy)
+        self.pool = BlockPool(
+            self.runner.num_blocks, config.enable_prefix_caching and not contiguous, config.eviction_policy
+        )
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
-        self.kv = KVCacheManager(self.pool, config.block_size,
-                                 extra_keys=(source.identity, tok_id, self.vocab_size),
-                                 hash_algo=config.hash_algo, cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
-                                 fault=config.fault, reserve_tokens=self.max_model_len if contiguous else 0)
+        self.kv = KVCacheManager(
+            self.pool,
+            config.block_size,
+            extra_keys=(source.identity, tok_id, self.vocab_size),
+            hash_algo=config.hash_algo,
+            cpu_pool=CpuBlockPool(self.runner.num_cpu_blocks),
+            fault=config.fault,
+            reserve_tokens=self.max_model_len if contiguous else 0,
+        )
         self.scheduler = Scheduler(config, self.kv)
         self.output = OutputProcessor(tokenizer, self.max_model_len)
         self.request_groups = RequestGroups(self.scheduler, self.kv, self.output)

@@ -9,6 +9,7 @@ for the same reason. Here: what is alive after a model loads (weights' Python ob
 block objects) is frozen out of the collector's sight, and the youngest generation is collected after
 50,000 net allocations. Reference counting still frees everything acyclic at once; cycles wait longer.
 """
+
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,5 @@
 """Turn a prompt (text, token ids or chat messages) into validated token ids."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,8 +13,11 @@ def is_chat(prompt: Any) -> bool:
 
 
 def is_token_ids(prompt: Any) -> bool:
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+    return (
+        isinstance(prompt, (list, tuple))
+        and len(prompt) > 0
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    )
 
 
 def check_text(text: str, what: str = "the prompt") -> None:
@@ -21,8 +25,9 @@ def check_text(text: str, what: str = "the prompt") -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid Unicode text: a lone surrogate {text[e.start]!r} at character "
-                         f"{e.start}") from None
+        raise ValueError(
+            f"{what} is not valid Unicode text: a lone surrogate {text[e.start]!r} at character {e.start}"
+        ) from None
 
 
 def to_token_ids(prompt: PromptType, tokenizer, vocab_size: int) -> tuple[list[int], str | None]:
@@ -51,8 +56,9 @@ def to_token_ids(prompt: PromptType, tokenizer, vocab_size: int) -> tuple[list[i
     elif isinstance(prompt, (list, tuple)) and len(prompt) == 0:
         raise ValueError("the prompt is empty")
     else:
-        raise ValueError(f"a prompt must be a string, a list of token ids or a list of chat messages, "
-                         f"got {type(prompt).__name__}")
+        raise ValueError(
+            f"a prompt must be a string, a list of token ids or a list of chat messages, got {type(prompt).__name__}"
+        )
     if not ids:
         raise ValueError("the prompt is empty after tokenization")
     bad = [t for t in ids if not 0 <= t < vocab_size]

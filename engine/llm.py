@@ -1,4 +1,5 @@
 """``LLM``: vLLM's offline API on top of ``LLMEngine``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: PromptType | Sequence[PromptType],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """One output per prompt, in order. A bad prompt raises before any request is queued."""
         if isinstance(prompts, str) or is_chat(prompts) or is_token_ids(prompts):
             prompts = [prompts]

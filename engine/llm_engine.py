@@ -7,6 +7,7 @@ a step runs fails that step's requests (their blocks freed, the step's cache
 publications rolled back, a swapped-out request whose copy failed recomputed), and
 ``step()`` itself never raises.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,13 @@ def _one_line(e: BaseException) -> str:
 class LLMEngine(EngineLoading, EngineInspection):
     """The step loop; its constructors are ``engine_loading``'s, its inspection ``engine_inspection``'s."""
 
-    def __init__(self, config: EngineConfig | None = None, weights: LoadedWeights | None = None,
-                 progress: Progress | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        weights: LoadedWeights | None = None,
+        progress: Progress | None = None,
+        **kwargs,
+    ) -> None:
         """``weights``: an earlier engine's (``engine.weights``), reused when they are the same model,
         dtype, device and tokenizer: a new pool and scheduler over weights already in memory.
         ``progress(text, fraction)`` hears what the load is doing."""
@@ -83,8 +89,9 @@ class LLMEngine(EngineLoading, EngineInspection):
         return self.output.num_generated_tokens
 
     # -- requests ------------------------------------------------------------------------
-    def validate_request(self, prompt: PromptType,
-                         params: SamplingParams | None = None) -> tuple[list[int], str | None]:
+    def validate_request(
+        self, prompt: PromptType, params: SamplingParams | None = None
+    ) -> tuple[list[int], str | None]:
         """Everything ``add_request`` checks about a prompt and its params; returns (token ids, text).
 
         Raises ``ValueError`` with one line; changes nothing.
@@ -95,8 +102,10 @@ class LLMEngine(EngineLoading, EngineInspection):
         params.validate()
         ids, text = to_token_ids(prompt, self.tokenizer, self.vocab_size)
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is "
-                             f"{self.max_model_len} tokens (one more is needed to generate)")
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but the model's context is "
+                f"{self.max_model_len} tokens (one more is needed to generate)"
+            )
         bs = self.config.block_size
         total = min(len(ids) + params.max_tokens, self.max_model_len)
         need = cdiv(self.max_model_len if self.config.kv_layout == "contiguous" else total, bs)
@@ -106,12 +115,20 @@ class LLMEngine(EngineLoading, EngineInspection):
             need = cdiv(len(ids), bs) + params.beam_width * (cdiv(total - len(ids), bs) + 1)
             what += f" in {params.beam_width} beams"
         if need > self.pool.num_blocks:
-            raise ValueError(f"this request can never fit: {what} need {need} blocks of {bs}, "
-                             f"but the whole pool has {self.pool.num_blocks}")
+            raise ValueError(
+                f"this request can never fit: {what} need {need} blocks of {bs}, "
+                f"but the whole pool has {self.pool.num_blocks}"
+            )
         return ids, text
 
-    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None, cache_salt: str | None = None, client: str = "") -> str:
+    def add_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        client: str = "",
+    ) -> str:
         """Validate and queue a request; raises ``ValueError`` and changes nothing on bad input.
 
         ``client`` names the sender (an HTTP client's address), shown beside the request.
@@ -127,9 +144,18 @@ class LLMEngine(EngineLoading, EngineInspection):
         ids, text = self.validate_request(prompt, params)
         rid = request_id if request_id is not None else groups.auto_id()
         beam = params.use_beam_search
-        req = Request(rid, groups.next_index(), ids, params, prompt=text, eos_token_ids=self.eos_token_ids,
-                      cache_salt=cache_salt, generator=make_generator(params.seed, 0),
-                      pending_forks=0 if beam else params.n - 1, client=client)
+        req = Request(
+            rid,
+            groups.next_index(),
+            ids,
+            params,
+            prompt=text,
+            eos_token_ids=self.eos_token_ids,
+            cache_salt=cache_salt,
+            generator=make_generator(params.seed, 0),
+            pending_forks=0 if beam else params.n - 1,
+            client=client,
+        )
         groups.add(req)
         return rid
 
@@ -181,8 +207,9 @@ class LLMEngine(EngineLoading, EngineInspection):
             touched += self._fail_step(sched, error, swap_outs_lost)
             outputs = self._outputs(touched, decode=False)
         self.request_groups.sweep()
-        return StepOutput(self.step_count, outputs, self.pool.drain_events(), sched.num_scheduled_tokens,
-                          sampled, error)
+        return StepOutput(
+            self.step_count, outputs, self.pool.drain_events(), sched.num_scheduled_tokens, sampled, error
+        )
 
     def _run(self, sched: SchedulerOutput, touched: list[Request]) -> dict[str, int]:
         """The forward and everything after it; ``touched`` collects the requests to report."""
@@ -241,7 +268,8 @@ class LLMEngine(EngineLoading, EngineInspection):
         for gid, r in first.items():
             members = groups.groups.get(gid, [r])
             if r.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY and not (
-                    all(m.is_finished for m in members) and not members[0].pending_forks):
+                all(m.is_finished for m in members) and not members[0].pending_forks
+            ):
                 continue  # the caller asked for the final output only: no per-step copy of the tokens
             out.append(self.output.make_output(members, groups.beam_groups.get(gid), decode))
         return out
@@ -253,8 +281,9 @@ class LLMEngine(EngineLoading, EngineInspection):
         swapped = [r for r in self.scheduler.swapped if lost.intersection(r.cpu_block_ids)]
         # Anything not safely queued (running, or dropped between two queues) or holding device blocks.
         queued = {r.request_id for q in (self.scheduler.waiting, self.scheduler.swapped) for r in q}
-        holding = [r for r in self.requests.values()
-                   if r.request_id not in queued or r.request_id in self.kv.req_to_blocks]
+        holding = [
+            r for r in self.requests.values() if r.request_id not in queued or r.request_id in self.kv.req_to_blocks
+        ]
         return SchedulerOutput([ScheduledRequest(r, 0, r.num_computed_tokens, []) for r in holding], swapped)
 
     def _fail_step(self, sched: SchedulerOutput, error: str, swap_outs_lost: bool) -> list[Request]:
@@ -266,7 +295,8 @@ class LLMEngine(EngineLoading, EngineInspection):
             for r in sched.preempted:
                 if r.status == RequestStatus.SWAPPED:
                     self.scheduler.recompute_swapped(
-                        r, f"its swap-out in step {self.step_count} never completed ({error}); recomputing")
+                        r, f"its swap-out in step {self.step_count} never completed ({error}); recomputing"
+                    )
         victims = [s.request for s in sched.scheduled] + list(self.request_groups.created)
         return self.request_groups.fail(victims, error)
 

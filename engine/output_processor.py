@@ -5,6 +5,7 @@ user-visible outputs of a request group (one completion per sample or beam), as
 vLLM's ``OutputProcessor`` does them. It never touches blocks: finishing a request
 is the caller's (``RequestGroups.finish``).
 """
+
 from __future__ import annotations
 
 import time
@@ -57,7 +58,7 @@ class OutputProcessor:
             if p.stop:
                 hits = [i for i in (req.output_text.find(s) for s in p.stop) if i >= 0]
                 if hits:
-                    req.output_text = req.output_text[:min(hits)]  # the stop string is not part of the output
+                    req.output_text = req.output_text[: min(hits)]  # the stop string is not part of the output
                     return RequestStatus.FINISHED_STOPPED
         if len(out) >= limit:
             return RequestStatus.FINISHED_LENGTH
@@ -80,17 +81,31 @@ class OutputProcessor:
         if len(members) == 1 and not head.pending_forks and beams is None:  # the common case
             comp = CompletionOutput(0, head.output_text, head.output_token_ids[:], head.status.finish_reason)
             # prompt_token_ids is never mutated after admission: shared, not copied every step.
-            return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, [comp], head.is_finished,
-                                 max(head.num_cached_tokens, 0), head.error)
+            return RequestOutput(
+                head.group_id,
+                head.prompt,
+                head.prompt_token_ids,
+                [comp],
+                head.is_finished,
+                max(head.num_cached_tokens, 0),
+                head.error,
+            )
         error = next((r.error for r in members if r.error), None)
         if beams is not None:
+
             def reason(h) -> str | None:
                 return None if not beams.done else "error" if error else "stop" if h.stopped else "length"
-            comps = [CompletionOutput(i, self.decode(h.token_ids) if decode else "", h.token_ids, reason(h),
-                                      h.cum_logprob) for i, h in enumerate(beams.results(head.sampling_params.n))]
+
+            comps = [
+                CompletionOutput(i, self.decode(h.token_ids) if decode else "", h.token_ids, reason(h), h.cum_logprob)
+                for i, h in enumerate(beams.results(head.sampling_params.n))
+            ]
         else:
-            comps = [CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids),
-                                      r.status.finish_reason) for r in sorted(members, key=lambda r: r.sample_index)]
+            comps = [
+                CompletionOutput(r.sample_index, r.output_text, list(r.output_token_ids), r.status.finish_reason)
+                for r in sorted(members, key=lambda r: r.sample_index)
+            ]
         done = all(r.is_finished for r in members) and not head.pending_forks
-        return RequestOutput(head.group_id, head.prompt, head.prompt_token_ids, comps, done,
-                             max(head.num_cached_tokens, 0), error)
+        return RequestOutput(
+            head.group_id, head.prompt, head.prompt_token_ids, comps, done, max(head.num_cached_tokens, 0), error
+        )

@@ -1,4 +1,5 @@
 """What ``generate`` and ``step`` return (vLLM's shapes)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -11,6 +11,7 @@ Finished sequences are kept only as far as the inspector shows them (the last
 ``max_finished``) plus counters; a group leaves ``groups`` (after ``max_finished`` more groups
 ended) and ``beam_groups`` (at once) when it has ended, so a long run stays bounded.
 """
+
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
@@ -35,9 +36,11 @@ def check_user_request_id(request_id: object) -> None:
         raise ValueError(f"a request id must be a non-empty string, got {request_id!r}")
     bad = sorted({c for c in request_id if c in RESERVED_ID_CHARS})
     if bad:
-        raise ValueError(f"request id {request_id!r} contains {' '.join(bad)}: the characters "
-                         f"{' '.join(RESERVED_ID_CHARS)} are reserved for the ids the engine makes "
-                         "(samples x#1, forks a+1, beams b~1)")
+        raise ValueError(
+            f"request id {request_id!r} contains {' '.join(bad)}: the characters "
+            f"{' '.join(RESERVED_ID_CHARS)} are reserved for the ids the engine makes "
+            "(samples x#1, forks a+1, beams b~1)"
+        )
 
 
 def make_generator(seed: int | None, index: int) -> torch.Generator | None:
@@ -48,8 +51,9 @@ def make_generator(seed: int | None, index: int) -> torch.Generator | None:
 
 
 class RequestGroups:
-    def __init__(self, scheduler: Scheduler, kv: KVCacheManager, output: OutputProcessor,
-                 max_finished: int = MAX_FINISHED) -> None:
+    def __init__(
+        self, scheduler: Scheduler, kv: KVCacheManager, output: OutputProcessor, max_finished: int = MAX_FINISHED
+    ) -> None:
         self.scheduler = scheduler
         self.kv = kv
         self.output = output
@@ -102,14 +106,25 @@ class RequestGroups:
             self.beam_groups[rid] = group
         self.scheduler.add_request(req)
 
-    def spawn(self, parent: Request, child_id: str, group_id: str | None, sample_index: int,
-              generator_index: int) -> Request:
+    def spawn(
+        self, parent: Request, child_id: str, group_id: str | None, sample_index: int, generator_index: int
+    ) -> Request:
         """A new sequence that continues ``parent``: it shares every device block (CoW on its first write)."""
         p: SamplingParams = parent.sampling_params
-        child = Request(child_id, self.next_index(), list(parent.prompt_token_ids), p, prompt=parent.prompt,
-                        eos_token_ids=parent.eos_token_ids, cache_salt=parent.cache_salt,
-                        generator=make_generator(p.seed, generator_index), group_id=group_id or "",
-                        sample_index=sample_index, parent_id=parent.request_id, client=parent.client)
+        child = Request(
+            child_id,
+            self.next_index(),
+            list(parent.prompt_token_ids),
+            p,
+            prompt=parent.prompt,
+            eos_token_ids=parent.eos_token_ids,
+            cache_salt=parent.cache_salt,
+            generator=make_generator(p.seed, generator_index),
+            group_id=group_id or "",
+            sample_index=sample_index,
+            parent_id=parent.request_id,
+            client=parent.client,
+        )
         child.num_cached_tokens = parent.num_cached_tokens
         self.requests[child.request_id] = child
         self.created.append(child)
@@ -213,7 +228,7 @@ class RequestGroups:
         failed = []
         for r in victims:
             group = self.beam_groups.get(r.group_id)
-            for m in ([r] if group is None else self.groups.get(r.group_id, [r])):
+            for m in [r] if group is None else self.groups.get(r.group_id, [r]):
                 if group is not None:
                     group.done = True
                 if not m.is_finished:

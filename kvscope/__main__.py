@@ -1,4 +1,5 @@
 """``python -m kvscope``: see ``kvscope.cli``."""
+
 import sys
 
 from kvscope.cli import main

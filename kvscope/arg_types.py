@@ -2,6 +2,7 @@
 
 Shared by ``kvscope``'s parser and the attach window's own (``python -m kvscope.ui.views.prefix_forest``).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ of the last ``limits.miss_explanations`` requests and the last ``limits.evicted_
 block's story is read from the history's events when a block is selected: it costs one pass over the
 recorded events.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,8 +29,12 @@ CACHING_OFF = "prefix cache: off in this engine (--no-prefix-caching, or the con
 
 
 class Diagnosis:
-    def __init__(self, decode: Callable[[list[int]], str | None] | None = None, prefix_caching: bool = True,
-                 limits: WindowLimits = LIMITS) -> None:
+    def __init__(
+        self,
+        decode: Callable[[list[int]], str | None] | None = None,
+        prefix_caching: bool = True,
+        limits: WindowLimits = LIMITS,
+    ) -> None:
         self.decode = decode
         self.prefix_caching = prefix_caching
         self.limits = limits
@@ -37,8 +42,9 @@ class Diagnosis:
 
     def feed(self, step: int, events, snap: KVSnapshot) -> None:
         if self.misses is None:
-            self.misses = CacheMissExplainer(snap.block_size, self.decode, self.limits.miss_explanations,
-                                             self.limits.evicted_blocks)
+            self.misses = CacheMissExplainer(
+                snap.block_size, self.decode, self.limits.miss_explanations, self.limits.evicted_blocks
+            )
         self.misses.feed_snapshot(step, events, snap)
 
     def miss_text(self, snap: KVSnapshot | None, request_id: str) -> str:
@@ -53,20 +59,26 @@ class Diagnosis:
             return CACHING_OFF
         if self.misses is None or request_id not in self.misses.misses:
             if self.misses is not None and self.misses.dropped and r.status != "WAITING":
-                return (f"prefix cache: request {request_id}'s explanation is no longer kept "
-                        f"({misses_text(self.limits.miss_explanations)})")
+                return (
+                    f"prefix cache: request {request_id}'s explanation is no longer kept "
+                    f"({misses_text(self.limits.miss_explanations)})"
+                )
             made = next((c for c in ENGINE_MADE if c in request_id), None)
             if made is not None:  # a sample, fork or beam: made by the engine from its parent, never admitted
                 kind = MADE_AS[made]
                 parent = r.parent_id or request_id.split(made)[0]
-                return (f"prefix cache: request {request_id} is {kind} of request {parent}: it starts from its "
-                        f"parent's blocks (shared, ref count > 1) and makes no prefix-cache lookup of its own")
+                return (
+                    f"prefix cache: request {request_id} is {kind} of request {parent}: it starts from its "
+                    f"parent's blocks (shared, ref count > 1) and makes no prefix-cache lookup of its own"
+                )
             if r.status == "WAITING":
                 return f"prefix cache: request {request_id} is waiting: it has not been admitted yet"
             return f"prefix cache: request {request_id} has not been admitted yet"
         bs = snap.block_size
-        hit = f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit " \
-              f"({r.num_cached_tokens // bs} block(s))"
+        hit = (
+            f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit "
+            f"({r.num_cached_tokens // bs} block(s))"
+        )
         miss = self.misses.misses[request_id]
         if miss is None:
             return f"{hit}: every full block of the prompt was found"
@@ -80,8 +92,9 @@ class Diagnosis:
 def comparison_prompts(history: RunHistory) -> tuple[tuple[tuple[int, ...], ...], int]:
     """The prompts of the run's own requests (not the engine-made children), in arrival order, and the
     longest output seen (so the comparison runs as far as the run did)."""
-    rows = sorted((tl for rid, tl in history.requests.items() if not any(c in rid for c in ENGINE_MADE)),
-                  key=lambda tl: tl.index)
-    prompts = tuple(tuple(tl.tokens[:tl.num_prompt_tokens]) for tl in rows if tl.num_prompt_tokens)
+    rows = sorted(
+        (tl for rid, tl in history.requests.items() if not any(c in rid for c in ENGINE_MADE)), key=lambda tl: tl.index
+    )
+    prompts = tuple(tuple(tl.tokens[: tl.num_prompt_tokens]) for tl in rows if tl.num_prompt_tokens)
     longest = max((max(tl.num_output, default=0) for tl in rows), default=0)
     return prompts, max(1, min(longest, 64))

@@ -13,6 +13,7 @@ shows any more, and ``reach`` says how far back the timeline goes. Per-step numb
 (series and time to first token in typed arrays, counters marshalled), so a long served run's steps
 cost a few hundred bytes each.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -40,13 +41,37 @@ from engine.inspect.snapshot import (
 from kvscope.limits import LIMITS
 from kvscope.malloc_policy import give_back
 
-SERIES = ("free", "cached", "used", "hit_rate", "evictions_per_s", "running", "waiting", "swapped", "tokens_per_s",
-          "decode_tokens_per_s", "nvml_used", "torch_allocated", "torch_reserved", "process_rss", "device_free")
+SERIES = (
+    "free",
+    "cached",
+    "used",
+    "hit_rate",
+    "evictions_per_s",
+    "running",
+    "waiting",
+    "swapped",
+    "tokens_per_s",
+    "decode_tokens_per_s",
+    "nvml_used",
+    "torch_allocated",
+    "torch_reserved",
+    "process_rss",
+    "device_free",
+)
 DEFAULT_BUDGET = LIMITS.timeline_bytes
 DEFAULT_MAX_REQUESTS = LIMITS.timeline_requests
 SLACK = 0.95  # past a bound, the oldest steps go until the history is under this share of it
-STATUSES = ("WAITING", "RUNNING", "PREEMPTED", "SWAPPED", "FINISHED_STOPPED", "FINISHED_LENGTH",
-            "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_PRUNED")
+STATUSES = (
+    "WAITING",
+    "RUNNING",
+    "PREEMPTED",
+    "SWAPPED",
+    "FINISHED_STOPPED",
+    "FINISHED_LENGTH",
+    "FINISHED_ABORTED",
+    "FINISHED_ERROR",
+    "FINISHED_PRUNED",
+)
 _STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
 _PLAIN = (int, float, bool, str, type(None))  # values marshal gives back as they were
 _SCALARS = 4 * 32  # a request's index, prompt length, arrival time and last step shown: int and float objects
@@ -64,6 +89,7 @@ def held(obj) -> int:
 class _Keyframe:
     """A pool's raw arrays at one step, each in the smallest integer type its values fit (a scrub widens
     them again); whether a block is hashed is ``store_of >= 0``."""
+
     step: int
     ref_cnt: np.ndarray  # int16 (int32 past 32,767)
     last_access: np.ndarray  # int32 (int64 past 2**31 steps)
@@ -85,6 +111,7 @@ class _Keyframe:
 @dataclass(slots=True)
 class _RequestTimeline:
     """One request across the steps it was shown: numbers per step, the rest only when it changed."""
+
     request_id: str
     index: int
     num_prompt_tokens: int
@@ -136,12 +163,29 @@ class _RequestTimeline:
             return self.last
         c = self.changes[bisect.bisect_right(self.changes, step, key=lambda ch: ch[0]) - 1]
         n_out = self.num_output[i]
-        tokens = tuple(self.tokens[:self.num_prompt_tokens + n_out])
-        text = self.text if len(tokens) == len(self.tokens) else (decode(tokens[self.num_prompt_tokens:])
-                                                                  if decode else "")
-        return RequestInfo(self.request_id, self.index, STATUSES[self.status[i]], self.num_prompt_tokens, n_out,
-                           self.num_cached[i], self.num_computed[i], tuple(c[1]), text, tokens, c[2], self.group_id,
-                           self.parent_id, tuple(c[3] or ()), **self.extra)
+        tokens = tuple(self.tokens[: self.num_prompt_tokens + n_out])
+        text = (
+            self.text
+            if len(tokens) == len(self.tokens)
+            else (decode(tokens[self.num_prompt_tokens :]) if decode else "")
+        )
+        return RequestInfo(
+            self.request_id,
+            self.index,
+            STATUSES[self.status[i]],
+            self.num_prompt_tokens,
+            n_out,
+            self.num_cached[i],
+            self.num_computed[i],
+            tuple(c[1]),
+            text,
+            tokens,
+            c[2],
+            self.group_id,
+            self.parent_id,
+            tuple(c[3] or ()),
+            **self.extra,
+        )
 
     def trim(self, first_step: int) -> None:
         # the last entry stays even when older: a row unchanged since (it is not added again) reads from it
@@ -156,9 +200,20 @@ class _RequestTimeline:
     @property
     def nbytes(self) -> int:
         """What it holds, object by object (the row shown now, ``last``, is the present's, not the timeline's)."""
-        n = (held(self) + held(self.request_id) + held(self.steps) + held(self.status) + held(self.num_output)
-             + held(self.num_computed) + held(self.num_cached) + held(self.changes) + self.change_bytes
-             + held(self.tokens) + held(self.text) + _SCALARS)
+        n = (
+            held(self)
+            + held(self.request_id)
+            + held(self.steps)
+            + held(self.status)
+            + held(self.num_output)
+            + held(self.num_computed)
+            + held(self.num_cached)
+            + held(self.changes)
+            + self.change_bytes
+            + held(self.tokens)
+            + held(self.text)
+            + _SCALARS
+        )
         if self.group_id is not self.request_id:
             n += held(self.group_id)
         if self.extra:
@@ -172,8 +227,13 @@ def _change_bytes(change: tuple) -> int:
 
 
 class RunHistory:
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET, keyframe_every: int | None = None, decode=None,
-                 max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+    def __init__(
+        self,
+        budget_bytes: int = DEFAULT_BUDGET,
+        keyframe_every: int | None = None,
+        decode=None,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
+    ) -> None:
         """``keyframe_every``: steps between keyframes; None: by the pool's size (64 steps up to 65,536
         blocks, up to 256 from 262,144: a keyframe's arrays grow with the pool, a scrub's replay does not).
         ``budget_bytes`` and ``max_requests``: the bounds (``kvscope.limits``); past either, the oldest
@@ -214,8 +274,13 @@ class RunHistory:
         self._decode_tokens = 0
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, snap: KVSnapshot | PoolState | StepDigest, step_seconds: float, memory=None,
-               events: list[Event] | None = None) -> None:
+    def record(
+        self,
+        snap: KVSnapshot | PoolState | StepDigest,
+        step_seconds: float,
+        memory=None,
+        events: list[Event] | None = None,
+    ) -> None:
         """Keep one record; a second record of the same step (a command between steps) is folded into it.
         A ``StepDigest`` (a step the window did not draw) keeps all but a keyframe; a raw ``PoolState`` (an
         engine process's) is kept as it came, and assembled only if it is read."""
@@ -249,8 +314,14 @@ class RunHistory:
             tl = self._requests.get(r.request_id)
             if tl is None:
                 tl = self._requests[r.request_id] = _RequestTimeline(
-                    r.request_id, r.index, r.num_prompt_tokens, r.group_id, r.parent_id,
-                    extra=_extra_fields(r), arrived=self.clock - (step_seconds if new_step else 0.0))
+                    r.request_id,
+                    r.index,
+                    r.num_prompt_tokens,
+                    r.group_id,
+                    r.parent_id,
+                    extra=_extra_fields(r),
+                    arrived=self.clock - (step_seconds if new_step else 0.0),
+                )
                 self._req_bytes += tl.nbytes
             tl.shown_until = step
             if tl.last is r and tl.steps:
@@ -268,8 +339,12 @@ class RunHistory:
         kf = self._keyframes[-1] if self._keyframes else None
         if whole:
             self._latest = snap
-            if (kf is None or kf.step == step or step - kf.step >= self.keyframe_every
-                    or snap.num_blocks != len(kf.ref_cnt)):
+            if (
+                kf is None
+                or kf.step == step
+                or step - kf.step >= self.keyframe_every
+                or snap.num_blocks != len(kf.ref_cnt)
+            ):
                 if kf is not None and kf.step == step:
                     self._kf_bytes -= self._keyframes.pop().nbytes
                 kf = _keyframe(snap, self._store_of, len(self._events.get(step, ())))
@@ -361,11 +436,15 @@ class RunHistory:
         eps = (evictions - self._last_evictions) / step_seconds if step_seconds > 0 else 0.0
         self._last_evictions = evictions
         row = {
-            "free": counts[BlockState.FREE], "cached": counts[BlockState.CACHED],
+            "free": counts[BlockState.FREE],
+            "cached": counts[BlockState.CACHED],
             "used": counts[BlockState.USED] + counts[BlockState.SHARED],
-            "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0, "evictions_per_s": eps,
-            "running": c.get("num_requests_running", 0), "waiting": c.get("num_requests_waiting", 0),
-            "swapped": c.get("num_requests_swapped", 0), "tokens_per_s": tps,
+            "hit_rate": (c.get("prefix_cache_hits", 0) / q) if q else 0.0,
+            "evictions_per_s": eps,
+            "running": c.get("num_requests_running", 0),
+            "waiting": c.get("num_requests_waiting", 0),
+            "swapped": c.get("num_requests_swapped", 0),
+            "tokens_per_s": tps,
             "decode_tokens_per_s": self._decode_tokens / step_seconds if step_seconds > 0 else 0.0,
             "nvml_used": getattr(memory, "nvml_used", None) or 0,
             "torch_allocated": getattr(memory, "torch_allocated", None) or 0,
@@ -382,26 +461,54 @@ class RunHistory:
         """Everything the history holds, in bytes: the entries, counted as they were added, and the
         containers that hold them, measured now (``held``). The newest record (the present) is not the
         timeline's and is not counted."""
-        containers = (self.steps, self._events, self._counters, self._shown, self._keyframes, self._requests,
-                      self._ttft_steps, self._ttft_s, self._ttft_ids, *self.series.values())
-        return (self._step_bytes + self._req_bytes + self._kf_bytes + sum(held(c) for c in containers)
-                + self._store.nbytes + (held(self._store_of) if self._store_of is not None else 0))
+        containers = (
+            self.steps,
+            self._events,
+            self._counters,
+            self._shown,
+            self._keyframes,
+            self._requests,
+            self._ttft_steps,
+            self._ttft_s,
+            self._ttft_ids,
+            *self.series.values(),
+        )
+        return (
+            self._step_bytes
+            + self._req_bytes
+            + self._kf_bytes
+            + sum(held(c) for c in containers)
+            + self._store.nbytes
+            + (held(self._store_of) if self._store_of is not None else 0)
+        )
 
     def store_lengths(self) -> dict[str, int]:
         """The length of every store of the timeline (tests and the soak benchmark read them)."""
-        return {"steps": len(self.steps), "requests": len(self._requests), "ttft": len(self._ttft_ids),
-                "keyframes": len(self._keyframes), "event_steps": len(self._events),
-                "counters": len(self._counters), "shown": len(self._shown), "stored_values": len(self._store),
-                "series": max(len(v) for v in self.series.values())}
+        return {
+            "steps": len(self.steps),
+            "requests": len(self._requests),
+            "ttft": len(self._ttft_ids),
+            "keyframes": len(self._keyframes),
+            "event_steps": len(self._events),
+            "counters": len(self._counters),
+            "shown": len(self._shown),
+            "stored_values": len(self._store),
+            "series": max(len(v) for v in self.series.values()),
+        }
 
     @property
     def bound_text(self) -> str:
         """Where the timeline stands against its bounds, in one line (the timeline's tooltip)."""
-        text = (f"history {self.nbytes / 2**20:,.0f} of {self.budget_bytes / 2**20:,.0f} MiB, rows of "
-                f"{len(self._requests):,} of at most {self.max_requests:,} requests")
+        text = (
+            f"history {self.nbytes / 2**20:,.0f} of {self.budget_bytes / 2**20:,.0f} MiB, rows of "
+            f"{len(self._requests):,} of at most {self.max_requests:,} requests"
+        )
         if self.reach:
-            text = f"the timeline reaches back to step {self.reach[0]:,}" + (
-                f" ({self.dropped_steps:,} older steps dropped)" if self.dropped_steps else "") + f"; {text}"
+            text = (
+                f"the timeline reaches back to step {self.reach[0]:,}"
+                + (f" ({self.dropped_steps:,} older steps dropped)" if self.dropped_steps else "")
+                + f"; {text}"
+            )
         return text
 
     def _enforce_budget(self) -> None:
@@ -527,22 +634,36 @@ class RunHistory:
         if i < 0:
             return None
         kf = self._keyframes[i]
-        pool = PoolReplayer.from_state(kf.ref_cnt, kf.last_access, kf.free_queue,
-                                       OverlayMap(kf.store_of, self._store.hashes),
-                                       OverlayMap(kf.store_of, self._store.tokens))
-        for chunk in self._events.get(kf.step, ())[kf.chunks_in:]:
+        pool = PoolReplayer.from_state(
+            kf.ref_cnt,
+            kf.last_access,
+            kf.free_queue,
+            OverlayMap(kf.store_of, self._store.hashes),
+            OverlayMap(kf.store_of, self._store.tokens),
+        )
+        for chunk in self._events.get(kf.step, ())[kf.chunks_in :]:
             pool.apply_packed(chunk, kf.step)
         j = bisect.bisect_right(self.steps, kf.step)
-        for s in self.steps[j:bisect.bisect_right(self.steps, step)]:
+        for s in self.steps[j : bisect.bisect_right(self.steps, step)]:
             for chunk in self._events.get(s, ()):
                 pool.apply_packed(chunk, s)
         requests = [r for rid in self._shown.get(step, ()) if (r := self._request_at(rid, step)) is not None]
         tokens, hashes = pool.frozen_maps()
         return assemble_snapshot(
-            step, kf.block_size, ref_cnt=pool.ref_cnt, has_hash=pool.has_hash, last_access=pool.last_access,
-            free_queue=pool.free_queue, requests=requests, cached_tokens=tokens, block_hashes=hashes,
-            counters=self.counters_at(step), num_cpu_blocks=kf.num_cpu_blocks, block_bytes=kf.block_bytes,
-            model_name=kf.model_name)
+            step,
+            kf.block_size,
+            ref_cnt=pool.ref_cnt,
+            has_hash=pool.has_hash,
+            last_access=pool.last_access,
+            free_queue=pool.free_queue,
+            requests=requests,
+            cached_tokens=tokens,
+            block_hashes=hashes,
+            counters=self.counters_at(step),
+            num_cpu_blocks=kf.num_cpu_blocks,
+            block_bytes=kf.block_bytes,
+            model_name=kf.model_name,
+        )
 
     def _request_at(self, rid: str, step: int) -> RequestInfo | None:
         tl = self._requests.get(rid)
@@ -559,17 +680,38 @@ def _counters_bytes(value: bytes | tuple | dict) -> int:
 
 def _extra_fields(r: RequestInfo) -> dict:
     """RequestInfo fields beyond the ones the timeline stores per step (constant for a request)."""
-    known = {"request_id", "index", "status", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens",
-             "num_computed_tokens", "block_ids", "text", "token_ids", "error", "group_id", "parent_id",
-             "cpu_block_ids"}
+    known = {
+        "request_id",
+        "index",
+        "status",
+        "num_prompt_tokens",
+        "num_output_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "block_ids",
+        "text",
+        "token_ids",
+        "error",
+        "group_id",
+        "parent_id",
+        "cpu_block_ids",
+    }
     return {k: getattr(r, k) for k in r.__slots__ if k not in known}
 
 
 def _keyframe(snap: KVSnapshot | PoolState, store_of: np.ndarray, chunks_in: int) -> _Keyframe:
-    return _Keyframe(snap.step, _narrow(snap.ref_cnt, np.int16), _narrow(snap.last_access, np.int32),
-                     snap.free_queue.astype(np.uint16 if snap.num_blocks <= 2**16 else np.int32),
-                     store_of.copy(), snap.num_cpu_blocks, snap.block_size, snap.block_bytes, snap.model_name,
-                     chunks_in)
+    return _Keyframe(
+        snap.step,
+        _narrow(snap.ref_cnt, np.int16),
+        _narrow(snap.last_access, np.int32),
+        snap.free_queue.astype(np.uint16 if snap.num_blocks <= 2**16 else np.int32),
+        store_of.copy(),
+        snap.num_cpu_blocks,
+        snap.block_size,
+        snap.block_bytes,
+        snap.model_name,
+        chunks_in,
+    )
 
 
 def _narrow(a: np.ndarray, dtype) -> np.ndarray:

@@ -18,6 +18,7 @@ step, the rows in view, the selected request):
 Each bound is a flag of the window (``kvscope --help``, "window limits": ``--timeline-mib``,
 ``--timeline-requests``, ``--event-log-rows``, ``--miss-explanations``, ``--evicted-blocks``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def timeline_text(budget_bytes: int = LIMITS.timeline_bytes, requests: int = LIM
 
 def requests_text() -> str:
     from engine.request_groups import MAX_FINISHED  # the engine's own bound (its module loads torch: not at import)
+
     return f"requests table: those in flight and the engine's last {MAX_FINISHED} finished"
 
 

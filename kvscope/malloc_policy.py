@@ -10,6 +10,7 @@ window gained ~3 MB a minute for half an hour with every store within its bound.
   large temporary is mapped and unmapped, never left as a hole in the heap;
 - ``give_back()`` (after the timeline drops its oldest steps) returns the heap's whole free pages.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,5 +1,6 @@
 """One line for a user, whatever failed: the window's banner, headless's stderr and the engine process say it
 the same way."""
+
 from __future__ import annotations
 
 

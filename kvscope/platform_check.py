@@ -7,6 +7,7 @@ the Debian/Ubuntu packages to install in one line instead.
 
     python -m kvscope.platform_check   # prints what is missing, exit 1; nothing missing: exit 0
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,9 +43,19 @@ DEBIAN_PACKAGES = {
     "libz.so.1": "zlib1g",
 }
 # What Qt 6's xcb plugin needs on Debian/Ubuntu (the list Qt's own documentation gives).
-XCB_PACKAGES = ("libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1", "libxcb-image0", "libxcb-render-util0",
-                "libxcb-xinerama0", "libxcb-xkb1", "libxkbcommon-x11-0", "libegl1", "libfontconfig1",
-                "libdbus-1-3")
+XCB_PACKAGES = (
+    "libxcb-cursor0",
+    "libxcb-icccm4",
+    "libxcb-keysyms1",
+    "libxcb-image0",
+    "libxcb-render-util0",
+    "libxcb-xinerama0",
+    "libxcb-xkb1",
+    "libxkbcommon-x11-0",
+    "libegl1",
+    "libfontconfig1",
+    "libdbus-1-3",
+)
 
 
 def debian_package(soname: str) -> str:
@@ -104,8 +115,10 @@ def xcb_problem(env=os.environ, plugin: Path | None = None, ldd=None) -> str | N
     if not missing:
         return None
     packages = " ".join(dict.fromkeys(debian_package(s) for s in missing))
-    return (f"the window needs system libraries Qt's xcb plugin cannot find ({', '.join(missing)}); on "
-            f"Debian/Ubuntu: sudo apt-get install {packages} (or run kvscope --headless)")
+    return (
+        f"the window needs system libraries Qt's xcb plugin cannot find ({', '.join(missing)}); on "
+        f"Debian/Ubuntu: sudo apt-get install {packages} (or run kvscope --headless)"
+    )
 
 
 def main() -> int:

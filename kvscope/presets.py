@@ -1,4 +1,5 @@
 """Ready-made requests for the Inject dialog (chat messages or plain text)."""
+
 from __future__ import annotations
 
 SYSTEM_PROMPT = (
@@ -19,8 +20,7 @@ QUESTIONS = [
 
 
 def shared_system_prompt(i: int) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
 
 
 PRESETS: dict[str, object] = {

@@ -17,6 +17,7 @@ shows (the state after that many steps); a note holds until the next one. A conv
 the whole chat so far (earlier replies included), when the previous turn finishes.
 No Qt here: the headless mode and the window's worker both drive it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,20 @@ VIEWS = ("", "figure", "events", "diagnosis", "plots", "fragmentation")  # the w
 PLOTTED = SERIES + ("ttft", "pool_bytes", "pool_used")  # what the Plots tab draws (the last three it derives)
 MAX_STEP = 100_000  # "at" / "abort_at": a scenario must not idle the engine for ever
 MAX_COPIES = 4096
-REQUEST_KEYS = {"at", "prompt", "conversation", "max_tokens", "n", "temperature", "seed", "top_p", "copies",
-                "abort_at", "beam_width", "ignore_eos"}
+REQUEST_KEYS = {
+    "at",
+    "prompt",
+    "conversation",
+    "max_tokens",
+    "n",
+    "temperature",
+    "seed",
+    "top_p",
+    "copies",
+    "abort_at",
+    "beam_width",
+    "ignore_eos",
+}
 
 
 # What a teacher looks for, by what the lesson shows: each alias names a scenario file (``--scenario ALIAS``).
@@ -107,19 +120,25 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def scenario_config(config: EngineConfig, sc: Scenario, given: frozenset[str] | set[str] = frozenset()
-                    ) -> tuple[EngineConfig, list[str]]:
+def scenario_config(
+    config: EngineConfig, sc: Scenario, given: frozenset[str] | set[str] = frozenset()
+) -> tuple[EngineConfig, list[str]]:
     """``config`` with the scenario's settings, except those the command line gave (``given``: the fields of
     ``config`` set by a flag), which are applied over the scenario's or refused (``REFUSED_OVER_SCENARIO``,
     a ``ValueError`` of one line). Returns the config and a line for each scenario setting a flag replaced."""
     refused = sorted(k for k in sc.config if k in given and k in REFUSED_OVER_SCENARIO)
     if refused:
         k = refused[0]
-        raise ValueError(f"{_flag(k)} is refused with --scenario {sc.name}, which sets {k}={sc.config[k]!r}: "
-                         f"{REFUSED_OVER_SCENARIO[k]} (run it without {_flag(k)}, or {_flag(k)} with --inject)")
-    notices = [f"{_flag(k)} {getattr(config, k)} applied over scenario {sc.name}'s {k}={sc.config[k]!r} (its notes "
-               f"describe {sc.config[k]!r})"
-               for k in sorted(sc.config) if k in given and getattr(config, k) != sc.config[k]]
+        raise ValueError(
+            f"{_flag(k)} is refused with --scenario {sc.name}, which sets {k}={sc.config[k]!r}: "
+            f"{REFUSED_OVER_SCENARIO[k]} (run it without {_flag(k)}, or {_flag(k)} with --inject)"
+        )
+    notices = [
+        f"{_flag(k)} {getattr(config, k)} applied over scenario {sc.name}'s {k}={sc.config[k]!r} (its notes "
+        f"describe {sc.config[k]!r})"
+        for k in sorted(sc.config)
+        if k in given and getattr(config, k) != sc.config[k]
+    ]
     merged = dataclasses.replace(config, **{k: v for k, v in sc.config.items() if k not in given})
     merged.validate()
     return merged, notices
@@ -141,8 +160,9 @@ def check_prompt(prompt: object) -> None:
                 raise ValueError("each chat message needs a string 'role' and 'content'")
             check_text(m["content"], "a chat message")
     elif not is_token_ids(prompt):
-        raise ValueError(f"'prompt' must be text, a non-empty list of token ids or of chat messages, "
-                         f"got {json.dumps(prompt)[:60]}")
+        raise ValueError(
+            f"'prompt' must be text, a non-empty list of token ids or of chat messages, got {json.dumps(prompt)[:60]}"
+        )
 
 
 def check_request(spec: object) -> None:
@@ -152,8 +172,12 @@ def check_request(spec: object) -> None:
     unknown = sorted(set(spec) - REQUEST_KEYS)
     if unknown:
         raise ValueError(f"unknown key(s) {unknown}; known: {', '.join(sorted(REQUEST_KEYS))}")
-    for key, least, most in (("at", 0, MAX_STEP), ("copies", 1, MAX_COPIES), ("abort_at", 0, MAX_STEP),
-                             ("beam_width", 0, None)):
+    for key, least, most in (
+        ("at", 0, MAX_STEP),
+        ("copies", 1, MAX_COPIES),
+        ("abort_at", 0, MAX_STEP),
+        ("beam_width", 0, None),
+    ):
         if key not in spec or (key == "abort_at" and spec[key] is None):
             continue
         v = spec[key]
@@ -166,8 +190,12 @@ def check_request(spec: object) -> None:
         check_prompt(spec["prompt"])
     else:
         conv = spec["conversation"]
-        if not isinstance(conv, dict) or not isinstance(conv.get("turns"), list) or not conv["turns"] or \
-                not all(isinstance(t, str) and t.strip() for t in conv["turns"]):
+        if (
+            not isinstance(conv, dict)
+            or not isinstance(conv.get("turns"), list)
+            or not conv["turns"]
+            or not all(isinstance(t, str) and t.strip() for t in conv["turns"])
+        ):
             raise ValueError("'conversation' needs 'turns', a non-empty list of non-empty strings")
         if not isinstance(conv.get("system", ""), str) or set(conv) - {"system", "turns"}:
             raise ValueError("'conversation' takes 'turns' and an optional string 'system'")
@@ -182,8 +210,10 @@ def load_scenario(name_or_file: str) -> Scenario:
     if not (p.suffix == ".json" and p.is_file()):
         p = SCENARIO_DIR / f"{ALIASES.get(name_or_file, name_or_file)}.json"
     if not p.is_file():
-        raise ValueError(f"unknown scenario {name_or_file!r}; available: {', '.join(available())} (and the aliases "
-                         f"{', '.join(ALIASES)}: kvscope --list-scenarios)")
+        raise ValueError(
+            f"unknown scenario {name_or_file!r}; available: {', '.join(available())} (and the aliases "
+            f"{', '.join(ALIASES)}: kvscope --list-scenarios)"
+        )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -195,8 +225,9 @@ def load_scenario(name_or_file: str) -> Scenario:
         raise ValueError(f"scenario {p}: 'config' must be an object")
     bad = set(config) - CONFIG_KEYS
     if bad:
-        raise ValueError(f"scenario {p}: unknown config keys {sorted(bad)} (a scenario may set "
-                         f"{', '.join(sorted(CONFIG_KEYS))})")
+        raise ValueError(
+            f"scenario {p}: unknown config keys {sorted(bad)} (a scenario may set {', '.join(sorted(CONFIG_KEYS))})"
+        )
     by_name = {f.name: f for f in config_fields()}
     for key, value in config.items():
         try:
@@ -211,8 +242,10 @@ def load_scenario(name_or_file: str) -> Scenario:
         raise ValueError(f"scenario {p}: 'view' must be one of {', '.join(repr(v) for v in VIEWS)}, got {view!r}")
     plot = data.get("plot", "")
     if plot and (view != "plots" or plot not in PLOTTED):
-        raise ValueError(f"scenario {p}: 'plot' names a series of the Plots tab (with \"view\": \"plots\"): one of "
-                         f"{', '.join(PLOTTED)}, got {plot!r}")
+        raise ValueError(
+            f'scenario {p}: \'plot\' names a series of the Plots tab (with "view": "plots"): one of '
+            f"{', '.join(PLOTTED)}, got {plot!r}"
+        )
     for key in ("title", "description", "watch"):
         if not isinstance(data.get(key, ""), str):
             raise ValueError(f"scenario {p}: '{key}' must be a string")
@@ -225,17 +258,29 @@ def load_scenario(name_or_file: str) -> Scenario:
     if probe_trace:
         trace = (p.parent / probe_trace) if isinstance(probe_trace, str) else None
         if trace is None or not trace.is_file() or data["requests"] or config:
-            raise ValueError(f"scenario {p}: 'probe_trace' names a probe trace file beside it (and then the "
-                             f"scenario has no requests or config of its own)")
+            raise ValueError(
+                f"scenario {p}: 'probe_trace' names a probe trace file beside it (and then the "
+                f"scenario has no requests or config of its own)"
+            )
         probe_trace = str(trace.resolve())
-    return Scenario(p.stem, data.get("title", p.stem), data.get("description", ""), config, steps,
-                    data["requests"], data.get("watch", ""), _notes(p, data.get("notes", [])), view, plot,
-                    probe_trace)
+    return Scenario(
+        p.stem,
+        data.get("title", p.stem),
+        data.get("description", ""),
+        config,
+        steps,
+        data["requests"],
+        data.get("watch", ""),
+        _notes(p, data.get("notes", [])),
+        view,
+        plot,
+        probe_trace,
+    )
 
 
 def _notes(p: Path, notes) -> list[tuple[int, str]]:
     if not isinstance(notes, list):
-        raise ValueError(f"scenario {p}: 'notes' must be a list of {{\"at\": step, \"text\": \"...\"}}")
+        raise ValueError(f'scenario {p}: \'notes\' must be a list of {{"at": step, "text": "..."}}')
     out = []
     for i, n in enumerate(notes):
         at = n.get("at") if isinstance(n, dict) else None
@@ -272,10 +317,16 @@ class ScenarioRunner:
         beam = spec.get("beam_width", 0)
         if not _int(beam) or beam < 0:
             raise ValueError(f"'beam_width' must be an integer >= 0, got {json.dumps(beam)}")
-        return SamplingParams(max_tokens=spec.get("max_tokens", 32), temperature=spec.get("temperature", 0.0),
-                              n=spec.get("n", 1), seed=spec.get("seed"), top_p=spec.get("top_p", 1.0),
-                              ignore_eos=spec.get("ignore_eos", False), use_beam_search=beam > 0,
-                              beam_width=max(beam, 1))
+        return SamplingParams(
+            max_tokens=spec.get("max_tokens", 32),
+            temperature=spec.get("temperature", 0.0),
+            n=spec.get("n", 1),
+            seed=spec.get("seed"),
+            top_p=spec.get("top_p", 1.0),
+            ignore_eos=spec.get("ignore_eos", False),
+            use_beam_search=beam > 0,
+            beam_width=max(beam, 1),
+        )
 
     def check(self, engine: LLMEngine) -> None:
         """Ask the engine about every request before the run (a prompt larger than the pool, a text prompt
@@ -283,8 +334,9 @@ class ScenarioRunner:
         for i, spec in enumerate(self.scenario.requests):
             if "conversation" in spec:
                 conv = spec["conversation"]
-                prompt = ([{"role": "system", "content": conv["system"]}] if conv.get("system") else []) + \
-                    [{"role": "user", "content": conv["turns"][0]}]
+                prompt = ([{"role": "system", "content": conv["system"]}] if conv.get("system") else []) + [
+                    {"role": "user", "content": conv["turns"][0]}
+                ]
             else:
                 prompt = spec["prompt"]
             try:
@@ -297,8 +349,9 @@ class ScenarioRunner:
             return engine.add_request(prompt, self.params(spec))
         except ValueError as e:
             i = self.scenario.requests.index(spec) if spec in self.scenario.requests else "?"
-            raise ValueError(f"scenario {self.scenario.name}: request {i} is refused at step "
-                             f"{engine.step_count}: {e}") from None
+            raise ValueError(
+                f"scenario {self.scenario.name}: request {i} is refused at step {engine.step_count}: {e}"
+            ) from None
 
     def before_step(self, engine: LLMEngine) -> list[str]:
         """Inject what is due at the coming step; returns the new request ids."""

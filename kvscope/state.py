@@ -2,6 +2,7 @@
 
 The window only maps widgets to and from this state, so tests can drive it without Qt.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class ViewState:
         if self.view_step is None or not steps:
             return max(len(steps) - 1, 0)
         import bisect
+
         return min(bisect.bisect_left(steps, self.view_step), len(steps) - 1)
 
     def reset(self) -> None:
@@ -80,15 +82,18 @@ def status_text(snap, info=None, live: bool = True) -> str:
     q = c.get("prefix_cache_queries", 0)
     hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
     cached = int(np.count_nonzero(snap.state == BlockState.CACHED))
-    text = (f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/"
-            f"{c.get('num_blocks', snap.num_blocks):,} blocks ({cached:,} cached) · usage "
-            f"{100 * c.get('kv_cache_usage_perc', 0):.1f}% · prefix hit rate {hit} · running "
-            f"{c.get('num_requests_running', 0)} waiting {c.get('num_requests_waiting', 0)}")
+    text = (
+        f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/"
+        f"{c.get('num_blocks', snap.num_blocks):,} blocks ({cached:,} cached) · usage "
+        f"{100 * c.get('kv_cache_usage_perc', 0):.1f}% · prefix hit rate {hit} · running "
+        f"{c.get('num_requests_running', 0)} waiting {c.get('num_requests_waiting', 0)}"
+    )
     if c.get("num_requests_swapped"):
         text += f" swapped {c['num_requests_swapped']}"
     text += f" · preemptions {c.get('num_preemptions', 0)}"
     if info is not None and info.block_bytes:
         kv = "" if info.kv_cache_dtype == "auto" else f" {info.kv_cache_dtype}"
-        text += (f" · KV{kv} {info.block_bytes / 1024:.1f} KiB/block, "
-                 f"capacity {info.num_blocks * info.block_size:,} tokens")
+        text += (
+            f" · KV{kv} {info.block_bytes / 1024:.1f} KiB/block, capacity {info.num_blocks * info.block_size:,} tokens"
+        )
     return text

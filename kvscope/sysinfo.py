@@ -1,4 +1,5 @@
 """Memory readings for the plots: nvml (when a driver answers), torch CUDA, and the process."""
+
 from __future__ import annotations
 
 import os
@@ -41,6 +42,7 @@ def process_rss() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         import resource
+
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -50,8 +52,9 @@ class MemoryProbe:
     @classmethod
     def for_device(cls, device: str, max_age_s: float = 0.0) -> MemoryProbe:
         """A probe for an engine's device as ``SourceInfo.device`` names it ("cpu", "cuda", "cuda:1")."""
-        return cls(int(device.split(":")[1]) if device.startswith("cuda:") else (0 if device == "cuda" else None),
-                   max_age_s)
+        return cls(
+            int(device.split(":")[1]) if device.startswith("cuda:") else (0 if device == "cuda" else None), max_age_s
+        )
 
     def __init__(self, device_index: int | None, max_age_s: float = 0.0) -> None:
         self.device_index = device_index
@@ -63,6 +66,7 @@ class MemoryProbe:
         self.status = "no NVIDIA driver"
         try:
             import pynvml  # provided by nvidia-ml-py
+
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index or 0)
             self.status = pynvml.nvmlDeviceGetName(self._handle)
@@ -84,10 +88,12 @@ class MemoryProbe:
         used = total = alloc = reserved = None
         if self._handle is not None:
             import pynvml
+
             info = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
             used, total = int(info.used), int(info.total)
         if self.device_index is not None:
             import torch
+
             alloc = torch.cuda.memory_allocated(self.device_index)
             reserved = torch.cuda.memory_reserved(self.device_index)
         return MemoryReading(used, total, self.status, alloc, reserved, process_rss(), system_available())

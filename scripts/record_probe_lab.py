@@ -7,6 +7,7 @@ records every message the probe sends (``--trace``), switches the probe's leak f
 share a system prompt run one after another. The first to finish leaves its last block behind. The lab
 (resources/scenarios/lab-vllm-leak.json) replays the trace anywhere, with no vLLM and no model.
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,11 +23,15 @@ from vllm_live import VllmServer, free_port  # noqa: E402
 
 from kvscope.sources.probe import ProbeSource  # noqa: E402
 
-SYSTEM = ("You are the on-call assistant of a small web shop. Answer every customer question in two short "
-          "sentences, in plain words, and never invent an order number. ")
-QUESTIONS = ("Where is my parcel? I ordered a blue kettle last Monday.",
-             "Can I return shoes that I have already worn once outside?",
-             "Do you ship to Norway, and how long does it take?")
+SYSTEM = (
+    "You are the on-call assistant of a small web shop. Answer every customer question in two short "
+    "sentences, in plain words, and never invent an order number. "
+)
+QUESTIONS = (
+    "Where is my parcel? I ordered a blue kettle last Monday.",
+    "Can I return shoes that I have already worn once outside?",
+    "Do you ship to Norway, and how long does it take?",
+)
 
 
 def main(out: str) -> None:
@@ -51,8 +56,10 @@ def main(out: str) -> None:
         reader.join(10)
         problems = src.current().audit.problems
         src.close()
-    print(f"wrote {out}: {len(Path(out).read_text().splitlines())} messages; audit at the end: "
-          f"{'; '.join(map(str, problems)) or 'clean'}")
+    print(
+        f"wrote {out}: {len(Path(out).read_text().splitlines())} messages; audit at the end: "
+        f"{'; '.join(map(str, problems)) or 'clean'}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ command and its picture cannot part), and the same windows at 1280x720 for a loo
 
 Runs offscreen (QT_QPA_PLATFORM=offscreen), one command at a time; exits 1 if any command failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,9 @@ def quoted_shots() -> dict[str, list[str]]:
     """{docs/NAME.png: argv} for every `kvscope ... --screenshot docs/NAME.png ...` in the README and docs."""
     shots: dict[str, list[str]] = {}
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for m in re.finditer(r"`((?:python -m kvscope[\w.]*|kvscope) [^`]*--screenshot\s+docs/[\w-]+\.png[^`]*)`",
-                             p.read_text()):
+        for m in re.finditer(
+            r"`((?:python -m kvscope[\w.]*|kvscope) [^`]*--screenshot\s+docs/[\w-]+\.png[^`]*)`", p.read_text()
+        ):
             words = shlex.split(m.group(1).replace("\n", " "))
             path = words[words.index("--screenshot") + 1]
             if words[0] == "kvscope":
@@ -49,8 +51,9 @@ def main() -> int:
         runs = [(path, argv)]
         if args.small and "--window-size" not in argv:
             small = str(pathlib.Path(args.small) / pathlib.Path(path).name)
-            runs.append((small, [*argv[:argv.index(path)], small, *argv[argv.index(path) + 1:],
-                                 "--window-size", "1280x720"]))
+            runs.append(
+                (small, [*argv[: argv.index(path)], small, *argv[argv.index(path) + 1 :], "--window-size", "1280x720"])
+            )
         for out, cmd in runs:
             print(f"{out}: {shlex.join(cmd[2:] if cmd[1] == '-m' else cmd[1:])}", flush=True)
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

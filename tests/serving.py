@@ -1,4 +1,5 @@
 """A served engine for tests: the session stepped on its own thread, the HTTP server on loopback."""
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,9 @@ class SlowSteps:
 
 
 class Served:
-    def __init__(self, engine: LLMEngine, options: ServeOptions | None = None, hooks: tuple = (),
-                 attach: bool = True) -> None:
+    def __init__(
+        self, engine: LLMEngine, options: ServeOptions | None = None, hooks: tuple = (), attach: bool = True
+    ) -> None:
         self.engine = engine
         self.server = OpenAIServer(options or ServeOptions(port=0))
         self.bridge = self.server.bridge

@@ -5,6 +5,7 @@ yields), ``serve`` (HTTP handlers, no argparse), ``runtime`` (what hosts an engi
 building a source, the loop), ``ui`` (Qt: the window and its views), ``cli`` (every argparse, one function a
 mode). A module may import its own layer or the ones below it, never above.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,10 +15,25 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QT = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "qtpy")
-BASE = ("kvscope.scenario", "kvscope.presets", "kvscope.sysinfo", "kvscope.state", "kvscope.history",
-        "kvscope.diagnosis", "kvscope.platform_check", "kvscope.messages")
-LAYERS = [("engine",), ("kvscope",) + BASE, ("kvscope.sources",), ("kvscope.serve",), ("kvscope.runtime",),
-          ("kvscope.ui",), ("kvscope.cli", "kvscope.__main__")]
+BASE = (
+    "kvscope.scenario",
+    "kvscope.presets",
+    "kvscope.sysinfo",
+    "kvscope.state",
+    "kvscope.history",
+    "kvscope.diagnosis",
+    "kvscope.platform_check",
+    "kvscope.messages",
+)
+LAYERS = [
+    ("engine",),
+    ("kvscope",) + BASE,
+    ("kvscope.sources",),
+    ("kvscope.serve",),
+    ("kvscope.runtime",),
+    ("kvscope.ui",),
+    ("kvscope.cli", "kvscope.__main__"),
+]
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -37,7 +53,7 @@ def imports(name: str, path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -132,11 +148,15 @@ def test_engine_never_imports_kvscope_and_importing_it_loads_no_qt():
 
 def test_the_server_loads_no_qt_and_the_command_line_loads_no_server_nor_sockets():
     """The server runs wherever the engine runs (the engine process); ``kvscope --help`` stays light."""
-    code = ("import sys, kvscope.serve.server, kvscope.cli.serve, kvscope.runtime.loop; "
-            "print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))")
+    code = (
+        "import sys, kvscope.serve.server, kvscope.cli.serve, kvscope.runtime.loop; "
+        "print(any(m.startswith(('PySide6', 'pyqtgraph')) for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    code = ("import sys, kvscope.cli.parser; kvscope.cli.parser.build_parser(); print(sorted({m.split('.')[0] for m in "
-            "sys.modules} & {'fastapi', 'uvicorn', 'zmq', 'msgspec', 'torch', 'PySide6'}))")
+    code = (
+        "import sys, kvscope.cli.parser; kvscope.cli.parser.build_parser(); print(sorted({m.split('.')[0] for m in "
+        "sys.modules} & {'fastapi', 'uvicorn', 'zmq', 'msgspec', 'torch', 'PySide6'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

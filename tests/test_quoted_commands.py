@@ -1,6 +1,7 @@
 """Every command the README, the docs and the scenarios' notes quote can be run as written: its flags parse, the
 scenarios it names exist, the modules it runs with ``python -m`` are there. (A scenario's note once told students
 to run ``python -m kvscope.compare_cli``, which did not exist.)"""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,12 +21,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def quoted() -> list[tuple[str, str]]:
     """(where, command) for every `kvscope ...` or `python -m kvscope...` between backticks."""
-    texts = [(str(p.relative_to(ROOT)), p.read_text()) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob(
-        "*.md"))]]
+    texts = [
+        (str(p.relative_to(ROOT)), p.read_text()) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    ]
     for p in sorted((ROOT / "resources" / "scenarios").glob("*.json")):
         d = json.loads(p.read_text())
-        texts.append((str(p.relative_to(ROOT)), " ".join([d.get("description", ""), d.get("watch", "")]
-                                                         + [n["text"] for n in d.get("notes", [])])))
+        texts.append(
+            (
+                str(p.relative_to(ROOT)),
+                " ".join([d.get("description", ""), d.get("watch", "")] + [n["text"] for n in d.get("notes", [])]),
+            )
+        )
     out = []
     for where, text in texts:
         for m in re.finditer(r"`((?:python -m kvscope[\w.]*|kvscope)(?: [^`]*)?)`", text):

@@ -4,6 +4,7 @@ Both run in the Python that ``scripts/setup_vllm.sh`` sets up (``.venv-vllm``, o
 with kvscope's probe installed there. Without that Python the tests that need it skip, saying how to set it
 up; with ``KVSCOPE_REQUIRE_VLLM=1`` (CI) they fail instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "tests" / "probe_vllm" / "harness.py"
-SERVE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-             "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-             "OMP_NUM_THREADS": "1"}
+SERVE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 def vllm_python() -> str | None:
@@ -49,22 +56,34 @@ def free_port() -> int:
 
 def model_folder() -> str:
     from engine.runner.models.loader import embedded_folder
+
     return str(embedded_folder())
 
 
 class Harness:
     """vLLM's scheduler in a child process with the probe at ``endpoint`` (see tests/probe_vllm/harness.py)."""
 
-    def __init__(self, endpoint: str | None, num_blocks: int = 32, block_size: int = 16, env: dict | None = None,
-                 args: tuple = ()) -> None:
+    def __init__(
+        self,
+        endpoint: str | None,
+        num_blocks: int = 32,
+        block_size: int = 16,
+        env: dict | None = None,
+        args: tuple = (),
+    ) -> None:
         e = dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder(), **(env or {}))
         e.pop("KVSCOPE_PROBE_ENDPOINT", None)
         if endpoint:
             e["KVSCOPE_PROBE_ENDPOINT"] = endpoint
         self.endpoint = endpoint
-        self.proc = subprocess.Popen([need_vllm(), str(HARNESS), "--num-blocks", str(num_blocks), "--block-size",
-                                      str(block_size), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=e)
+        self.proc = subprocess.Popen(
+            [need_vllm(), str(HARNESS), "--num-blocks", str(num_blocks), "--block-size", str(block_size), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=e,
+        )
         self.log: deque[str] = deque(maxlen=400)
         threading.Thread(target=self._read_log, daemon=True).start()
         self.ready = json.loads(self._line(60))
@@ -115,8 +134,14 @@ class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` on the embedded SmolLM2 (float32, eager, block size 32),
     with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
 
-    def __init__(self, probe: str | None = None, extra: tuple = (), env: dict | None = None,
-                 startup_s: float = 240, max_model_len: int = 2048) -> None:
+    def __init__(
+        self,
+        probe: str | None = None,
+        extra: tuple = (),
+        env: dict | None = None,
+        startup_s: float = 240,
+        max_model_len: int = 2048,
+    ) -> None:
         """``max_model_len``: with ``--num-gpu-blocks-override`` the pool must hold one whole request."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -127,10 +152,31 @@ class VllmServer:
             e["KVSCOPE_PROBE_ENDPOINT"] = probe
         self.log: deque[str] = deque(maxlen=2000)
         self.proc = subprocess.Popen(
-            [need_vllm(), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(self.port),
-             "--host", "127.0.0.1", "--enforce-eager", "--dtype", "float32", "--max-model-len", str(max_model_len),
-             "--block-size", "32", "--disable-log-stats", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+            [
+                need_vllm(),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                self.model,
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--enforce-eager",
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                str(max_model_len),
+                "--block-size",
+                "32",
+                "--disable-log-stats",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=e,
+        )
         threading.Thread(target=self._read_log, daemon=True).start()
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
@@ -154,8 +200,9 @@ class VllmServer:
         return "\n".join(self.log)
 
     def complete(self, prompt, max_tokens: int = 8, timeout: float = 120) -> dict:
-        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                           "ignore_eos": True}).encode()
+        body = json.dumps(
+            {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        ).encode()
         req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
@@ -209,6 +256,7 @@ def probe_keyframe(endpoint: str, who: str, timeout: float = 20.0):
     when none came within ``timeout``."""
     from kvscope_vllm_probe.client import ProbeClient
     from kvscope_vllm_probe.wire import Keyframe
+
     c = ProbeClient(endpoint, who)
     c.start()
     try:

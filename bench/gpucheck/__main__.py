@@ -8,6 +8,7 @@ in one leaves the others' results), writes its figures and verdict as JSON, and 
 ``--dry-run`` runs every section on tiny shapes on the CPU (Triton's interpreter for the kernels): the
 rehearsal, so that a device call starts with a script that has already run end to end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,6 +67,7 @@ def run_section(name: str, dry_run: bool, out: Path, budget_s: float) -> Section
         module.run(ctx, section)
     except Exception as e:  # noqa: BLE001 - the section's verdict says what broke, the run goes on
         import traceback
+
         traceback.print_exc()
         section.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
     section.seconds = time.monotonic() - t0
@@ -98,15 +100,19 @@ def spawn(names: list[str], dry_run: bool, work: Path, limit_s: float) -> list[S
         if result.exists():
             out.append(Section.from_json(json.loads(result.read_text())))
         else:
-            out.append(Section(name, title_of(name), seconds=time.monotonic() - t0,
-                               error=f"{why}; last lines: {tail}"))
+            out.append(Section(name, title_of(name), seconds=time.monotonic() - t0, error=f"{why}; last lines: {tail}"))
     return out
 
 
 def write_report(out: Path, work: Path, info: dict, dry_run: bool, t0: float, sections: list[Section]) -> str:
     sections = sorted(sections, key=lambda s: NAMES.index(s.name))
-    report = {"card": info, "dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M"),
-              "seconds": time.monotonic() - t0, "sections": [s.to_json() for s in sections]}
+    report = {
+        "card": info,
+        "dry_run": dry_run,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "seconds": time.monotonic() - t0,
+        "sections": [s.to_json() for s in sections],
+    }
     (out / "gpu_report.json").write_text(json.dumps(report, indent=1, default=str))
     text = markdown(report)
     (out / "gpu_report.md").write_text(text)
@@ -120,10 +126,18 @@ def main() -> int:
     ap.add_argument("--only", default=None, help=f"comma-separated sections ({', '.join(NAMES)})")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: the rehearsal")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "results"))
-    ap.add_argument("--deadline-s", type=float, default=None,
-                    help="the whole run's time (a device call's limit): a section gets at most what is left")
-    ap.add_argument("--work", default=None, help="where sections write their JSON and logs (default: a temporary "
-                                                 "folder, packed into OUT/gpu_logs.tar.gz at the end)")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="the whole run's time (a device call's limit): a section gets at most what is left",
+    )
+    ap.add_argument(
+        "--work",
+        default=None,
+        help="where sections write their JSON and logs (default: a temporary "
+        "folder, packed into OUT/gpu_logs.tar.gz at the end)",
+    )
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)  # the child's side
     args = ap.parse_args()
     out = Path(args.out)
@@ -139,8 +153,11 @@ def main() -> int:
         print(f"gpucheck: no section {', '.join(unknown)} (sections: {', '.join(NAMES)})", file=sys.stderr)
         return 2
     info = card()
-    print(f"gpucheck: {info['name']}; torch {info['torch']}, triton {info['triton']}, "
-          f"transformers {info['transformers']}, Python {info['python']}", flush=True)
+    print(
+        f"gpucheck: {info['name']}; torch {info['torch']}, triton {info['triton']}, "
+        f"transformers {info['transformers']}, Python {info['python']}",
+        flush=True,
+    )
     t0 = time.monotonic()
     sections = []
     # The device returns at most 8 files from OUT: sections write into a work folder, packed at the end.
@@ -152,8 +169,9 @@ def main() -> int:
             continue
         left = (args.deadline_s - (time.monotonic() - t0) - 15) if args.deadline_s else float("inf")
         if left < 15:
-            done = [Section(n, title_of(n), error=f"not run: the run's {args.deadline_s:.0f} s were spent")
-                    for n in todo]
+            done = [
+                Section(n, title_of(n), error=f"not run: the run's {args.deadline_s:.0f} s were spent") for n in todo
+            ]
         else:
             done = spawn(todo, args.dry_run, work, min(sum(budget_of(n, args.dry_run) for n in todo) + 30, left))
         for s in done:

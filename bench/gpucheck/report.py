@@ -1,4 +1,5 @@
 """The acceptance run's report as markdown: the card, then one table of figures and one of checks a section."""
+
 from __future__ import annotations
 
 
@@ -15,8 +16,10 @@ def _cell(value, fmt: str) -> str:
 
 
 def table(columns: list, rows: list[dict]) -> list[str]:
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
-             "|" + "|".join("---:" if f else "---" for _, _, f in columns) + "|"]
+    lines = [
+        "| " + " | ".join(h for _, h, _ in columns) + " |",
+        "|" + "|".join("---:" if f else "---" for _, _, f in columns) + "|",
+    ]
     for r in rows:
         lines.append("| " + " | ".join(_cell(r.get(k), f) for k, _, f in columns) + " |")
     return lines
@@ -26,12 +29,17 @@ def markdown(report: dict) -> str:
     c = report["card"]
     kind = "dry run on the CPU (tiny shapes; the figures mean nothing)" if report["dry_run"] else c["name"]
     mem = f"{c['memory_gib']:.0f} GiB, " if c.get("memory_gib") else ""
-    out = [f"# kvscope on a GPU: {kind}", "",
-           f"{report['date']}; {mem}"
-           f"driver {c.get('driver')}, Python {c['python']}, torch {c['torch']} (CUDA {c.get('cuda')}), "
-           f"Triton {c['triton']}, transformers {c['transformers']}; datasheet peaks {c.get('peak_gbs')} GB/s, "
-           f"{c.get('peak_tflops')} TFLOP/s dense fp16; the run took {report['seconds']:.0f} s.", "",
-           "| section | verdict | seconds |", "|---|---|---:|"]
+    out = [
+        f"# kvscope on a GPU: {kind}",
+        "",
+        f"{report['date']}; {mem}"
+        f"driver {c.get('driver')}, Python {c['python']}, torch {c['torch']} (CUDA {c.get('cuda')}), "
+        f"Triton {c['triton']}, transformers {c['transformers']}; datasheet peaks {c.get('peak_gbs')} GB/s, "
+        f"{c.get('peak_tflops')} TFLOP/s dense fp16; the run took {report['seconds']:.0f} s.",
+        "",
+        "| section | verdict | seconds |",
+        "|---|---|---:|",
+    ]
     for s in report["sections"]:
         out.append(f"| {s['name']}: {s['title']} | {s['verdict']} | {s['seconds']:.0f} |")
     for s in report["sections"]:

@@ -9,6 +9,7 @@ off, and eager (no CUDA graphs), so the levers show one by one; transformers' ``
 weights. The profile: ``torch.profiler`` over a few decode steps, kernels summed by name, the GPU's busy
 time against the step's, the host's syncs counted.
 """
+
 from __future__ import annotations
 
 import gc
@@ -28,13 +29,22 @@ BLOCK = 16
 
 def new_engine(model, max_seqs: int, max_len: int, blocks: int | None = None, **kw):
     from engine import LLMEngine
+
     blocks = blocks or max_seqs * -(-max_len // BLOCK) + 8
     # The Triton backend also in the rehearsal (its interpreter, slow): the fused kernels the card compiles, run
     # once here; the unfused baselines take PyTorch's path there.
     on_cpu = next(model.parameters()).device.type == "cpu"
     kw.setdefault("attention_backend", "torch" if on_cpu and kw.get("fuse_ops") is False else "triton")
-    return LLMEngine.from_model(model, None, name="random llama-2-7b", max_num_seqs=max_seqs,
-                                max_model_len=max_len, block_size=BLOCK, num_gpu_blocks=blocks, **kw)
+    return LLMEngine.from_model(
+        model,
+        None,
+        name="random llama-2-7b",
+        max_num_seqs=max_seqs,
+        max_model_len=max_len,
+        block_size=BLOCK,
+        num_gpu_blocks=blocks,
+        **kw,
+    )
 
 
 def read_bytes(model) -> int:
@@ -44,10 +54,12 @@ def read_bytes(model) -> int:
 
 def prefill_all(engine, prompts, max_tokens):
     from engine import SamplingParams
+
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
-    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
-                                          for r in engine.requests.values()):
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()
+    ):
         engine.step()
     return ids
 
@@ -81,6 +93,7 @@ def profile(engine, prompts, steps: int, device) -> dict:
     """Kernels by name over ``steps`` decode steps, the GPU's busy time against the wall, syncs a step."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
+
     prefill_all(engine, prompts, steps + 8)
     for _ in range(3):
         engine.step()
@@ -109,16 +122,23 @@ def profile(engine, prompts, steps: int, device) -> dict:
             copies += e.count
     busy_us = sum(t for _, t in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]
-    return {"steps": steps, "wall_ms": wall * 1e3 / steps, "gpu_busy_ms": busy_us / 1e3 / steps,
-            "kernels_per_step": sum(c for c, _ in kernels.values()) / steps, "syncs_per_step": syncs / steps,
-            "copies_per_step": copies / steps,
-            "top": [{"kernel": k[:70], "calls": c / steps, "us": t / steps, "share": t / max(busy_us, 1)}
-                    for k, (c, t) in top]}
+    return {
+        "steps": steps,
+        "wall_ms": wall * 1e3 / steps,
+        "gpu_busy_ms": busy_us / 1e3 / steps,
+        "kernels_per_step": sum(c for c, _ in kernels.values()) / steps,
+        "syncs_per_step": syncs / steps,
+        "copies_per_step": copies / steps,
+        "top": [
+            {"kernel": k[:70], "calls": c / steps, "us": t / steps, "share": t / max(busy_us, 1)} for k, (c, t) in top
+        ],
+    }
 
 
 def prefill_time(engine, vocab: int, n: int, reps: int, device) -> float:
     """Median seconds of the one step that prefills an ``n``-token prompt (nothing cached)."""
     from engine import SamplingParams
+
     g = torch.Generator().manual_seed(7)
     times = []
     for _ in range(reps + 1):
@@ -139,6 +159,7 @@ def mixed_ratio(engine, vocab: int, batch: int, budget: int, long_prompt: int, d
     import dataclasses
 
     from engine import SamplingParams
+
     engine.scheduler.config = dataclasses.replace(engine.config, max_num_batched_tokens=budget)
     g = torch.Generator().manual_seed(9)
     prompts = torch.randint(1, vocab, (batch, prompt), generator=g).tolist()
@@ -152,8 +173,9 @@ def mixed_ratio(engine, vocab: int, batch: int, budget: int, long_prompt: int, d
         pure.append(time.perf_counter() - t0)
     engine.add_request(torch.randint(1, vocab, (long_prompt,), generator=g).tolist(), SamplingParams(max_tokens=1))
     mixed = []
-    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
-                                          for r in engine.requests.values()):
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()
+    ):
         sync(device)
         t0 = time.perf_counter()
         out = engine.step()
@@ -165,8 +187,14 @@ def mixed_ratio(engine, vocab: int, batch: int, budget: int, long_prompt: int, d
     engine.step()
     engine.scheduler.config = engine.config
     p, m = statistics.median(pure[1:]), statistics.mean(mixed) if mixed else float("nan")
-    return {"budget": budget, "batch": batch, "pure_ms": p * 1e3, "mixed_ms": m * 1e3, "ratio": m / p,
-            "mixed_steps": len(mixed)}
+    return {
+        "budget": budget,
+        "batch": batch,
+        "pure_ms": p * 1e3,
+        "mixed_ms": m * 1e3,
+        "ratio": m / p,
+        "mixed_steps": len(mixed),
+    }
 
 
 def matmul_tflops(device) -> float | None:
@@ -197,8 +225,11 @@ def run(ctx: Ctx, section: Section) -> None:
     prompts = {b: torch.randint(1, vocab, (b, prompt), generator=g).tolist() for b in batches}
     max_len = prompt + new + 16
     rows, profiles = [], {}
-    variants = [("graphs + fused kernels", {}), ("graphs, ops unfused", {"fuse_ops": False}),
-                ("eager, ops unfused", {"fuse_ops": False, "enforce_eager": True})]
+    variants = [
+        ("graphs + fused kernels", {}),
+        ("graphs, ops unfused", {"fuse_ops": False}),
+        ("eager, ops unfused", {"fuse_ops": False, "enforce_eager": True}),
+    ]
     for label, kw in variants:
         bs = batches if not kw else [b for b in batches if b in ((1, 64, 4) if "graphs" in label else (1,))]
         t0 = time.perf_counter()
@@ -209,8 +240,17 @@ def run(ctx: Ctx, section: Section) -> None:
             r = decode_run(engine, prompts[b], new, dev)
             step = r["seconds"] / r["steps"]
             gbs = (w_read * r["steps"] + kv_token * r["kv_tokens"]) / r["seconds"] / 1e9
-            rows.append({"variant": label, "batch": b, "tok_s": b * r["steps"] / r["seconds"], "step_ms": step * 1e3,
-                         "gbs": gbs, "frac": gbs / peak_gbs if peak_gbs else None, "setup_s": setup})
+            rows.append(
+                {
+                    "variant": label,
+                    "batch": b,
+                    "tok_s": b * r["steps"] / r["seconds"],
+                    "step_ms": step * 1e3,
+                    "gbs": gbs,
+                    "frac": gbs / peak_gbs if peak_gbs else None,
+                    "setup_s": setup,
+                }
+            )
         if label != variants[2][0]:
             for b in (1, max(bs)) if not ctx.dry_run and not kw else (1,):
                 profiles[f"{label}, batch {b}"] = profile(engine, prompts[b], 6 if not ctx.dry_run else 1, dev)
@@ -225,8 +265,11 @@ def run(ctx: Ctx, section: Section) -> None:
     blocks = mb * -(-(PROMPT + 400) // BLOCK) + 2 * long_prompt // BLOCK + 8
     engine = new_engine(model, mb + 1, long_prompt + 512, blocks=blocks)
     t = prefill_time(engine, vocab, long_prompt, 3 if not ctx.dry_run else 1, dev)
-    lin = sum(p.numel() for name, p in model.named_parameters()
-              if "embed_tokens" not in name and "lm_head" not in name and p.dim() == 2)
+    lin = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if "embed_tokens" not in name and "lm_head" not in name and p.dim() == 2
+    )
     cfg = model.config
     flops = 2 * lin * long_prompt + 2 * long_prompt * long_prompt * cfg.hidden_size * cfg.num_hidden_layers
     section.data["prefill"] = {"tokens": long_prompt, "seconds": t, "tflops": flops / t / 1e12}
@@ -252,58 +295,136 @@ def run(ctx: Ctx, section: Section) -> None:
     mm = matmul_tflops(dev)
     kernels = kernel_bench(ctx)  # on the card: the figures bench/gpu_kernels.py took there earlier this session
 
-    section.tables.append(Table(
-        f"Decode, random Llama-2-7B weights in fp16, {prompt}-token prompts, {new} new tokens; GB/s = weights "
-        "(all but the embedding) + every context's KV read per step, over the step",
-        [("variant", "variant", ""), ("batch", "batch", "d"), ("tok_s", "engine tok/s", ",.1f"),
-         ("step_ms", "ms a step", ".2f"), ("gbs", "GB/s", ",.0f"), ("frac", "of peak", "%"),
-         ("hf_tok_s", "transformers tok/s", ",.1f"), ("vs_hf", "x transformers", ".1f")], rows))
+    section.tables.append(
+        Table(
+            f"Decode, random Llama-2-7B weights in fp16, {prompt}-token prompts, {new} new tokens; GB/s = weights "
+            "(all but the embedding) + every context's KV read per step, over the step",
+            [
+                ("variant", "variant", ""),
+                ("batch", "batch", "d"),
+                ("tok_s", "engine tok/s", ",.1f"),
+                ("step_ms", "ms a step", ".2f"),
+                ("gbs", "GB/s", ",.0f"),
+                ("frac", "of peak", "%"),
+                ("hf_tok_s", "transformers tok/s", ",.1f"),
+                ("vs_hf", "x transformers", ".1f"),
+            ],
+            rows,
+        )
+    )
     for name, p in profiles.items():
-        section.tables.append(Table(
-            f"Profile, {name}: {p['wall_ms']:.2f} ms a step, GPU busy {p['gpu_busy_ms']:.2f} ms "
-            f"({p['kernels_per_step']:.0f} kernels, {p['syncs_per_step']:.1f} syncs and "
-            f"{p['copies_per_step']:.1f} copies a step); the host's gaps {p['wall_ms'] - p['gpu_busy_ms']:.2f} ms",
-            [("kernel", "kernel", ""), ("calls", "calls a step", ".0f"), ("us", "µs a step", ",.1f"),
-             ("share", "of GPU time", "%")], p["top"]))
+        section.tables.append(
+            Table(
+                f"Profile, {name}: {p['wall_ms']:.2f} ms a step, GPU busy {p['gpu_busy_ms']:.2f} ms "
+                f"({p['kernels_per_step']:.0f} kernels, {p['syncs_per_step']:.1f} syncs and "
+                f"{p['copies_per_step']:.1f} copies a step); the host's gaps {p['wall_ms'] - p['gpu_busy_ms']:.2f} ms",
+                [
+                    ("kernel", "kernel", ""),
+                    ("calls", "calls a step", ".0f"),
+                    ("us", "µs a step", ",.1f"),
+                    ("share", "of GPU time", "%"),
+                ],
+                p["top"],
+            )
+        )
     pf = section.data["prefill"]
-    section.tables.append(Table(
-        "Prefill of one prompt (one step), and chunked prefill mixed into decode",
-        [("what", "what", ""), ("value", "value", "")],
-        [{"what": f"{pf['tokens']}-token prompt", "value": f"{pf['seconds'] * 1e3:.1f} ms, {pf['tflops']:.0f} TFLOP/s"
-          + (f" = {pf['tflops'] / peak_tf:.0%} of the datasheet's {peak_tf} (fp16 dense)" if peak_tf else "")
-          + (f", {pf['tflops'] / mm:.0%} of an 8192³ fp16 matmul here ({mm:.0f})" if mm else "")}]
-        + [{"what": f"{m['batch']} decoding + a {long_prompt}-token prompt, {m['budget']} tokens a step",
-            "value": f"pure decode {m['pure_ms']:.2f} ms, mixed {m['mixed_ms']:.2f} ms: {m['ratio']:.2f}x "
-                     f"({m['mixed_steps']} mixed steps)"} for m in mixed]))
+    section.tables.append(
+        Table(
+            "Prefill of one prompt (one step), and chunked prefill mixed into decode",
+            [("what", "what", ""), ("value", "value", "")],
+            [
+                {
+                    "what": f"{pf['tokens']}-token prompt",
+                    "value": f"{pf['seconds'] * 1e3:.1f} ms, {pf['tflops']:.0f} TFLOP/s"
+                    + (f" = {pf['tflops'] / peak_tf:.0%} of the datasheet's {peak_tf} (fp16 dense)" if peak_tf else "")
+                    + (f", {pf['tflops'] / mm:.0%} of an 8192³ fp16 matmul here ({mm:.0f})" if mm else ""),
+                }
+            ]
+            + [
+                {
+                    "what": f"{m['batch']} decoding + a {long_prompt}-token prompt, {m['budget']} tokens a step",
+                    "value": f"pure decode {m['pure_ms']:.2f} ms, mixed {m['mixed_ms']:.2f} ms: {m['ratio']:.2f}x "
+                    f"({m['mixed_steps']} mixed steps)",
+                }
+                for m in mixed
+            ],
+        )
+    )
     if kernels and kernels.get("rows"):
         where = f" (from {kernels['from']}, this card's earlier run)" if kernels.get("from") else ""
-        section.tables.append(Table(
-            f"Kernels alone (bench/gpu_kernels.py, do_bench medians{where}): fused against the PyTorch ops they "
-            "replace; attention against the reference",
-            [("op", "op", ""), ("shape", "shape", ""), ("fused_us", "µs", ",.1f"), ("unfused_us", "unfused µs", ",.1f"),
-             ("speedup", "speed-up", ".1f"), ("gbs", "GB/s", ",.0f"), ("peak_frac", "of peak", "%"),
-             ("splits", "splits", ""), ("tflops", "TFLOP/s", ",.0f")],
-            kernels["rows"]))
+        section.tables.append(
+            Table(
+                f"Kernels alone (bench/gpu_kernels.py, do_bench medians{where}): fused against the PyTorch ops they "
+                "replace; attention against the reference",
+                [
+                    ("op", "op", ""),
+                    ("shape", "shape", ""),
+                    ("fused_us", "µs", ",.1f"),
+                    ("unfused_us", "unfused µs", ",.1f"),
+                    ("speedup", "speed-up", ".1f"),
+                    ("gbs", "GB/s", ",.0f"),
+                    ("peak_frac", "of peak", "%"),
+                    ("splits", "splits", ""),
+                    ("tflops", "TFLOP/s", ",.0f"),
+                ],
+                kernels["rows"],
+            )
+        )
     elif kernels:
         section.notes.append(f"bench/gpu_kernels.py failed: {kernels.get('error')}")
-    section.data.update({"decode": rows, "profiles": profiles, "mixed": mixed, "matmul_tflops": mm,
-                         "kernels": kernels, "peak_gbs": peak_gbs, "peak_tflops": peak_tf})
+    section.data.update(
+        {
+            "decode": rows,
+            "profiles": profiles,
+            "mixed": mixed,
+            "matmul_tflops": mm,
+            "kernels": kernels,
+            "peak_gbs": peak_gbs,
+            "peak_tflops": peak_tf,
+        }
+    )
     best = {r["batch"]: r for r in rows if r["variant"] == variants[0][0]}
     if peak_gbs:
         aims = {1: 0.75, 16: 0.70, 64: 0.70}
         for b, aim in aims.items():
             if b in best:
-                section.check(f"decode batch {b}, fraction of peak bandwidth", f"{best[b]['frac']:.0%}",
-                              f">= {aim:.0%}", best[b]["frac"] >= aim, hard=False)
-        section.check("prefill 2,048 tokens, fraction of dense fp16 peak", f"{pf['tflops'] / peak_tf:.0%}", ">= 50%",
-                      pf["tflops"] / peak_tf >= 0.5, hard=False)
-        section.check(f"mixed step / decode step ({mixed[0]['budget']} tokens a step)", f"{mixed[0]['ratio']:.2f}x",
-                      "<= 1.3x", mixed[0]["ratio"] <= 1.3, hard=False)
-        lc = next((r.get("peak_frac") for r in (kernels or {}).get("rows", [])
-                   if r["op"] == "decode_attention" and r["shape"].startswith("B=8 ") and "32768" in r["shape"]), None)
+                section.check(
+                    f"decode batch {b}, fraction of peak bandwidth",
+                    f"{best[b]['frac']:.0%}",
+                    f">= {aim:.0%}",
+                    best[b]["frac"] >= aim,
+                    hard=False,
+                )
+        section.check(
+            "prefill 2,048 tokens, fraction of dense fp16 peak",
+            f"{pf['tflops'] / peak_tf:.0%}",
+            ">= 50%",
+            pf["tflops"] / peak_tf >= 0.5,
+            hard=False,
+        )
+        section.check(
+            f"mixed step / decode step ({mixed[0]['budget']} tokens a step)",
+            f"{mixed[0]['ratio']:.2f}x",
+            "<= 1.3x",
+            mixed[0]["ratio"] <= 1.3,
+            hard=False,
+        )
+        lc = next(
+            (
+                r.get("peak_frac")
+                for r in (kernels or {}).get("rows", [])
+                if r["op"] == "decode_attention" and r["shape"].startswith("B=8 ") and "32768" in r["shape"]
+            ),
+            None,
+        )
         if lc is not None:
-            section.check("attention alone, batch 8 x 32k tokens, fraction of peak bandwidth", f"{lc:.0%}", ">= 60%",
-                          lc >= 0.6, hard=False)
+            section.check(
+                "attention alone, batch 8 x 32k tokens, fraction of peak bandwidth",
+                f"{lc:.0%}",
+                ">= 60%",
+                lc >= 0.6,
+                hard=False,
+            )
 
 
 def kernel_bench(ctx: Ctx) -> dict | None:

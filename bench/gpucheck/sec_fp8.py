@@ -7,6 +7,7 @@ cache as the reference; a copy in the fp8 engine fed the reference tokens (teach
 KL divergence of its next-token distribution at every position, a free-running copy the greedy
 agreement with the reference.
 """
+
 from __future__ import annotations
 
 import gc
@@ -23,6 +24,7 @@ def run(ctx: Ctx, section: Section) -> None:
     from kv_quant import Recorder, agreement, first_divergence
 
     from engine import LLMEngine, SamplingParams
+
     dev = ctx.device
     model = random_native(ctx.big, ctx.dtype, dev)
     vocab = model.lm_head.weight.shape[0]
@@ -51,33 +53,61 @@ def run(ctx: Ctx, section: Section) -> None:
         while engine.has_unfinished():
             for o in engine.step().finished:
                 done[o.request_id] = list(o.outputs[0].token_ids)
-        row = {"kv": "fp16" if kv == "auto" else kv, "blocks": blocks, "tok_s": tok_s,
-               "step_ms": r["seconds"] / r["steps"] * 1e3}
+        row = {
+            "kv": "fp16" if kv == "auto" else kv,
+            "blocks": blocks,
+            "tok_s": tok_s,
+            "step_ms": r["seconds"] / r["steps"] * 1e3,
+        }
         if reference is None:
             reference = {"tokens": done["free"], "logprobs": torch.stack(rec.logprobs["free"])}
         else:
             q = torch.stack(rec.logprobs["forced"])
             p = reference["logprobs"]
             kl = (p.exp() * (p - q)).sum(-1).clamp_min(0)
-            row.update(kl_mean=float(kl.mean()), kl_max=float(kl.max()),
-                       agree32=agreement(done["free"], reference["tokens"], 32),
-                       agree_all=agreement(done["free"], reference["tokens"], drift_new),
-                       first_diff=first_divergence(done["free"], reference["tokens"]))
+            row.update(
+                kl_mean=float(kl.mean()),
+                kl_max=float(kl.max()),
+                agree32=agreement(done["free"], reference["tokens"], 32),
+                agree_all=agreement(done["free"], reference["tokens"], drift_new),
+                first_diff=first_divergence(done["free"], reference["tokens"]),
+            )
         rows.append(row)
         del engine, rec
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     f16, f8 = rows
-    section.tables.append(Table(
-        f"fp8 against fp16 KV: blocks in {budget / GiB:g} GiB; decode of {batch} x {prompt}-token prompts; drift over "
-        f"{drift_new} tokens after {len(drift_prompt)}",
-        [("kv", "KV", ""), ("blocks", "blocks", ",d"), ("tok_s", "decode tok/s", ",.0f"),
-         ("step_ms", "ms a step", ".2f"),
-         ("kl_mean", "KL mean", ".2e"), ("kl_max", "KL max", ".2e"), ("agree32", "greedy agreement (32)", "%"),
-         ("agree_all", f"agreement ({drift_new})", "%"), ("first_diff", "first differing token", "")], rows))
+    section.tables.append(
+        Table(
+            f"fp8 against fp16 KV: blocks in {budget / GiB:g} GiB; decode of {batch} x {prompt}-token prompts; "
+            f"drift over "
+            f"{drift_new} tokens after {len(drift_prompt)}",
+            [
+                ("kv", "KV", ""),
+                ("blocks", "blocks", ",d"),
+                ("tok_s", "decode tok/s", ",.0f"),
+                ("step_ms", "ms a step", ".2f"),
+                ("kl_mean", "KL mean", ".2e"),
+                ("kl_max", "KL max", ".2e"),
+                ("agree32", "greedy agreement (32)", "%"),
+                ("agree_all", f"agreement ({drift_new})", "%"),
+                ("first_diff", "first differing token", ""),
+            ],
+            rows,
+        )
+    )
     section.data.update(rows=rows)
-    section.check("fp8 blocks / fp16 blocks", f"{f8['blocks'] / f16['blocks']:.2f}x", ">= 1.95x",
-                  f8["blocks"] >= 1.95 * f16["blocks"])
-    section.check("fp8 decode speed / fp16", f"{f8['tok_s'] / f16['tok_s']:.2f}x", ">= 0.9x",
-                  f8["tok_s"] >= 0.9 * f16["tok_s"], hard=False)
+    section.check(
+        "fp8 blocks / fp16 blocks",
+        f"{f8['blocks'] / f16['blocks']:.2f}x",
+        ">= 1.95x",
+        f8["blocks"] >= 1.95 * f16["blocks"],
+    )
+    section.check(
+        "fp8 decode speed / fp16",
+        f"{f8['tok_s'] / f16['tok_s']:.2f}x",
+        ">= 0.9x",
+        f8["tok_s"] >= 0.9 * f16["tok_s"],
+        hard=False,
+    )

@@ -6,6 +6,7 @@ never preempts; the audit (every ref count recomputed from the tables) clean aft
 and swap-in bandwidth (the engine's own swaps, synchronised and timed) beside a pinned-memory copy of
 256 MiB each way measured in the same run.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,7 +47,9 @@ def timed_swaps(engine, dev) -> dict:
             sync(dev)
             stats[f"{key}_s"] += time.perf_counter() - t0
             stats[f"{key}_bytes"] += len(pairs) * runner.block_bytes
+
         return timed
+
     runner.swap_out_blocks = wrap(runner.swap_out_blocks, "out")
     runner.swap_in_blocks = wrap(runner.swap_in_blocks, "in")
     return stats
@@ -54,6 +57,7 @@ def timed_swaps(engine, dev) -> dict:
 
 def run_all(engine, prompts, max_tokens: int, audit: bool, ctx: Ctx) -> tuple[list[list[int]], int, list[str]]:
     from engine import SamplingParams
+
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     done, bad, steps = {}, [], 0
@@ -76,6 +80,7 @@ def run_all(engine, prompts, max_tokens: int, audit: bool, ctx: Ctx) -> tuple[li
 
 def run(ctx: Ctx, section: Section) -> None:
     from engine import LLMEngine
+
     dev = ctx.device
     model = random_native(ctx.small, torch.float32, dev)
     n, max_tokens = ctx.n(24, 6), ctx.n(64, 12)
@@ -83,50 +88,117 @@ def run(ctx: Ctx, section: Section) -> None:
     lengths = torch.randint(ctx.n(300, 20), ctx.n(700, 60), (n,), generator=g).tolist()
     prompts = [torch.randint(1, model.lm_head.weight.shape[0], (k,), generator=g).tolist() for k in lengths]
     need = sum(-(-(k + max_tokens) // 16) for k in lengths)
-    base = dict(block_size=16, max_num_seqs=n, max_model_len=1024 if not ctx.dry_run else 128,
-                max_num_batched_tokens=2048 if not ctx.dry_run else 128)
+    base = dict(
+        block_size=16,
+        max_num_seqs=n,
+        max_model_len=1024 if not ctx.dry_run else 128,
+        max_num_batched_tokens=2048 if not ctx.dry_run else 128,
+    )
     ref_engine = LLMEngine.from_model(model, None, name="random llama-small", num_gpu_blocks=need + 16, **base)
     reference, ref_steps, _ = run_all(ref_engine, prompts, max_tokens, False, ctx)
     ref_pre = ref_engine.metrics()["num_preemptions"]
     del ref_engine
     small = max(need // 3, -(-(max(lengths) + max_tokens) // 16) + 2)
-    rows = [{"mode": "no pressure (reference)", "blocks": need + 16, "steps": ref_steps, "preemptions": ref_pre,
-             "equal": f"{n} of {n}", "audit": "n/a"}]
+    rows = [
+        {
+            "mode": "no pressure (reference)",
+            "blocks": need + 16,
+            "steps": ref_steps,
+            "preemptions": ref_pre,
+            "equal": f"{n} of {n}",
+            "audit": "n/a",
+        }
+    ]
     link = pinned_copy_gbs(dev) if dev.type == "cuda" else (None, None)
     for mode in ("recompute", "swap"):
-        engine = LLMEngine.from_model(model, None, name="random llama-small", num_gpu_blocks=small,
-                                      preemption_mode=mode, num_cpu_blocks=need + 16 if mode == "swap" else None,
-                                      **base)
+        engine = LLMEngine.from_model(
+            model,
+            None,
+            name="random llama-small",
+            num_gpu_blocks=small,
+            preemption_mode=mode,
+            num_cpu_blocks=need + 16 if mode == "swap" else None,
+            **base,
+        )
         stats = timed_swaps(engine, dev) if mode == "swap" else None
         outs, steps, bad = run_all(engine, prompts, max_tokens, True, ctx)
         m = engine.metrics()
         equal = sum(a == b for a, b in zip(outs, reference))
-        rows.append({"mode": mode, "blocks": small, "steps": steps, "preemptions": m["num_preemptions"],
-                     "equal": f"{equal} of {n}", "audit": "clean" if not bad else bad[0]})
+        rows.append(
+            {
+                "mode": mode,
+                "blocks": small,
+                "steps": steps,
+                "preemptions": m["num_preemptions"],
+                "equal": f"{equal} of {n}",
+                "audit": "clean" if not bad else bad[0],
+            }
+        )
         section.check(f"{mode}: outputs equal to the unpressured run", f"{equal} of {n}", f"{n} of {n}", equal == n)
         section.check(f"{mode}: preemptions", m["num_preemptions"], "> 0", m["num_preemptions"] > 0)
         section.check(f"{mode}: audit after every step, failed steps", bad[0] if bad else "clean", "clean", not bad)
         if stats is not None:
             out_gbs = stats["out_bytes"] / stats["out_s"] / 1e9 if stats["out_s"] else None
             in_gbs = stats["in_bytes"] / stats["in_s"] / 1e9 if stats["in_s"] else None
-            section.data["swap"] = {**stats, "out_gbs": out_gbs, "in_gbs": in_gbs, "pinned_d2h_gbs": link[0],
-                                    "pinned_h2d_gbs": link[1]}
-            section.tables.append(Table(
-                "Swap bandwidth: the engine's swaps (all layers' K and V of the blocks moved, synchronised) beside "
-                "one pinned copy of 256 MiB", [("dir", "direction", ""), ("mib", "MiB moved", ",.0f"),
-                                                ("gbs", "GB/s", ".1f"), ("link", "pinned copy GB/s", ".1f"),
-                                                ("frac", "of the pinned copy", "%")],
-                [{"dir": "swap-out (device to CPU)", "mib": stats["out_bytes"] / MiB, "gbs": out_gbs, "link": link[0],
-                  "frac": out_gbs / link[0] if out_gbs and link[0] else None},
-                 {"dir": "swap-in (CPU to device)", "mib": stats["in_bytes"] / MiB, "gbs": in_gbs, "link": link[1],
-                  "frac": in_gbs / link[1] if in_gbs and link[1] else None}]))
+            section.data["swap"] = {
+                **stats,
+                "out_gbs": out_gbs,
+                "in_gbs": in_gbs,
+                "pinned_d2h_gbs": link[0],
+                "pinned_h2d_gbs": link[1],
+            }
+            section.tables.append(
+                Table(
+                    "Swap bandwidth: the engine's swaps (all layers' K and V of the blocks moved, synchronised) beside "
+                    "one pinned copy of 256 MiB",
+                    [
+                        ("dir", "direction", ""),
+                        ("mib", "MiB moved", ",.0f"),
+                        ("gbs", "GB/s", ".1f"),
+                        ("link", "pinned copy GB/s", ".1f"),
+                        ("frac", "of the pinned copy", "%"),
+                    ],
+                    [
+                        {
+                            "dir": "swap-out (device to CPU)",
+                            "mib": stats["out_bytes"] / MiB,
+                            "gbs": out_gbs,
+                            "link": link[0],
+                            "frac": out_gbs / link[0] if out_gbs and link[0] else None,
+                        },
+                        {
+                            "dir": "swap-in (CPU to device)",
+                            "mib": stats["in_bytes"] / MiB,
+                            "gbs": in_gbs,
+                            "link": link[1],
+                            "frac": in_gbs / link[1] if in_gbs and link[1] else None,
+                        },
+                    ],
+                )
+            )
             if link[0]:
                 for d, gbs, ref in (("swap-out", out_gbs, link[0]), ("swap-in", in_gbs, link[1])):
-                    section.check(f"{d} bandwidth over a pinned copy", f"{(gbs or 0) / ref:.0%}", ">= 70%",
-                                  (gbs or 0) >= 0.7 * ref, hard=False)
+                    section.check(
+                        f"{d} bandwidth over a pinned copy",
+                        f"{(gbs or 0) / ref:.0%}",
+                        ">= 70%",
+                        (gbs or 0) >= 0.7 * ref,
+                        hard=False,
+                    )
         del engine
-    section.tables.insert(0, Table(
-        f"{n} requests of {min(lengths)}-{max(lengths)} prompt tokens, {max_tokens} new each, greedy, fp32 "
-        f"({'random llama-small' if not ctx.dry_run else 'tiny'})",
-        [("mode", "preemption", ""), ("blocks", "pool blocks", ",d"), ("steps", "steps", "d"),
-         ("preemptions", "preemptions", "d"), ("equal", "outputs equal", ""), ("audit", "audit", "")], rows))
+    section.tables.insert(
+        0,
+        Table(
+            f"{n} requests of {min(lengths)}-{max(lengths)} prompt tokens, {max_tokens} new each, greedy, fp32 "
+            f"({'random llama-small' if not ctx.dry_run else 'tiny'})",
+            [
+                ("mode", "preemption", ""),
+                ("blocks", "pool blocks", ",d"),
+                ("steps", "steps", "d"),
+                ("preemptions", "preemptions", "d"),
+                ("equal", "outputs equal", ""),
+                ("audit", "audit", ""),
+            ],
+            rows,
+        ),
+    )

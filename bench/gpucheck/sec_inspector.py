@@ -8,6 +8,7 @@ the last step of each kept whole with its arrays copied out of shared memory, th
 cost a step (the live state read, added to the batch, a due batch's arrays copied into shared memory and
 pickled), measured in this process beside the step's time.
 """
+
 from __future__ import annotations
 
 import gc
@@ -25,6 +26,7 @@ FOLDER = scratch_folder("kvscope-gpucheck-7b")
 
 def workload(vocab: int, n: int, prompt: int, new: int):
     from engine import SamplingParams
+
     g = torch.Generator().manual_seed(17)
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     return [(torch.randint(1, vocab, (prompt,), generator=g).tolist(), params) for _ in range(n)]
@@ -38,6 +40,7 @@ def bare_and_record_cost(config, reqs, dev) -> dict:
     from kvscope.runtime.wire import RecordEncoder
     from kvscope.sources.base import StepRecord
     from kvscope.sysinfo import MemoryReading
+
     engine = LLMEngine(config)
     out = {"num_blocks": engine.pool.num_blocks}
     for what in ("bare", "recorded"):
@@ -55,8 +58,11 @@ def bare_and_record_cost(config, reqs, dev) -> dict:
             steps += 1
             if slots is not None:
                 t1 = time.perf_counter()
-                enc.add(p.Stepped(StepRecord(engine.step_count, engine.live_state(), list(res.events), res, 0.0),
-                                  MemoryReading()))
+                enc.add(
+                    p.Stepped(
+                        StepRecord(engine.step_count, engine.live_state(), list(res.events), res, 0.0), MemoryReading()
+                    )
+                )
                 if enc.due:
                     batch = enc.flush()
                     pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
@@ -80,6 +86,7 @@ class Reader:
 
     def __init__(self, conn) -> None:
         from kvscope.runtime.wire import RecordDecoder
+
         self.conn = conn
         self.decoder = RecordDecoder()
         self.slots = None
@@ -98,6 +105,7 @@ class Reader:
         from kvscope.runtime.engine_process import AttachSlots, Heartbeat, ReleaseSlot
         from kvscope.runtime.shm import ShmSlots
         from kvscope.runtime.wire import WireBatch
+
         pending = None
         while True:
             try:
@@ -150,6 +158,7 @@ def attached(config, reqs, timeout_s: float) -> dict:
     from kvscope.runtime.build import SourceSpec
     from kvscope.runtime.engine_process import spawn_engine
     from kvscope.sources.base import InjectSpec
+
     spawned = spawn_engine(SourceSpec(config), logging.WARNING, load=p.Load(None))
     reader = Reader(spawned.conn)
     try:
@@ -166,8 +175,14 @@ def attached(config, reqs, timeout_s: float) -> dict:
             raise RuntimeError("the engine process did not finish the requests in time")
         seconds = time.perf_counter() - t0
         time.sleep(0.2)
-        return {"steps": reader.steps - first, "seconds": seconds, "whole": reader.whole, "errors": reader.errors,
-                "num_blocks": reader.info.num_blocks, "device": reader.info.device}
+        return {
+            "steps": reader.steps - first,
+            "seconds": seconds,
+            "whole": reader.whole,
+            "errors": reader.errors,
+            "num_blocks": reader.info.num_blocks,
+            "device": reader.info.device,
+        }
     finally:
         try:
             spawned.conn.send(p.Shutdown())
@@ -182,12 +197,20 @@ def attached(config, reqs, timeout_s: float) -> dict:
 
 def run(ctx: Ctx, section: Section) -> None:
     from engine import EngineConfig
+
     dev = ctx.device
     folder = make_folder(ctx.big, ctx.dtype, dev, FOLDER if not ctx.dry_run else Path("/tmp/kvscope-gpucheck-tiny"))
     n, prompt, new = ctx.n(64, 4), ctx.n(256, 16), ctx.n(256, 16)
-    config = EngineConfig(model=str(folder), device=str(dev), max_num_seqs=n, max_model_len=ctx.n(2048, 256),
-                          block_size=16, **({"num_gpu_blocks": 256} if ctx.dry_run else {}))
+    config = EngineConfig(
+        model=str(folder),
+        device=str(dev),
+        max_num_seqs=n,
+        max_model_len=ctx.n(2048, 256),
+        block_size=16,
+        **({"num_gpu_blocks": 256} if ctx.dry_run else {}),
+    )
     from transformers import AutoConfig
+
     vocab = AutoConfig.from_pretrained(str(folder)).vocab_size
     reqs = workload(vocab, n, prompt, new)
     bare = bare_and_record_cost(config, reqs, dev)
@@ -195,22 +218,50 @@ def run(ctx: Ctx, section: Section) -> None:
     b_rate = bare["bare"]["steps"] / bare["bare"]["seconds"]
     a_rate = att["steps"] / att["seconds"]
     step_ms = 1e3 / b_rate
-    rows = [{"mode": "LLMEngine.step() alone, in this process", "steps": bare["bare"]["steps"], "rate": b_rate,
-             "ms": step_ms, "x": 1.0},
-            {"mode": "engine process, a reader consuming every batch", "steps": att["steps"], "rate": a_rate,
-             "ms": 1e3 / a_rate, "x": a_rate / b_rate}]
-    section.tables.append(Table(
-        f"{n} requests ({prompt} prompt tokens, {new} new) on random Llama-2-7B weights (fp16), "
-        f"{att['num_blocks']:,}-block pool on {att['device']}",
-        [("mode", "mode", ""), ("steps", "steps", "d"), ("rate", "steps/s", ".1f"), ("ms", "ms a step", ".2f"),
-         ("x", "x bare", ".2f")], rows))
+    rows = [
+        {
+            "mode": "LLMEngine.step() alone, in this process",
+            "steps": bare["bare"]["steps"],
+            "rate": b_rate,
+            "ms": step_ms,
+            "x": 1.0,
+        },
+        {
+            "mode": "engine process, a reader consuming every batch",
+            "steps": att["steps"],
+            "rate": a_rate,
+            "ms": 1e3 / a_rate,
+            "x": a_rate / b_rate,
+        },
+    ]
+    section.tables.append(
+        Table(
+            f"{n} requests ({prompt} prompt tokens, {new} new) on random Llama-2-7B weights (fp16), "
+            f"{att['num_blocks']:,}-block pool on {att['device']}",
+            [
+                ("mode", "mode", ""),
+                ("steps", "steps", "d"),
+                ("rate", "steps/s", ".1f"),
+                ("ms", "ms a step", ".2f"),
+                ("x", "x bare", ".2f"),
+            ],
+            rows,
+        )
+    )
     rec = bare["recorded"]["record_ms"]
-    section.notes.append(f"The engine process's record a step (live state, batch, shared memory, pickling): "
-                         f"{rec:.3f} ms beside a {step_ms:.2f} ms step ({rec / step_ms:.1%}); "
-                         f"{att['whole']} batches decoded whole by the reader.")
+    section.notes.append(
+        f"The engine process's record a step (live state, batch, shared memory, pickling): "
+        f"{rec:.3f} ms beside a {step_ms:.2f} ms step ({rec / step_ms:.1%}); "
+        f"{att['whole']} batches decoded whole by the reader."
+    )
     section.data.update(bare=bare, attached=att)
-    section.check("steps counted by the reader", att["steps"], f"= bare's {bare['bare']['steps']}",
-                  att["steps"] == bare["bare"]["steps"])
+    section.check(
+        "steps counted by the reader",
+        att["steps"],
+        f"= bare's {bare['bare']['steps']}",
+        att["steps"] == bare["bare"]["steps"],
+    )
     section.check("errors from the engine process", att["errors"] or "none", "none", not att["errors"])
-    section.check("attached / bare steps a second", f"{a_rate / b_rate:.2f}x", ">= 0.95x", a_rate >= 0.95 * b_rate,
-                  hard=False)
+    section.check(
+        "attached / bare steps a second", f"{a_rate / b_rate:.2f}x", ">= 0.95x", a_rate >= 0.95 * b_rate, hard=False
+    )

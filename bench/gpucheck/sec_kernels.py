@@ -1,5 +1,6 @@
 """Section kernels: the CUDA tests (Triton kernels compiled for real against the PyTorch reference; the
 engine with Triton and CUDA graphs token-identical to transformers, caching on and off, beams)."""
+
 from __future__ import annotations
 
 import re
@@ -12,24 +13,44 @@ from .shared import ROOT, Ctx, Section, Table
 # bench/gpu_kernels.py; what a device call has time for is the engine over them, token for token.
 GPU_TESTS = ["tests/engine/runner/test_fused_engine.py"]
 # The rehearsal only proves the tests import and a few run: under the interpreter the whole set takes minutes.
-DRY_TESTS = ["tests/engine/runner/test_cuda_path.py",
-             "tests/engine/runner/test_fused_engine.py::test_fused_kernels_equal_pytorch_ops_and_transformers"]
+DRY_TESTS = [
+    "tests/engine/runner/test_cuda_path.py",
+    "tests/engine/runner/test_fused_engine.py::test_fused_kernels_equal_pytorch_ops_and_transformers",
+]
 
 
 def run(ctx: Ctx, section: Section) -> None:
     files = [f for f in (DRY_TESTS if ctx.dry_run else GPU_TESTS) if (ROOT / f.split("::")[0]).exists()]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--timeout", str(int(ctx.left_s())),
-           *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-x",
+        "--timeout",
+        str(int(ctx.left_s())),
+        *files,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=ctx.left_s() + 10)
     (ctx.out / "gpu_tests.log").write_text(proc.stdout + proc.stderr)
     summary = next((ln for ln in reversed(proc.stdout.strip().splitlines()) if " in " in ln), "no summary")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", summary)}
-    section.tables.append(Table("CUDA tests", [("files", "files", ""), ("passed", "passed", "d"),
-                                               ("failed", "failed", "d"), ("skipped", "skipped", "d")],
-                                [{"files": ", ".join(f.split("/")[-1] for f in files),
-                                  "passed": counts.get("passed", 0),
-                                  "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
-                                  "skipped": counts.get("skipped", 0)}]))
+    section.tables.append(
+        Table(
+            "CUDA tests",
+            [("files", "files", ""), ("passed", "passed", "d"), ("failed", "failed", "d"), ("skipped", "skipped", "d")],
+            [
+                {
+                    "files": ", ".join(f.split("/")[-1] for f in files),
+                    "passed": counts.get("passed", 0),
+                    "failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+                    "skipped": counts.get("skipped", 0),
+                }
+            ],
+        )
+    )
     section.data["summary"] = summary
     section.check("pytest exit code", proc.returncode, "0", proc.returncode == 0)
     if proc.returncode:

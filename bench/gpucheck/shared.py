@@ -1,4 +1,5 @@
 """What the acceptance run's sections share: the card, the model shapes, random weights, a section's report."""
+
 from __future__ import annotations
 
 import functools
@@ -18,25 +19,59 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # the other benchmarks' ``common`` (serve_load imports it so)
 
 # Peak HBM bandwidth (GB/s) and dense fp16/bf16 tensor-core rate (TFLOP/s) by the vendors' datasheets.
-PEAKS = {"H200": (4800, 989.5), "H100 SXM": (3350, 989.5), "H100 PCIe": (2000, 756), "H100": (3350, 989.5),
-         "A100-SXM4-80GB": (2039, 312), "A100 80GB PCIe": (1935, 312), "A100": (1555, 312), "L40S": (864, 362),
-         "L4": (300, 121), "RTX 4090": (1008, 165), "RTX 3090": (936, 71), "A10": (600, 125), "T4": (320, 65)}
+PEAKS = {
+    "H200": (4800, 989.5),
+    "H100 SXM": (3350, 989.5),
+    "H100 PCIe": (2000, 756),
+    "H100": (3350, 989.5),
+    "A100-SXM4-80GB": (2039, 312),
+    "A100 80GB PCIe": (1935, 312),
+    "A100": (1555, 312),
+    "L40S": (864, 362),
+    "L4": (300, 121),
+    "RTX 4090": (1008, 165),
+    "RTX 3090": (936, 71),
+    "A10": (600, 125),
+    "T4": (320, 65),
+}
 
 SHAPES = {
     # Llama-2-7B's layers; the vocabulary is the tokenizer's where a section needs text (``with_vocab``).
-    "llama-2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
+    "llama-2-7b": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+    ),
     # A 0.4B model of Llama's layout (fp32 sections that compare greedy outputs exactly).
-    "llama-small": dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096),
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+    "llama-small": dict(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+    ),
+    "tiny": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
 }
 
 
 @dataclass
 class Ctx:
     """One section's run: the rehearsal (``dry_run``: tiny shapes on the CPU) or the card."""
+
     dry_run: bool
     out: Path
     budget_s: float
@@ -75,32 +110,56 @@ def card() -> dict:
     """The card and the image: name, memory, datasheet peaks, driver and library versions."""
     import transformers
     import triton
-    info = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
-            "transformers": transformers.__version__, "cuda": torch.version.cuda}
+
+    info = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+    }
     if not torch.cuda.is_available():
         return {**info, "name": "cpu (dry run)", "memory_gib": None, "peak_gbs": None, "peak_tflops": None}
     name = torch.cuda.get_device_name()
     gbs, tflops = next((v for k, v in PEAKS.items() if k.lower() in name.lower()), (None, None))
     props = torch.cuda.get_device_properties(0)
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         driver = None
-    return {**info, "name": name, "memory_gib": props.total_memory / 2**30, "sms": props.multi_processor_count,
-            "peak_gbs": gbs, "peak_tflops": tflops, "driver": driver}
+    return {
+        **info,
+        "name": name,
+        "memory_gib": props.total_memory / 2**30,
+        "sms": props.multi_processor_count,
+        "peak_gbs": gbs,
+        "peak_tflops": tflops,
+        "driver": driver,
+    }
 
 
 def hf_config(shape: str, **overrides):
     from transformers import LlamaConfig
-    return LlamaConfig(**{**SHAPES[shape], **overrides}, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                       tie_word_embeddings=False)
+
+    return LlamaConfig(
+        **{**SHAPES[shape], **overrides},
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
 
 
 def random_state(config, dtype: torch.dtype, device: torch.device, seed: int = 0):
     """Yields (transformers name, random tensor) for every weight of a Llama of ``config``: N(0, 0.02) as
     transformers initialises them, norms at 1, made on the device one at a time (no model built twice)."""
     from transformers import LlamaForCausalLM
+
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(config)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -117,6 +176,7 @@ def random_native(shape: str, dtype: torch.dtype, device: torch.device, seed: in
     a process: the sections of one group share it (engines over it each have their own pool)."""
     from engine.runner.models.llama import LlamaForCausalLM
     from engine.runner.models.rotary import build_rotary
+
     config = hf_config(shape, **overrides)
     weights = dict(random_state(config, dtype, device, seed))
     model = LlamaForCausalLM(config, lambda name: weights.pop(name, None), build_rotary(config))
@@ -126,6 +186,7 @@ def random_native(shape: str, dtype: torch.dtype, device: torch.device, seed: in
 def random_hf(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, **overrides):
     """A transformers model over the same random weights as ``random_native`` (for ``generate``)."""
     from transformers import LlamaForCausalLM
+
     config = hf_config(shape, **overrides)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -147,6 +208,7 @@ def tokenizer_folder() -> Path | None:
         return out
     try:
         from engine.runner.models.loader import embedded_source, load_tokenizer
+
         src = embedded_source()
         tok = load_tokenizer(str(Path(src.path) / src.gguf_file))
     except Exception as e:  # noqa: BLE001 - reported by the caller
@@ -170,6 +232,7 @@ def make_folder(shape: str, dtype: torch.dtype, device: torch.device, folder: Pa
     vocabulary the model takes, so that text prompts and outputs are real tokens. Written once."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
+
     done = folder / "kvscope-gpucheck-complete"
     if done.exists():
         return folder

@@ -1,4 +1,5 @@
 """The physical block pool: ref counts, the free queue (its order is the eviction policy) and the prefix-cache map."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -206,8 +207,14 @@ class BlockPool:
         self.free_order.appended(freed)
         self._set_refs(ids, refs)
 
-    def cache_block(self, b: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...],
-                    request_id: str, parent_hash: BlockHash | None = None) -> None:
+    def cache_block(
+        self,
+        b: KVCacheBlock,
+        block_hash: BlockHash,
+        token_ids: tuple[int, ...],
+        request_id: str,
+        parent_hash: BlockHash | None = None,
+    ) -> None:
         """Publish a full block under its chained hash (first writer wins).
 
         ``parent_hash`` is the hash ``block_hash`` was chained from (None for a first block);
@@ -224,8 +231,11 @@ class BlockPool:
         self._hash_mv[b.block_id] = True
         self.tokens_by_block[b.block_id] = token_ids
         self.hash_hex_by_block[b.block_id] = hex_hash
-        self.events.append(BlockStored(b.block_id, hex_hash, request_id, token_ids,
-                                       parent_hash.hex() if parent_hash is not None else None))
+        self.events.append(
+            BlockStored(
+                b.block_id, hex_hash, request_id, token_ids, parent_hash.hex() if parent_hash is not None else None
+            )
+        )
 
     def commit_step(self) -> None:
         """The step that wrote the tentative blocks' last slots succeeded: they stay published."""
@@ -256,7 +266,8 @@ class BlockPool:
         if used:
             raise RuntimeError(
                 f"cannot reset the prefix cache while {used} block(s) are in use; "
-                "finish or abort the running requests first")
+                "finish or abort the running requests first"
+            )
         for b in self.blocks:
             b.block_hash, b.token_ids = None, ()
         self.cached.clear()

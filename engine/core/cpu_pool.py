@@ -1,4 +1,5 @@
 """The CPU swap pool: plain block ids with a free list (no caching, no sharing)."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -18,6 +18,7 @@ walks the queue in eviction order (the audit does).
   hit often. Plain LFU would keep yesterday's hot prefix forever: the ageing term fixes that. And
   an empty block (no hash) holds nothing to lose, so it is handed out before any cached block.
 """
+
 from __future__ import annotations
 
 import heapq

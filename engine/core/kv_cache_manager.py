@@ -1,4 +1,5 @@
 """Per-request block tables on top of the block pool: prefix lookup, slot allocation, free."""
+
 from __future__ import annotations
 
 from operator import attrgetter
@@ -19,9 +20,16 @@ _BLOCK_ID = attrgetter("block_id")
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, extra_keys: tuple = (),
-                 hash_algo: str = "sha256", cpu_pool: CpuBlockPool | None = None, fault: str | None = None,
-                 reserve_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        extra_keys: tuple = (),
+        hash_algo: str = "sha256",
+        cpu_pool: CpuBlockPool | None = None,
+        fault: str | None = None,
+        reserve_tokens: int = 0,
+    ) -> None:
         self.pool = pool
         self.reserve_tokens = reserve_tokens  # contiguous layout: a request's whole reservation, up front
         self.cpu_pool = cpu_pool or CpuBlockPool(0)
@@ -62,11 +70,15 @@ class KVCacheManager:
         """Hash the request's next full block (``tokens``) onto its chain."""
         hashes = req.block_hashes
         if self.vllm_hasher is not None:
-            hashes.append(self.vllm_hasher.hash_block(hashes[-1] if hashes else None, tokens,
-                                                      vllm_extra_keys(len(hashes), req.cache_salt)))
+            hashes.append(
+                self.vllm_hasher.hash_block(
+                    hashes[-1] if hashes else None, tokens, vllm_extra_keys(len(hashes), req.cache_salt)
+                )
+            )
             return
-        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, (self.extra_keys, req.cache_salt),
-                                        self.hash_algo))
+        hashes.append(
+            hash_block_tokens(hashes[-1] if hashes else None, tokens, (self.extra_keys, req.cache_salt), self.hash_algo)
+        )
 
     # -- prefix lookup ------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
@@ -92,8 +104,9 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     # -- allocation ---------------------------------------------------------------
-    def allocate_slots(self, req: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``req``.
 
         Appends into the last partly filled block before taking new ones. Returns the
@@ -102,8 +115,11 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(req.request_id, [])
         if not new_computed_blocks:
             had = len(blocks)
-            if num_new_tokens == 1 and req.num_tokens - req.num_computed_tokens == 1 \
-                    and self.append_decode_slots([req], 0, 1):
+            if (
+                num_new_tokens == 1
+                and req.num_tokens - req.num_computed_tokens == 1
+                and self.append_decode_slots([req], 0, 1)
+            ):
                 return blocks[had:]  # the one new block, if the last was full
             new_computed_blocks = []
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -192,8 +208,7 @@ class KVCacheManager:
         self.req_to_block_ids[child.request_id] = list(map(_BLOCK_ID, blocks))
         self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
         child.block_hashes = list(parent.block_hashes)
-        self.pool.events.append(RequestForked(parent.request_id, child.request_id,
-                                              tuple(b.block_id for b in blocks)))
+        self.pool.events.append(RequestForked(parent.request_id, child.request_id, tuple(b.block_id for b in blocks)))
 
     # -- swap -------------------------------------------------------------------------
     def swap_out(self, req: Request) -> bool:

@@ -1,4 +1,5 @@
 """Chained block hashes and the block object itself."""
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """Request state: token ids, progress (``num_computed_tokens``) and lifecycle."""
+
 from __future__ import annotations
 
 import enum
@@ -82,8 +83,8 @@ class Request:
         if end <= p:
             return self.prompt_token_ids[start:end]
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     @property
     def is_finished(self) -> bool:

@@ -5,6 +5,7 @@ catching up with ``num_tokens``, and each step spends a token budget over the
 running requests first, then the waiting ones (a long prompt is prefilled in
 chunks). When blocks run out, the most recently admitted request is preempted.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -28,8 +29,9 @@ class ScheduledRequest:
 
     @classmethod
     def of(cls, req: Request, num_new_tokens: int, num_computed_tokens: int, block_ids: list[int]) -> ScheduledRequest:
-        return cls(req, num_new_tokens, num_computed_tokens, block_ids,
-                   num_computed_tokens + num_new_tokens == req.num_tokens)
+        return cls(
+            req, num_new_tokens, num_computed_tokens, block_ids, num_computed_tokens + num_new_tokens == req.num_tokens
+        )
 
 
 _NUM_NEW_TOKENS = attrgetter("num_new_tokens")
@@ -83,8 +85,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             j = kv.append_decode_slots(running, i, min(len(running), i + budget))
             if j > i:
-                scheduled += [ScheduledRequest(r, 1, r.num_computed_tokens, ids_of[r.request_id], True)
-                              for r in running[i:j]]
+                scheduled += [
+                    ScheduledRequest(r, 1, r.num_computed_tokens, ids_of[r.request_id], True) for r in running[i:j]
+                ]
                 budget -= j - i
                 i = j
                 continue

@@ -18,6 +18,7 @@ digest's low 64 bits (``low64``) unless ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`
 kvscope's engine hashes this way too with ``--hash-algo sha256_cbor``, so a router computes the same hashes for a
 kvscope instance as for a vLLM one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,12 +50,15 @@ def not_reproducible(algo: str) -> str | None:
     if algo in REPRODUCIBLE:
         return None
     if algo in VLLM_HASH_ALGOS:
-        return (f"vLLM's {algo} hashes cannot be reproduced here (a non-cryptographic hash, seeded at random "
-                f"unless PYTHONHASHSEED is set): start vLLM with --prefix-caching-hash-algo sha256_cbor")
+        return (
+            f"vLLM's {algo} hashes cannot be reproduced here (a non-cryptographic hash, seeded at random "
+            f"unless PYTHONHASHSEED is set): start vLLM with --prefix-caching-hash-algo sha256_cbor"
+        )
     return f"{algo!r} is not one of vLLM's prefix-caching hash algorithms ({', '.join(VLLM_HASH_ALGOS)})"
 
 
 # --- canonical CBOR (RFC 8949 section 4.2.1) for the few types a block-hash tuple holds ----------------------
+
 
 def _head(major: int, n: int) -> bytes:
     """A data item's head: the major type and its argument in the shortest form (what canonical means)."""
@@ -118,6 +122,7 @@ def vllm_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
 @dataclass(frozen=True)
 class VllmBlockHasher:
     """One vLLM instance's hashing: its algorithm and its NONE_HASH seed (its ``PYTHONHASHSEED``)."""
+
     algo: str = "sha256_cbor"
     seed: str = VLLM_DEFAULT_SEED
     none_hash: bytes = field(init=False, repr=False)
@@ -137,8 +142,9 @@ class VllmBlockHasher:
         out: list[bytes] = []
         parent = None
         for i in range(len(token_ids) // block_size):
-            parent = self.hash_block(parent, token_ids[i * block_size:(i + 1) * block_size],
-                                     vllm_extra_keys(i, cache_salt))
+            parent = self.hash_block(
+                parent, token_ids[i * block_size : (i + 1) * block_size], vllm_extra_keys(i, cache_salt)
+            )
             out.append(parent)
         return out
 

@@ -1,4 +1,5 @@
 """``audit()``: recompute every block's ref count from the live tables and compare."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -19,19 +20,29 @@ class AuditProblem:
     def __str__(self) -> str:
         owner = f", request {self.last_owner}" if self.last_owner else ""
         if self.problem in WRITE_PROBLEMS:  # the ref count is right: what is wrong is the write into the block
-            return (f"block {self.block_id}: {self.problem} (request {self.last_owner}: other requests read "
-                    f"it, or will from the prefix cache, so it needed a copy first; its ref count is right)")
-        return (f"block {self.block_id}: {self.problem} (ref count {self.actual_ref}, "
-                f"tables hold {self.expected_ref}{owner})")
+            return (
+                f"block {self.block_id}: {self.problem} (request {self.last_owner}: other requests read "
+                f"it, or will from the prefix cache, so it needed a copy first; its ref count is right)"
+            )
+        return (
+            f"block {self.block_id}: {self.problem} (ref count {self.actual_ref}, "
+            f"tables hold {self.expected_ref}{owner})"
+        )
 
 
 WRITE_PROBLEMS = frozenset({"shared_write"})  # a write's problem, not a ref count's
 
 
 # What each kind of problem is called where a user reads it (the window's banner and legend, --headless).
-PROBLEM_NAMES = {"leaked": "leaked", "use_after_free": "used after its free", "ref_mismatch": "wrong ref count",
-                 "double_free": "freed twice", "not_in_free_queue": "missing from the free queue",
-                 "hash_map": "wrong in the hash map", "shared_write": "written while shared"}
+PROBLEM_NAMES = {
+    "leaked": "leaked",
+    "use_after_free": "used after its free",
+    "ref_mismatch": "wrong ref count",
+    "double_free": "freed twice",
+    "not_in_free_queue": "missing from the free queue",
+    "hash_map": "wrong in the hash map",
+    "shared_write": "written while shared",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +63,9 @@ class AuditReport:
 
     def kinds_names(self) -> str:
         """The kinds of problem alone ("written while shared", "leaked, freed twice"): the legend's red class."""
-        return ", ".join(dict.fromkeys(PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " "))
-                                       for p in self.problems))
+        return ", ".join(
+            dict.fromkeys(PROBLEM_NAMES.get(p.problem, p.problem.replace("_", " ")) for p in self.problems)
+        )
 
     def block_kinds(self) -> dict[int, str]:
         """Each flagged block's kinds of problem in words (what the grid writes on a red block)."""
@@ -76,8 +88,9 @@ class AuditReport:
     @staticmethod
     def kinds_words(by_kind: dict[str, int]) -> str:
         """``blocks_by_kind`` in words (also what ``--headless`` prints from the JSON's counts)."""
-        return ", ".join(f"{n} block{'s' if n > 1 else ''} {PROBLEM_NAMES.get(k, k.replace('_', ' '))}"
-                         for k, n in by_kind.items())
+        return ", ".join(
+            f"{n} block{'s' if n > 1 else ''} {PROBLEM_NAMES.get(k, k.replace('_', ' '))}" for k, n in by_kind.items()
+        )
 
     def __str__(self) -> str:
         return "audit clean" if self.ok else "\n".join(map(str, self.problems))
@@ -127,8 +140,9 @@ def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditR
         exp, ref = expected[b.block_id], b.ref_cnt
         kind = ref_problem(ref, exp)
         if kind is not None:
-            problems.append(AuditProblem(b.block_id, kind, exp, ref,
-                                         _culprit(b, mapped_by.get(b.block_id, set()), ref > exp)))
+            problems.append(
+                AuditProblem(b.block_id, kind, exp, ref, _culprit(b, mapped_by.get(b.block_id, set()), ref > exp))
+            )
         kind = queue_problem(ref, exp, seen[b.block_id] > 0)
         if kind is not None:
             problems.append(AuditProblem(b.block_id, kind, exp, ref, b.last_owner))

@@ -5,6 +5,7 @@ The story is built from events only (no engine objects), so it works the same on
 replayed trace and the window's timeline. Holders follow the pool's own bookkeeping: a reference is
 taken by ``allocated`` and ``hit`` (a prefix hit or a fork's share) and dropped by ``freed``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -66,11 +67,20 @@ class BlockStory:
                 elif e.block_id != b:
                     pass
                 elif change is CacheChange.STORED:
-                    self._add(step, e.kind, f"stored in the prefix cache under hash {e.block_hash[:16]} by request "
-                                            f"{e.request_id}: tokens {self._tokens(e.token_ids)}", e)
+                    self._add(
+                        step,
+                        e.kind,
+                        f"stored in the prefix cache under hash {e.block_hash[:16]} by request "
+                        f"{e.request_id}: tokens {self._tokens(e.token_ids)}",
+                        e,
+                    )
                 elif change is CacheChange.EVICTED:
-                    self._add(step, e.kind, f"evicted from the prefix cache (hash {e.block_hash[:16]} dropped): "
-                                            f"handed out again", e)
+                    self._add(
+                        step,
+                        e.kind,
+                        f"evicted from the prefix cache (hash {e.block_hash[:16]} dropped): handed out again",
+                        e,
+                    )
                 else:
                     self._add(step, e.kind, f"hash {e.block_hash[:16]} withdrawn ({e.reason or 'step failed'})", e)
             elif isinstance(e, BlockAllocated) and e.block_id == b:
@@ -88,8 +98,11 @@ class BlockStory:
                 self._add(step, e.kind, f"released by request {e.request_id} ({where})", e)
             elif isinstance(e, BlockCopied) and b in (e.src_block_id, e.dst_block_id):
                 other = e.dst_block_id if e.src_block_id == b else e.src_block_id
-                role = (f"copied on write to block {other}" if e.src_block_id == b
-                        else f"a copy-on-write copy of block {other}")
+                role = (
+                    f"copied on write to block {other}"
+                    if e.src_block_id == b
+                    else f"a copy-on-write copy of block {other}"
+                )
                 self._add(step, e.kind, f"{role} for request {e.request_id} ({e.num_slots} slots)", e)
             elif isinstance(e, SwappedOut) and b in e.block_ids:
                 cpu = e.cpu_block_ids[e.block_ids.index(b)]
@@ -114,20 +127,31 @@ class BlockStory:
         """A request that ended with this step and still holds the block did not free it: say so once."""
         for rid, (s, e) in list(self._ended.items()):
             if rid in self.holders:
-                self._add(step, "suspect", f"request {rid} ended at step {s} ({e.kind}) but never released this "
-                                           f"block: the free that should have followed its {e.kind} is missing", e)
+                self._add(
+                    step,
+                    "suspect",
+                    f"request {rid} ended at step {s} ({e.kind}) but never released this "
+                    f"block: the free that should have followed its {e.kind} is missing",
+                    e,
+                )
             del self._ended[rid]
 
     def _suspect(self, step: int) -> None:
         if any(ln.kind == "suspect" for ln in self.lines):
             return  # the diagnosis (a holder that ended without releasing it) is already in the story
         who = self.last_holder
-        self._add(step, "suspect", f"last request that took a reference: {who}" if who else
-                  "no request ever took a reference in the recorded history")
+        self._add(
+            step,
+            "suspect",
+            f"last request that took a reference: {who}"
+            if who
+            else "no request ever took a reference in the recorded history",
+        )
 
 
-def block_story(block_id: int, steps: Iterable[tuple[int, Iterable[Event]]],
-                decode: Decode | None = None) -> list[StoryLine]:
+def block_story(
+    block_id: int, steps: Iterable[tuple[int, Iterable[Event]]], decode: Decode | None = None
+) -> list[StoryLine]:
     """The whole story of ``block_id`` over ``(step, events)`` pairs."""
     story = BlockStory(block_id, decode)
     for step, events in steps:

@@ -30,6 +30,7 @@ What it remembers can be bounded (a window left open on a served engine): ``max_
 dropped first: a block evicted before them is then told as ``no_cached_block``). The mirror and the ref
 counts are bounded by the pool.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -69,16 +70,28 @@ class CacheMiss:
     seam: int | None = None  # ``shifted`` at a changed seam: the prompt position where it agrees with the chain again
 
     def to_dict(self) -> dict:
-        return {"block_index": self.block_index, "reason": self.reason, "token_position": self.token_position,
-                "detail": self.detail, "evicted_at": self.evicted_at, "shift": self.shift, "seam": self.seam}
+        return {
+            "block_index": self.block_index,
+            "reason": self.reason,
+            "token_position": self.token_position,
+            "detail": self.detail,
+            "evicted_at": self.evicted_at,
+            "shift": self.shift,
+            "seam": self.seam,
+        }
 
 
 class CacheMissExplainer:
     """Feed ``(step, events, prompts)`` in order, where ``prompts`` maps request ids to prompt token ids
     (what the snapshot after the step holds); ``misses`` holds each admitted request's first miss."""
 
-    def __init__(self, block_size: int, decode: Decode | None = None, max_requests: int | None = None,
-                 max_evicted: int | None = None) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        decode: Decode | None = None,
+        max_requests: int | None = None,
+        max_evicted: int | None = None,
+    ) -> None:
         """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all)."""
         self.block_size = block_size
         self.decode = decode
@@ -94,10 +107,14 @@ class CacheMissExplainer:
 
     def feed_snapshot(self, step: int, events: Iterable[Event], snap) -> None:
         """``feed`` with the prompts of the snapshot after the step (sliced only in a step that admits)."""
-        self.feed(step, events, lambda: {r.request_id: r.token_ids[:r.num_prompt_tokens] for r in snap.requests})
+        self.feed(step, events, lambda: {r.request_id: r.token_ids[: r.num_prompt_tokens] for r in snap.requests})
 
-    def feed(self, step: int, events: Iterable[Event],
-             prompts: dict[str, tuple[int, ...]] | Callable[[], dict[str, tuple[int, ...]]]) -> None:
+    def feed(
+        self,
+        step: int,
+        events: Iterable[Event],
+        prompts: dict[str, tuple[int, ...]] | Callable[[], dict[str, tuple[int, ...]]],
+    ) -> None:
         """``prompts``: the mapping, or a callable that builds it (called only in a step that admits)."""
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
         mirror = self.mirror
@@ -165,43 +182,67 @@ class CacheMissExplainer:
             children.setdefault(c.parent_hash, []).append(c)
         parents: list[str | None] = [None]
         for j in range(i):
-            want = prompt[j * bs:(j + 1) * bs]
+            want = prompt[j * bs : (j + 1) * bs]
             parents = [c.block_hash for p in parents for c in children.get(p, []) if c.tokens == want]
-        block = prompt[pos:pos + bs]
+        block = prompt[pos : pos + bs]
         if pos + bs >= len(prompt):
             n = len(prompt) - pos
-            return CacheMiss(i, "prompt_ends_in_block", pos,
-                             f"block {i} holds the prompt's last {n} token(s): only full blocks are cached and "
-                             f"the last prompt token is always computed")
-        gone = [x for p in dict.fromkeys(parents) for x in self.evicted.get((p, block), ())
-                if x[1].block_hash not in view]
+            return CacheMiss(
+                i,
+                "prompt_ends_in_block",
+                pos,
+                f"block {i} holds the prompt's last {n} token(s): only full blocks are cached and "
+                f"the last prompt token is always computed",
+            )
+        gone = [
+            x for p in dict.fromkeys(parents) for x in self.evicted.get((p, block), ()) if x[1].block_hash not in view
+        ]
         if gone:
             step, c = max(gone, key=lambda x: x[0])  # the latest eviction
-            return CacheMiss(i, "evicted", pos, f"block {i} was cached (physical block {c.block_id}) and "
-                                                f"evicted at step {step}", evicted_at=step)
+            return CacheMiss(
+                i,
+                "evicted",
+                pos,
+                f"block {i} was cached (physical block {c.block_id}) and evicted at step {step}",
+                evicted_at=step,
+            )
         nexts = [c for p in parents for c in children.get(p, [])]
         if any(c.tokens == block for c in nexts):
-            return CacheMiss(i, "different_identity", pos,
-                             f"the first {pos + bs} tokens are cached, but under other extra keys "
-                             f"(a different cache salt, model or tokenizer), so their hashes differ")
+            return CacheMiss(
+                i,
+                "different_identity",
+                pos,
+                f"the first {pos + bs} tokens are cached, but under other extra keys "
+                f"(a different cache salt, model or tokenizer), so their hashes differ",
+            )
         if not nexts:
             where = "at the start" if i == 0 else f"after block {i - 1}"
             return CacheMiss(i, "no_cached_block", pos, f"nothing cached continues the prompt {where}")
         best, common = max(((c, _common(c.tokens, block)) for c in nexts), key=lambda t: t[1])
         p = pos + common
         if self._same_text(prompt, pos, best, children):  # before a shift: other ids move later blocks too
-            return CacheMiss(i, "different_tokenization", p,
-                             "a cached chain holds the same text with other token ids from position "
-                             f"{p} (special tokens or a template change)")
+            return CacheMiss(
+                i,
+                "different_tokenization",
+                p,
+                "a cached chain holds the same text with other token ids from position "
+                f"{p} (special tokens or a template change)",
+            )
         shift = self._shift(prompt, pos, nexts, children)
         if shift is not None:
             return self._shifted(prompt, i, pos, *shift)
-        return CacheMiss(i, "differs_at", p, f"a cached chain differs from the prompt at token {p}: "
-                                             f"prompt {self._around(prompt, p)} vs cached "
-                                             f"{self._around(prompt[:pos] + best.tokens, p)}")
+        return CacheMiss(
+            i,
+            "differs_at",
+            p,
+            f"a cached chain differs from the prompt at token {p}: "
+            f"prompt {self._around(prompt, p)} vs cached "
+            f"{self._around(prompt[:pos] + best.tokens, p)}",
+        )
 
-    def _shift(self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached],
-               children: dict[str | None, list[_Cached]]) -> tuple[int, int, tuple[int, ...]] | None:
+    def _shift(
+        self, prompt: tuple[int, ...], pos: int, nexts: list[_Cached], children: dict[str | None, list[_Cached]]
+    ) -> tuple[int, int, tuple[int, ...]] | None:
         """Where a cached chain reappears moved: ``(k, depth, chain)`` for the shallowest block of the chains that
         continue at ``pos`` (its next block, else one further down, up to ``MAX_SHIFT`` tokens on) found in the
         prompt ``k != 0`` tokens from where its chain puts it; ``chain``: that chain's tokens from ``pos`` to the
@@ -210,7 +251,7 @@ class CacheMissExplainer:
         bs = self.block_size
         where: dict[tuple[int, ...], list[int]] = {}  # each window of the prompt from pos: one pass, not one a depth
         for q in range(pos, len(prompt) - bs + 1):
-            where.setdefault(prompt[q:q + bs], []).append(q)
+            where.setdefault(prompt[q : q + bs], []).append(q)
         level: list[tuple[_Cached, tuple | None]] = [(c, None) for c in nexts]  # (block, its parent's entry)
         for depth in range(MAX_SHIFT // bs + 1):
             at = pos + depth * bs  # where the chain puts a block of this depth
@@ -234,8 +275,9 @@ class CacheMissExplainer:
             level = [(n, entry) for entry in level for n in children.get(entry[0].block_hash, ())]
         return None
 
-    def _shifted(self, prompt: tuple[int, ...], i: int, pos: int, k: int, depth: int,
-                 chain: tuple[int, ...]) -> CacheMiss:
+    def _shifted(
+        self, prompt: tuple[int, ...], i: int, pos: int, k: int, depth: int, chain: tuple[int, ...]
+    ) -> CacheMiss:
         """The miss of a shifted chain; past its first block, the seam: where the prompt and the chain agree
         again (walking back from the block that reappears) and the tokens that differ just before."""
         bs = self.block_size
@@ -243,20 +285,28 @@ class CacheMissExplainer:
             if i == 0 and k > 0:
                 said = f"a prefix of {k} token(s) shifted the rest: the cached chain starts at token {k}"
             else:
-                said = (f"{abs(k)} token(s) {'put in' if k > 0 else 'taken out'} at token {pos} shifted the rest: "
-                        f"the cached chain continues at token {pos + k}")
-            return CacheMiss(i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)",
-                             shift=k)
+                said = (
+                    f"{abs(k)} token(s) {'put in' if k > 0 else 'taken out'} at token {pos} shifted the rest: "
+                    f"the cached chain continues at token {pos + k}"
+                )
+            return CacheMiss(
+                i, "shifted", pos, said + " (every block boundary moved, so no block hashes alike)", shift=k
+            )
         q, c = _seam(prompt, pos, chain, pos + depth * bs + k, depth * bs)
         full = prompt[:pos] + chain  # the cached tokens, from the start of the prompt
-        return CacheMiss(i, "shifted", pos,
-                         f"the cached chain reappears {abs(k)} token(s) {'later' if k > 0 else 'earlier'} from "
-                         f"token {q} on, but the seam changed: the token before it is {self._show(prompt[q - 1:q])} "
-                         f"in the prompt, {self._show(full[pos + c - 1:pos + c])} in the cache (prompt "
-                         f"{self._around(prompt, q)} vs cached {self._around(full, pos + c)}): text put in front "
-                         f"changed how the boundary tokenizes (in BPE a word after a space is another token), so "
-                         f"block {i} never reappears and every block boundary after it moved: no block hashes alike",
-                         shift=k, seam=q)
+        return CacheMiss(
+            i,
+            "shifted",
+            pos,
+            f"the cached chain reappears {abs(k)} token(s) {'later' if k > 0 else 'earlier'} from "
+            f"token {q} on, but the seam changed: the token before it is {self._show(prompt[q - 1 : q])} "
+            f"in the prompt, {self._show(full[pos + c - 1 : pos + c])} in the cache (prompt "
+            f"{self._around(prompt, q)} vs cached {self._around(full, pos + c)}): text put in front "
+            f"changed how the boundary tokenizes (in BPE a word after a space is another token), so "
+            f"block {i} never reappears and every block boundary after it moved: no block hashes alike",
+            shift=k,
+            seam=q,
+        )
 
     def _show(self, ids: tuple[int, ...]) -> str:
         """Tokens as their text (and ids), or as ids without a tokenizer."""
@@ -272,16 +322,16 @@ class CacheMissExplainer:
             node = children[node.block_hash][0]
             tail += node.tokens
         a, b = self.decode(list(prompt[pos:])), self.decode(tail)
-        if not a or not b or list(prompt[pos:pos + len(tail)]) == tail:
+        if not a or not b or list(prompt[pos : pos + len(tail)]) == tail:
             return False
         n = min(len(a), len(b))
         return n > 0 and a[:n] == b[:n]
 
     def _around(self, tokens, p: int) -> str:
         if self.decode is None:
-            return str(list(tokens[max(0, p - 3):p + 3]))
+            return str(list(tokens[max(0, p - 3) : p + 3]))
         before = self.decode(list(tokens[:p])) or ""
-        after = self.decode(list(tokens[p:p + 6])) or ""
+        after = self.decode(list(tokens[p : p + 6])) or ""
         return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
 
 
@@ -300,4 +350,3 @@ def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
             break
         n += 1
     return n
-

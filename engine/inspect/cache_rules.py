@@ -5,6 +5,7 @@ cache from the stream (the pool's replay, the window's timeline, the KV-event en
 subscribers, the miss explainer, a block's story) asks this module what an event did to it, so a new
 kind of change (a store rolled back when its step failed) reaches every copy at once.
 """
+
 from __future__ import annotations
 
 import enum
@@ -25,8 +26,11 @@ class CacheChange(enum.Enum):
 
 
 CACHE_CHANGES: dict[type[Event], CacheChange] = {
-    BlockStored: CacheChange.STORED, BlockEvicted: CacheChange.EVICTED, BlockUnpublished: CacheChange.WITHDRAWN,
-    CacheReset: CacheChange.CLEARED}
+    BlockStored: CacheChange.STORED,
+    BlockEvicted: CacheChange.EVICTED,
+    BlockUnpublished: CacheChange.WITHDRAWN,
+    CacheReset: CacheChange.CLEARED,
+}
 
 
 def cache_change(ev: Event) -> CacheChange | None:
@@ -51,5 +55,9 @@ def cleared(tokens, hashes, *_) -> None:
     hashes.clear()
 
 
-RULES = {CacheChange.STORED: stored, CacheChange.EVICTED: removed, CacheChange.WITHDRAWN: removed,
-         CacheChange.CLEARED: cleared}
+RULES = {
+    CacheChange.STORED: stored,
+    CacheChange.EVICTED: removed,
+    CacheChange.WITHDRAWN: removed,
+    CacheChange.CLEARED: cleared,
+}

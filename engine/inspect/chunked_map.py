@@ -4,6 +4,7 @@ Snapshots and timeline keyframes need the prefix cache's maps (block id -> token
 as they were at one step. Copying a dict of 65,536 entries per snapshot costs milliseconds;
 here a frozen copy shares every chunk, and a later write copies only the chunk it touches.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping

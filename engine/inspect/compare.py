@@ -5,6 +5,7 @@ With greedy sampling the two runs must agree exactly (prefix caching only skips 
 already there); a difference means cached KV is not what recomputing it gives: a write into a shared
 block, a poisoned hash, a wrong slot mapping.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,22 +29,32 @@ class Divergence:
     without_text: str = ""
 
     def to_dict(self) -> dict:
-        return {"request_index": self.request_index, "request_id": self.request_id,
-                "token_index": self.token_index, "num_cached_tokens": self.num_cached_tokens,
-                "block_ids": list(self.block_ids), "with_caching": list(self.with_caching),
-                "without_caching": list(self.without_caching),
-                "with_caching_text": self.with_text, "without_caching_text": self.without_text}
+        return {
+            "request_index": self.request_index,
+            "request_id": self.request_id,
+            "token_index": self.token_index,
+            "num_cached_tokens": self.num_cached_tokens,
+            "block_ids": list(self.block_ids),
+            "with_caching": list(self.with_caching),
+            "without_caching": list(self.without_caching),
+            "with_caching_text": self.with_text,
+            "without_caching_text": self.without_text,
+        }
 
     def __str__(self) -> str:
         t = self.token_index
         if self.with_text or self.without_text:
             said = f"{self.with_text!r} with caching vs {self.without_text!r} without"
         else:
-            said = (f"tokens {list(self.with_caching[t:t + 4])} with caching vs "
-                    f"{list(self.without_caching[t:t + 4])} without")
-        return (f"request #{self.request_index} differs from output token {t} on: {said}; "
-                f"{self.num_cached_tokens} of its prompt tokens came from the cache "
-                f"(blocks {list(self.block_ids)} of the comparison's own caching engine)")
+            said = (
+                f"tokens {list(self.with_caching[t : t + 4])} with caching vs "
+                f"{list(self.without_caching[t : t + 4])} without"
+            )
+        return (
+            f"request #{self.request_index} differs from output token {t} on: {said}; "
+            f"{self.num_cached_tokens} of its prompt tokens came from the cache "
+            f"(blocks {list(self.block_ids)} of the comparison's own caching engine)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +89,12 @@ def _run_each(engine, prompts, params: SamplingParams):
     return outputs, meta, ids
 
 
-def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_tokens: int = 16,
-                    decode: Callable[[list[int]], str] | None = None) -> Comparison:
+def compare_caching(
+    make_engine: Callable[[bool], object],
+    prompts: list,
+    max_tokens: int = 16,
+    decode: Callable[[list[int]], str] | None = None,
+) -> Comparison:
     """``make_engine(enable_prefix_caching)`` builds each engine (share the weights between them);
     ``decode`` (a tokenizer's) turns the parting outputs into text for a person."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -90,9 +105,8 @@ def compare_caching(make_engine: Callable[[bool], object], prompts: list, max_to
     for i, (a, b) in enumerate(zip(out_on, out_off)):
         if a != b:
             t = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            texts = (_text(decode, a[t:t + 8]), _text(decode, b[t:t + 8])) if decode else ("", "")
-            return Comparison(out_on, out_off,
-                              Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1], *texts), audit)
+            texts = (_text(decode, a[t : t + 8]), _text(decode, b[t : t + 8])) if decode else ("", "")
+            return Comparison(out_on, out_off, Divergence(i, ids[i], t, a, b, meta[i][0], meta[i][1], *texts), audit)
     return Comparison(out_on, out_off, None, audit)
 
 

@@ -4,6 +4,7 @@ An event object with its token tuple, hash strings and int objects takes about 1
 code and the field values, in field order) it takes 50-200 bytes. ``unpack_events`` builds the same
 events again (equal to the originals), for a scrub that replays a few hundred steps.
 """
+
 from __future__ import annotations
 
 import typing
@@ -29,8 +30,10 @@ def _getter(cls: type[Event]):
 # an event's field values in field order, in one C call: what a packed row holds after its code
 FIELDS_OF = {cls: _getter(cls) for cls in PACKED_TYPES}
 # per type, the positions of tuple fields: msgpack arrays come back as lists
-_TUPLES = {cls: tuple(i for i, f in enumerate(fields(cls))
-                      if typing.get_origin(typing.get_type_hints(cls)[f.name]) is tuple) for cls in PACKED_TYPES}
+_TUPLES = {
+    cls: tuple(i for i, f in enumerate(fields(cls)) if typing.get_origin(typing.get_type_hints(cls)[f.name]) is tuple)
+    for cls in PACKED_TYPES
+}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 

@@ -3,6 +3,7 @@
 The stream is the inspector's feed and a test oracle: replaying it from the
 start (``engine.replay.PoolReplayer``) rebuilds the block pool exactly.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,9 +25,11 @@ class Event:
 
 # --- block events -----------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class BlockAllocated(Event):
     """A block left the head of the free queue for ``request_id`` (ref 0 -> 1)."""
+
     block_id: int
     request_id: str
     kind = "allocated"
@@ -38,6 +41,7 @@ class BlockTouched(Event):
 
     If the block was free (ref 0) it leaves the free queue from the middle.
     """
+
     block_id: int
     request_id: str
     ref_cnt: int  # after the touch
@@ -47,6 +51,7 @@ class BlockTouched(Event):
 @dataclass(frozen=True, slots=True)
 class BlockFreed(Event):
     """``request_id`` dropped its reference; at ref 0 the block joins the free queue tail."""
+
     block_id: int
     request_id: str
     ref_cnt: int  # after the release
@@ -61,6 +66,7 @@ class BlockStored(Event):
     one was chained from), ``None`` for a request's first block; traces older than the field
     read it as ``None``. It is what vLLM's ``BlockStored.parent_block_hash`` carries.
     """
+
     block_id: int
     block_hash: str  # hex
     request_id: str
@@ -75,6 +81,7 @@ class BlockCopied(Event):
 
     ``dst`` was allocated (its own event) and ``src`` lost one reference (a freed event).
     """
+
     src_block_id: int
     dst_block_id: int
     request_id: str
@@ -85,6 +92,7 @@ class BlockCopied(Event):
 @dataclass(frozen=True, slots=True)
 class SwappedOut(Event):
     """A preempted request's KV was copied to the CPU pool; its device blocks were freed."""
+
     request_id: str
     block_ids: tuple[int, ...]
     cpu_block_ids: tuple[int, ...]
@@ -94,6 +102,7 @@ class SwappedOut(Event):
 @dataclass(frozen=True, slots=True)
 class SwappedIn(Event):
     """The KV came back from the CPU pool into (possibly different) device blocks."""
+
     request_id: str
     cpu_block_ids: tuple[int, ...]
     block_ids: tuple[int, ...]
@@ -103,6 +112,7 @@ class SwappedIn(Event):
 @dataclass(frozen=True, slots=True)
 class BlockEvicted(Event):
     """A cached free block was handed out again, so its hash left the cache."""
+
     block_id: int
     block_hash: str
     kind = "evicted"
@@ -119,6 +129,7 @@ class BlockUnpublished(Event):
     rolled back, one ``unpublished`` event a block. The block itself (ref count, free
     queue position) is untouched.
     """
+
     block_id: int
     block_hash: str
     reason: str = ""
@@ -128,11 +139,13 @@ class BlockUnpublished(Event):
 @dataclass(frozen=True, slots=True)
 class CacheReset(Event):
     """``reset_prefix_cache``: every hash dropped (all blocks were free)."""
+
     num_blocks: int
     kind = "cache_reset"
 
 
 # --- request events ---------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class RequestAdmitted(Event):
@@ -145,6 +158,7 @@ class RequestAdmitted(Event):
 @dataclass(frozen=True, slots=True)
 class RequestForked(Event):
     """``child_id`` now shares every block of ``parent_id`` (each block's ref count + 1)."""
+
     parent_id: str
     child_id: str
     block_ids: tuple[int, ...]
@@ -181,9 +195,24 @@ class LeakFound(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished, BlockCopied,
-                CacheReset, SwappedOut, SwappedIn, RequestAdmitted, RequestForked, RequestPreempted, RequestFinished,
-                RequestAborted, LeakFound)
+    for cls in (
+        BlockAllocated,
+        BlockTouched,
+        BlockFreed,
+        BlockStored,
+        BlockEvicted,
+        BlockUnpublished,
+        BlockCopied,
+        CacheReset,
+        SwappedOut,
+        SwappedIn,
+        RequestAdmitted,
+        RequestForked,
+        RequestPreempted,
+        RequestFinished,
+        RequestAborted,
+        LeakFound,
+    )
 }
 
 

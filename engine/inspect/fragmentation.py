@@ -8,6 +8,7 @@ never written yet). ``paged`` gives a request whole blocks as it grows: only the
 really holds. Both split slots by one rule, ``split_slots``: the figure's header, its caption and
 ``--headless --json`` all count with it, so their numbers agree.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,24 +71,37 @@ class Layout:
     def header(self) -> str:
         """The figure's line above this layout's rows."""
         h = self.held or 1
-        return (f"{self.used:,} used · {self.wasted:,} wasted ({self.wasted / h:.0%}) · "
-                f"{self.reserved:,} reserved ({self.reserved / h:.0%}) of {self.held:,} slots")
+        return (
+            f"{self.used:,} used · {self.wasted:,} wasted ({self.wasted / h:.0%}) · "
+            f"{self.reserved:,} reserved ({self.reserved / h:.0%}) of {self.held:,} slots"
+        )
 
     def summary(self) -> str:
         h = self.held or 1
-        return (f"{self.name}: {self.held:,} slots held for {len(self.rows)} request(s): {self.used:,} used, "
-                f"{self.wasted:,} wasted inside blocks ({self.wasted / h:.0%}), "
-                f"{self.reserved:,} reserved and empty ({self.reserved / h:.0%})")
+        return (
+            f"{self.name}: {self.held:,} slots held for {len(self.rows)} request(s): {self.used:,} used, "
+            f"{self.wasted:,} wasted inside blocks ({self.wasted / h:.0%}), "
+            f"{self.reserved:,} reserved and empty ({self.reserved / h:.0%})"
+        )
 
 
 def layouts(snap: KVSnapshot, max_model_len: int) -> tuple[Layout, Layout]:
     """(contiguous, paged) for the requests that hold KV in ``snap``, each request alone."""
     bs = snap.block_size
     live = [r for r in snap.requests if r.block_ids and r.num_computed_tokens > 0]
-    return tuple(Layout(name, tuple(
-        Row(r.request_id, *split_slots(r.num_computed_tokens,
-                                       held_slots(name, r.num_computed_tokens, max_model_len, bs), bs))
-        for r in live)) for name in ("contiguous", "paged"))
+    return tuple(
+        Layout(
+            name,
+            tuple(
+                Row(
+                    r.request_id,
+                    *split_slots(r.num_computed_tokens, held_slots(name, r.num_computed_tokens, max_model_len, bs), bs),
+                )
+                for r in live
+            ),
+        )
+        for name in ("contiguous", "paged")
+    )
 
 
 def pool_counts(snap: KVSnapshot) -> dict:
@@ -96,14 +110,20 @@ def pool_counts(snap: KVSnapshot) -> dict:
     held = snap.ref_cnt > 0
     bs = snap.block_size
     used, wasted, reserved = split_slots(snap.filled[held].astype(np.int64), bs, bs)  # one block at a time
-    return {"blocks_held": int(held.sum()), "used_slots": int(used.sum()), "wasted_slots": int(wasted.sum()),
-            "reserved_slots": int(reserved.sum())}
+    return {
+        "blocks_held": int(held.sum()),
+        "used_slots": int(used.sum()),
+        "wasted_slots": int(wasted.sum()),
+        "reserved_slots": int(reserved.sum()),
+    }
 
 
 def pool_caption(counts: dict, layout: str, max_model_len: int) -> str:
     """The line under the figure: this run's pool, physical blocks counted once (``pool_counts``)."""
-    return (f"This run's pool ({layout}, physical blocks counted once): {counts['blocks_held']} blocks held = "
-            f"{counts['used_slots']:,} slots used, {counts['wasted_slots']:,} wasted inside blocks, "
-            f"{counts['reserved_slots']:,} in blocks reserved and not written. Rows above: each request alone "
-            f"(a block shared by several is in each of their rows), max_model_len {max_model_len} per "
-            f"contiguous reservation.")
+    return (
+        f"This run's pool ({layout}, physical blocks counted once): {counts['blocks_held']} blocks held = "
+        f"{counts['used_slots']:,} slots used, {counts['wasted_slots']:,} wasted inside blocks, "
+        f"{counts['reserved_slots']:,} in blocks reserved and not written. Rows above: each request alone "
+        f"(a block shared by several is in each of their rows), max_model_len {max_model_len} per "
+        f"contiguous reservation."
+    )

@@ -6,6 +6,7 @@ position (``pos[block]``); leaving the queue (popped for allocation, or hit whil
 position. The queue's order is then the log's live entries, read with two array operations. Updates
 come in batches, one per pool call, so the hot path pays a few microseconds a call, not per block.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ class FreeOrder:
         f = cls(num_blocks)
         order = np.asarray(order, np.int32)
         f.pos[:] = -1
-        f.log[:len(order)] = order
+        f.log[: len(order)] = order
         f.pos[order] = np.arange(len(order))
         f.end = len(order)
         return f
@@ -50,7 +51,7 @@ class FreeOrder:
             return
         if self.end + k > len(self.log):
             self._compact()
-        self.log[self.end:self.end + k] = ids
+        self.log[self.end : self.end + k] = ids
         self.pos[ids] = np.arange(self.end, self.end + k)
         self.end += k
 
@@ -72,7 +73,7 @@ class FreeOrder:
 
     def order(self) -> np.ndarray:
         """The free block ids, head (next to be handed out) first."""
-        cand = self.log[self.start:self.end]
+        cand = self.log[self.start : self.end]
         live = cand[self.pos[cand] == np.arange(self.start, self.end)]
         return live
 

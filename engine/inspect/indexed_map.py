@@ -6,6 +6,7 @@ block), 156 keyframes over 10,000 steps about 1 GB; an index array is 256 KB. Sc
 ``OverlayMap`` over a keyframe's array: the events replayed after the keyframe land in a small overlay,
 and ``freeze`` hands the snapshot a read-only ``IndexedView`` without copying the base.
 """
+
 from __future__ import annotations
 
 from array import array
@@ -60,14 +61,18 @@ class StoreLog:
 
     @property
     def nbytes(self) -> int:
-        return (self._tokens.itemsize * len(self._tokens) + 8 * len(self._tok_off) + len(self._hashes)
-                + 8 * len(self._hash_off))
+        return (
+            self._tokens.itemsize * len(self._tokens)
+            + 8 * len(self._tok_off)
+            + len(self._hashes)
+            + 8 * len(self._hash_off)
+        )
 
     def _token_at(self, i: int) -> tuple[int, ...]:
-        return tuple(self._tokens[self._tok_off[i]:self._tok_off[i + 1]])
+        return tuple(self._tokens[self._tok_off[i] : self._tok_off[i + 1]])
 
     def _hash_at(self, i: int) -> str:
-        raw = self._hashes[self._hash_off[i]:self._hash_off[i + 1]]
+        raw = self._hashes[self._hash_off[i] : self._hash_off[i + 1]]
         return raw[1:].hex() if raw[0] == 1 else raw[1:].decode()
 
 

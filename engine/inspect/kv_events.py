@@ -63,6 +63,7 @@ private copy, not a cache other requests can hit, and its device blocks keep the
 (cached, free) until they are evicted, so the GPU events already tell the cache's truth.
 Order is kept: a batch's events are the step's events in the order they happened.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -85,6 +86,7 @@ def external_hash(hex_hash: str, hash_format: str = "int") -> ExternalHash:
 
 
 # --- neutral wire events (what both formats carry) ------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class WireStored:
@@ -111,8 +113,9 @@ class WireCleared:
 WireEvent = WireStored | WireRemoved | WireCleared
 
 
-def to_wire_events(events: Iterable[Event], block_size: int, hash_format: str = "int",
-                   medium: str = MEDIUM_GPU) -> list[WireEvent]:
+def to_wire_events(
+    events: Iterable[Event], block_size: int, hash_format: str = "int", medium: str = MEDIUM_GPU
+) -> list[WireEvent]:
     """The vLLM events a step's kvscope events amount to (see the module docstring)."""
     out: list[WireEvent] = []
     chain_tail: str | None = None  # hex hash of the last block of the open BlockStored run
@@ -122,8 +125,13 @@ def to_wire_events(events: Iterable[Event], block_size: int, hash_format: str = 
             h = external_hash(ev.block_hash, hash_format)
             last = out[-1] if out else None
             if isinstance(last, WireStored) and ev.parent_hash is not None and ev.parent_hash == chain_tail:
-                out[-1] = WireStored(last.block_hashes + (h,), last.parent_block_hash,
-                                     last.token_ids + tuple(ev.token_ids), block_size, medium)
+                out[-1] = WireStored(
+                    last.block_hashes + (h,),
+                    last.parent_block_hash,
+                    last.token_ids + tuple(ev.token_ids),
+                    block_size,
+                    medium,
+                )
             else:
                 parent = external_hash(ev.parent_hash, hash_format) if ev.parent_hash else None
                 out.append(WireStored((h,), parent, tuple(ev.token_ids), block_size, medium))

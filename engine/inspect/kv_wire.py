@@ -4,6 +4,7 @@ Encoding writes exactly vLLM's fields in either shape (``WIRE_FORMATS``); decodi
 send fewer fields, new ones more, SGLang a metadata map where vLLM has ``lora_name``; an event that cannot be
 read is counted and skipped, a payload that is not a batch at all raises ``MalformedBatch``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import msgspec
 from .kv_events import ExternalHash, WireCleared, WireEvent, WireRemoved, WireStored
 
 # --- msgspec structs: encoding (exactly vLLM's fields) and decoding (lenient) ----------------
+
 
 def _encode_structs(array_like: bool):
     class _Event(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
@@ -45,6 +47,7 @@ def _decode_structs(array_like: bool):
     Fields past ``medium`` are typed ``Any`` because publishers disagree on them (SGLang puts a
     metadata map where vLLM has ``lora_name``).
     """
+
     class _Event(msgspec.Struct, array_like=array_like, gc=False, tag=True):
         pass
 
@@ -93,15 +96,25 @@ _ENCODER = msgspec.msgpack.Encoder()
 KNOWN_TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
-def encode_batch(events: Sequence[WireEvent], ts: float, data_parallel_rank: int | None = 0,
-                 wire_format: str = "array") -> bytes:
+def encode_batch(
+    events: Sequence[WireEvent], ts: float, data_parallel_rank: int | None = 0, wire_format: str = "array"
+) -> bytes:
     """One ``EventBatch`` payload; the batch is positional, its events ``wire_format``-shaped."""
     stored, removed, cleared = _ENC[wire_format]
     structs = []
     for e in events:
         if isinstance(e, WireStored):
-            structs.append(stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size,
-                                  e.lora_id, e.medium, e.lora_name))
+            structs.append(
+                stored(
+                    list(e.block_hashes),
+                    e.parent_block_hash,
+                    list(e.token_ids),
+                    e.block_size,
+                    e.lora_id,
+                    e.medium,
+                    e.lora_name,
+                )
+            )
         elif isinstance(e, WireRemoved):
             structs.append(removed(list(e.block_hashes), e.medium))
         else:
@@ -182,10 +195,17 @@ def decode_batch(payload: bytes) -> DecodedBatch:
             if ev.block_size < 1:
                 bad += 1
                 continue
-            events.append(WireStored(tuple(ev.block_hashes), ev.parent_block_hash, _flat_tokens(ev.token_ids),
-                                     ev.block_size, ev.medium if isinstance(ev.medium, str) else None,
-                                     ev.lora_id if isinstance(ev.lora_id, int) else None,
-                                     ev.lora_name if isinstance(ev.lora_name, str) else None))
+            events.append(
+                WireStored(
+                    tuple(ev.block_hashes),
+                    ev.parent_block_hash,
+                    _flat_tokens(ev.token_ids),
+                    ev.block_size,
+                    ev.medium if isinstance(ev.medium, str) else None,
+                    ev.lora_id if isinstance(ev.lora_id, int) else None,
+                    ev.lora_name if isinstance(ev.lora_name, str) else None,
+                )
+            )
         elif name == "BlockRemoved":
             events.append(WireRemoved(tuple(ev.block_hashes), ev.medium if isinstance(ev.medium, str) else None))
         else:

@@ -1,4 +1,5 @@
 """Rebuild the block pool's state from its event stream alone (no model, no engine)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -37,8 +38,18 @@ def apply_cache_event(ev: Event, tokens, hashes) -> bool:
 
 
 # which fields of an event name blocks: 1 block_id, 2 src/dst, 3 block_ids (validated before applying)
-_BLOCK_FIELDS = {BlockAllocated: 1, BlockTouched: 1, BlockFreed: 1, BlockStored: 1, BlockEvicted: 1,
-                 BlockUnpublished: 1, BlockCopied: 2, SwappedOut: 3, SwappedIn: 3, RequestForked: 3}
+_BLOCK_FIELDS = {
+    BlockAllocated: 1,
+    BlockTouched: 1,
+    BlockFreed: 1,
+    BlockStored: 1,
+    BlockEvicted: 1,
+    BlockUnpublished: 1,
+    BlockCopied: 2,
+    SwappedOut: 3,
+    SwappedIn: 3,
+    RequestForked: 3,
+}
 
 
 def _writable(m):
@@ -85,8 +96,10 @@ class PoolReplayer:
 
     def frozen_maps(self):
         """(cached_tokens, hashes) as read-only mappings for a snapshot."""
-        return tuple(m.freeze() if isinstance(m, (ChunkedMap, OverlayMap)) else dict(m)
-                     for m in (self.cached_tokens, self.hashes))
+        return tuple(
+            m.freeze() if isinstance(m, (ChunkedMap, OverlayMap)) else dict(m)
+            for m in (self.cached_tokens, self.hashes)
+        )
 
     @property
     def block_hash(self) -> list[str | None]:
@@ -173,17 +186,20 @@ class PoolReplayer:
             self.free_order.append_one(block_id)
 
 
-
 def _cache_rule(change: CacheChange):
     rule = cache_rules.RULES[change]
 
     def apply(self: PoolReplayer, step: int, *fields) -> None:
         rule(self.cached_tokens, self.hashes, *fields)
+
     return apply
 
 
-_POOL_RULES = {BlockAllocated: PoolReplayer._allocated, BlockTouched: PoolReplayer._touched,
-               BlockFreed: PoolReplayer._freed,
-               **{cls: _cache_rule(change) for cls, change in CACHE_CHANGES.items()}}
+_POOL_RULES = {
+    BlockAllocated: PoolReplayer._allocated,
+    BlockTouched: PoolReplayer._touched,
+    BlockFreed: PoolReplayer._freed,
+    **{cls: _cache_rule(change) for cls, change in CACHE_CHANGES.items()},
+}
 # the same by the packed code (event_codec's), None for events that change no pool state
 _RULES_BY_CODE = [_POOL_RULES.get(cls) for cls in PACKED_TYPES]

@@ -5,6 +5,7 @@ A frozen dataclass's generated ``__init__`` sets every field through ``object.__
 descriptors instead halves that, and the class stays frozen to everyone else (assignment still
 raises ``FrozenInstanceError``; equality, hashing, pickling and ``repr`` are the dataclass's own).
 """
+
 from __future__ import annotations
 
 from dataclasses import MISSING, fields

@@ -1,4 +1,5 @@
 """``KVSnapshot``: a copy of the pool and request state that a GUI may keep and read freely."""
+
 from __future__ import annotations
 
 import enum
@@ -13,6 +14,7 @@ from .slot_init import slot_init
 
 class BlockState(enum.IntEnum):
     """Colour codes of the block grid (uint8)."""
+
     FREE = 0  # empty, on the free queue
     CACHED = 1  # free but still hashed: reusable until evicted
     USED = 2  # ref count 1
@@ -77,10 +79,20 @@ class KVSnapshot:
         return next((r for r in self.requests if r.request_id == request_id), None)
 
 
-def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash: np.ndarray,
-                      last_access: np.ndarray, free_queue: np.ndarray, requests: list[RequestInfo],
-                      cached_tokens: dict[int, tuple[int, ...]], block_hashes: dict[int, str],
-                      counters: dict, num_cpu_blocks: int, **extra) -> KVSnapshot:
+def assemble_snapshot(
+    step: int,
+    block_size: int,
+    ref_cnt: np.ndarray,
+    has_hash: np.ndarray,
+    last_access: np.ndarray,
+    free_queue: np.ndarray,
+    requests: list[RequestInfo],
+    cached_tokens: dict[int, tuple[int, ...]],
+    block_hashes: dict[int, str],
+    counters: dict,
+    num_cpu_blocks: int,
+    **extra,
+) -> KVSnapshot:
     """Derive the per-block views (state, owner, filled, CPU pool) from the raw pool state.
 
     Shared by the live engine and by trace replay, so both build identical snapshots.
@@ -99,10 +111,25 @@ def assemble_snapshot(step: int, block_size: int, ref_cnt: np.ndarray, has_hash:
             cpu_owner[c] = r.index
     for a in (state, ref_cnt, owner, has_hash, last_access, filled, free_queue, cpu_state, cpu_owner):
         a.flags.writeable = False  # a snapshot is shared between threads: nobody may mutate it
-    return KVSnapshot(step=step, block_size=block_size, num_blocks=n, state=state, ref_cnt=ref_cnt, owner=owner,
-                      has_hash=has_hash, last_access=last_access, filled=filled, free_queue=free_queue,
-                      requests=tuple(requests), cached_tokens=cached_tokens, block_hashes=block_hashes,
-                      counters=counters, cpu_state=cpu_state, cpu_owner=cpu_owner, **extra)
+    return KVSnapshot(
+        step=step,
+        block_size=block_size,
+        num_blocks=n,
+        state=state,
+        ref_cnt=ref_cnt,
+        owner=owner,
+        has_hash=has_hash,
+        last_access=last_access,
+        filled=filled,
+        free_queue=free_queue,
+        requests=tuple(requests),
+        cached_tokens=cached_tokens,
+        block_hashes=block_hashes,
+        counters=counters,
+        cpu_state=cpu_state,
+        cpu_owner=cpu_owner,
+        **extra,
+    )
 
 
 def block_states(ref_cnt: np.ndarray, has_hash: np.ndarray) -> np.ndarray:
@@ -114,8 +141,10 @@ def block_states(ref_cnt: np.ndarray, has_hash: np.ndarray) -> np.ndarray:
     return _STATE_OF_CODE[code]
 
 
-_STATE_OF_CODE = np.array([BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.USED,
-                           BlockState.SHARED, BlockState.SHARED], np.uint8)
+_STATE_OF_CODE = np.array(
+    [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.USED, BlockState.SHARED, BlockState.SHARED],
+    np.uint8,
+)
 
 
 def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.ndarray, filled: np.ndarray) -> None:
@@ -146,9 +175,23 @@ def prompt_of(r) -> tuple[int, ...]:
 def request_fields(r, block_ids: tuple[int, ...] | None, token_ids: tuple[int, ...]) -> tuple:
     """A live ``Request``'s ``RequestInfo`` fields in their order, with the block ids and tokens given
     (the wire passes deltas of them; ``request_info`` the whole)."""
-    return (r.request_id, r.index, r.status._name_, len(r.prompt_token_ids), len(r.output_token_ids),
-            max(r.num_cached_tokens, 0), r.num_computed_tokens, block_ids, r.output_text, token_ids, r.error,
-            r.group_id, r.parent_id, tuple(r.cpu_block_ids), r.client)
+    return (
+        r.request_id,
+        r.index,
+        r.status._name_,
+        len(r.prompt_token_ids),
+        len(r.output_token_ids),
+        max(r.num_cached_tokens, 0),
+        r.num_computed_tokens,
+        block_ids,
+        r.output_text,
+        token_ids,
+        r.error,
+        r.group_id,
+        r.parent_id,
+        tuple(r.cpu_block_ids),
+        r.client,
+    )
 
 
 def request_info(r, block_ids: Sequence[int]) -> RequestInfo:
@@ -162,6 +205,7 @@ class LiveRow:
     now. Only a ``LiveState`` holds these, read before the next step (the wire sends what changed straight
     from the request: building every row's whole token tuple each step, and then comparing it, was most
     of a record at 256 long requests). A request keeps its one ``LiveRow`` while it runs."""
+
     request: object  # engine.core.request.Request
     tables: object  # engine.core.kv_cache_manager.KVCacheManager
 
@@ -185,6 +229,7 @@ class PoolState:
     It is what crosses the process boundary: the derived views (state, owner, filled, the CPU
     pool) cost ~0.2 ms of a small step and are built in the window's process, where they are drawn.
     """
+
     step: int
     block_size: int
     ref_cnt: np.ndarray
@@ -213,10 +258,25 @@ class PoolState:
     def assemble(self) -> KVSnapshot:
         """The ``KVSnapshot`` of this state, made once."""
         if self._snapshot is None:
-            object.__setattr__(self, "_snapshot", assemble_snapshot(
-                self.step, self.block_size, self.ref_cnt, self.has_hash, self.last_access, self.free_queue,
-                self.requests, self.cached_tokens, self.block_hashes, self.counters, self.num_cpu_blocks,
-                block_bytes=self.block_bytes, model_name=self.model_name))
+            object.__setattr__(
+                self,
+                "_snapshot",
+                assemble_snapshot(
+                    self.step,
+                    self.block_size,
+                    self.ref_cnt,
+                    self.has_hash,
+                    self.last_access,
+                    self.free_queue,
+                    self.requests,
+                    self.cached_tokens,
+                    self.block_hashes,
+                    self.counters,
+                    self.num_cpu_blocks,
+                    block_bytes=self.block_bytes,
+                    model_name=self.model_name,
+                ),
+            )
         return self._snapshot
 
 
@@ -226,6 +286,7 @@ class LiveState:
     so it is valid only until the engine changes again. An engine process reads it at once: the wire
     sends a step's rows as what changed and its blocks per state (counted by the pool as they change),
     and copies the pool's arrays only for the record it sends last (``arrays``), not for every step."""
+
     step: int
     block_size: int
     requests: tuple[RequestInfo | LiveRow, ...]  # sorted by index
@@ -249,8 +310,12 @@ class LiveState:
     def arrays(self) -> dict[str, np.ndarray]:
         """The pool's own per-block arrays (``PoolState``'s), not copied: read them before the engine goes on."""
         p = self.pool
-        return {"ref_cnt": p.ref_cnt_arr, "has_hash": p.has_hash_arr, "last_access": p.last_access_arr,
-                "free_queue": p.free_order.order()}
+        return {
+            "ref_cnt": p.ref_cnt_arr,
+            "has_hash": p.has_hash_arr,
+            "last_access": p.last_access_arr,
+            "free_queue": p.free_order.order(),
+        }
 
     def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
         """The prefix cache's token and hash maps, copied."""
@@ -262,6 +327,7 @@ class StepDigest:
     """What a record keeps when its snapshot will not be drawn (a newer one came with it): the rows,
     the counters and how many blocks are in each state, without the per-block arrays. The window's
     history needs no more of such a step, and the views draw only the newest snapshot."""
+
     step: int
     block_size: int
     num_blocks: int
@@ -288,15 +354,39 @@ def _counts(state: np.ndarray) -> tuple[int, ...]:
     return tuple(int(c) for c in np.bincount(state, minlength=len(BlockState)))
 
 
-def pool_state(step: int, block_size: int, pool, requests: list[RequestInfo], counters: dict,
-               num_cpu_blocks: int, block_bytes: int = 0, model_name: str = "") -> PoolState:
+def pool_state(
+    step: int,
+    block_size: int,
+    pool,
+    requests: list[RequestInfo],
+    counters: dict,
+    num_cpu_blocks: int,
+    block_bytes: int = 0,
+    model_name: str = "",
+) -> PoolState:
     """The raw state of a live ``BlockPool``, copied (the replay rebuilds the same from its event stream)."""
-    for a in (ref_cnt := pool.ref_cnt_arr.copy(), has_hash := pool.has_hash_arr.copy(),
-              last_access := pool.last_access_arr.copy(), free_queue := pool.free_order.order()):
+    for a in (
+        ref_cnt := pool.ref_cnt_arr.copy(),
+        has_hash := pool.has_hash_arr.copy(),
+        last_access := pool.last_access_arr.copy(),
+        free_queue := pool.free_order.order(),
+    ):
         a.flags.writeable = False
-    return PoolState(step, block_size, ref_cnt, has_hash, last_access, free_queue,
-                     tuple(sorted(requests, key=_index)), pool.tokens_by_block.freeze(),
-                     pool.hash_hex_by_block.freeze(), counters, num_cpu_blocks, block_bytes, model_name)
+    return PoolState(
+        step,
+        block_size,
+        ref_cnt,
+        has_hash,
+        last_access,
+        free_queue,
+        tuple(sorted(requests, key=_index)),
+        pool.tokens_by_block.freeze(),
+        pool.hash_hex_by_block.freeze(),
+        counters,
+        num_cpu_blocks,
+        block_bytes,
+        model_name,
+    )
 
 
 def _index(r: RequestInfo) -> int:

@@ -6,6 +6,7 @@ blocks an audit flagged. Each line is flushed, so a trace stays readable after a
 crash (a torn last line is dropped). Replaying rebuilds every step's snapshot with
 no model and no GPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,11 @@ def _what_it_is(path: str | Path) -> str:
 
 def check_replayable(num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
     """The replay's limits, one rule for the writer and the reader: raises ``ValueError`` with one line."""
-    for key, value, limit in (("num_blocks", num_blocks, MAX_TRACE_BLOCKS), ("num_cpu_blocks", num_cpu_blocks,
-                              MAX_TRACE_BLOCKS), ("block_size", block_size, MAX_TRACE_BLOCK_SIZE)):
+    for key, value, limit in (
+        ("num_blocks", num_blocks, MAX_TRACE_BLOCKS),
+        ("num_cpu_blocks", num_cpu_blocks, MAX_TRACE_BLOCKS),
+        ("block_size", block_size, MAX_TRACE_BLOCK_SIZE),
+    ):
         if value > limit:
             raise ValueError(f"{key} = {value:,}, above the replay limit of {limit:,}")
 
@@ -59,8 +63,9 @@ class TraceWriter:
         try:
             check_replayable(header["num_blocks"], header.get("num_cpu_blocks", 0), header["block_size"])
         except ValueError as e:
-            raise ValueError(f"cannot record a trace: {e} (a smaller --num-cpu-blocks or --swap-space, or a "
-                             f"smaller pool)") from None
+            raise ValueError(
+                f"cannot record a trace: {e} (a smaller --num-cpu-blocks or --swap-space, or a smaller pool)"
+            ) from None
         self.path = Path(path)
         self._f = self.path.open("w", encoding="utf-8")
         self._rows: dict[str, RequestInfo] = {}
@@ -70,14 +75,23 @@ class TraceWriter:
         self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
         self._f.flush()
 
-    def record(self, snap: KVSnapshot, events: list[Event], leaked: list[int] | None = None,
-               seconds: float = 0.0) -> None:
+    def record(
+        self, snap: KVSnapshot, events: list[Event], leaked: list[int] | None = None, seconds: float = 0.0
+    ) -> None:
         """``seconds``: what the step took, so a replay reports the recorded run's timings (TTFT, decode)."""
         changed = [_info_dict(r) for r in snap.requests if self._rows.get(r.request_id) != r]
         self._rows.update({r.request_id: r for r in snap.requests})
-        self._write({"step": snap.step, "events": [e.to_dict() for e in events], "requests": changed,
-                     "shown": [r.request_id for r in snap.requests], "counters": snap.counters,
-                     "leaked": list(leaked or []), "seconds": seconds})
+        self._write(
+            {
+                "step": snap.step,
+                "events": [e.to_dict() for e in events],
+                "requests": changed,
+                "shown": [r.request_id for r in snap.requests],
+                "counters": snap.counters,
+                "leaked": list(leaked or []),
+                "seconds": seconds,
+            }
+        )
 
     def close(self) -> None:
         self._f.close()
@@ -97,8 +111,9 @@ def read_header(path: str | Path) -> dict:
         with Path(path).open(encoding="utf-8") as f:
             first = f.readline()
     except UnicodeDecodeError:
-        raise TraceError(f"{path} is not a kvscope trace: it is not a text file (a trace is JSON lines, written "
-                         f"by --trace)") from None
+        raise TraceError(
+            f"{path} is not a kvscope trace: it is not a text file (a trace is JSON lines, written by --trace)"
+        ) from None
     except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
     try:
@@ -111,8 +126,9 @@ def read_header(path: str | Path) -> dict:
     if not _is_int(version) or version < 1:
         raise TraceError(f"{path}: trace version {version!r} is not a version (1..{VERSION})")
     if version > VERSION:
-        raise TraceError(f"{path} was written by a newer kvscope (trace version {version}); "
-                         f"this one reads version {VERSION}")
+        raise TraceError(
+            f"{path} was written by a newer kvscope (trace version {version}); this one reads version {VERSION}"
+        )
     for key in ("num_blocks", "block_size"):
         if not _is_int(header.get(key)) or header[key] < 1:
             raise TraceError(f"{path}: header field {key!r} is missing or invalid")
@@ -195,10 +211,19 @@ def replay_trace(path: str | Path) -> Iterator[TraceRecord]:
             raise TraceError(f"corrupt trace {path} at line {n}: {type(e).__name__}: {e}") from None
         tokens, hashes = pool.frozen_maps()  # O(chunks): consecutive records share what did not change
         snap = assemble_snapshot(
-            step, header["block_size"], ref_cnt=pool.ref_cnt.copy(), has_hash=pool.has_hash,
-            last_access=pool.last_access.copy(), free_queue=pool.free_queue, requests=shown,
-            cached_tokens=tokens, block_hashes=hashes,
-            counters=counters, num_cpu_blocks=num_cpu,
-            block_bytes=int(header.get("block_bytes", 0)), model_name=str(header.get("model", "")))
+            step,
+            header["block_size"],
+            ref_cnt=pool.ref_cnt.copy(),
+            has_hash=pool.has_hash,
+            last_access=pool.last_access.copy(),
+            free_queue=pool.free_queue,
+            requests=shown,
+            cached_tokens=tokens,
+            block_hashes=hashes,
+            counters=counters,
+            num_cpu_blocks=num_cpu,
+            block_bytes=int(header.get("block_bytes", 0)),
+            model_name=str(header.get("model", "")),
+        )
         seconds = rec.get("seconds", 0.0)
         yield TraceRecord(step, events, snap, leaked, float(seconds) if isinstance(seconds, (int, float)) else 0.0)

@@ -8,6 +8,7 @@ straight into the pinned pool (the CPU pool hands out consecutive ids when it ca
 are usually one run); a swap-in copies the runs into a device tensor and scatters it into the pool on
 the device. Quantized pools keep the plain indexed copy (``kv_quant.copy_blocks``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,7 @@ def runs(ids: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def swap_blocks(dev_caches: list[tuple], cpu_caches: list[tuple], pairs: list[tuple[int, int]],
-                to_cpu: bool) -> None:
+def swap_blocks(dev_caches: list[tuple], cpu_caches: list[tuple], pairs: list[tuple[int, int]], to_cpu: bool) -> None:
     """``pairs``: (device block, CPU block) for a swap-out, (CPU block, device block) for a swap-in."""
     if not to_cpu:
         pairs = [(d, c) for c, d in pairs]
@@ -51,11 +51,11 @@ def swap_blocks(dev_caches: list[tuple], cpu_caches: list[tuple], pairs: list[tu
             if to_cpu:
                 staged = dev.index_select(0, dev_index)
                 for first, at, n in cpu_runs:
-                    cpu[first:first + n].copy_(staged[at:at + n], non_blocking=True)
+                    cpu[first : first + n].copy_(staged[at : at + n], non_blocking=True)
             else:
                 staged = torch.empty((len(pairs), *dev.shape[1:]), dtype=dev.dtype, device=dev.device)
                 for first, at, n in cpu_runs:
-                    staged[at:at + n].copy_(cpu[first:first + n], non_blocking=True)
+                    staged[at : at + n].copy_(cpu[first : first + n], non_blocking=True)
                 dev.index_copy_(0, dev_index, staged)
     if device.type == "cuda":
         # The copies are asynchronous; a failure must surface here, as this swap's (DeviceCopyError).

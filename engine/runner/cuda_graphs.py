@@ -9,6 +9,7 @@ host-to-device copy and one replay. Padding rows store nothing (slot -1), read o
 slot (context 1), and are dropped. Without a GPU (``emulate=True``, for tests) the same
 buffers and padding run eagerly, so everything but the capture itself is checked on the CPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,16 +43,17 @@ class DecodeInputs:
         self.host = torch.zeros(total, dtype=torch.long, pin_memory=device.type == "cuda")
         self.device = torch.zeros(total, dtype=torch.long, device=device)
         h, d = self.host.numpy(), self.device
-        self.ids, self.positions, self.slots, self.seq_lens = (h[i * n:(i + 1) * n] for i in range(4))
-        self.tables = h[4 * n:].reshape(n, width)
-        self.input_ids, self.positions_d, self.slot_mapping, self.seq_lens_d = (d[i * n:(i + 1) * n] for i in range(4))
-        self.block_tables = d[4 * n:].view(n, width)
+        self.ids, self.positions, self.slots, self.seq_lens = (h[i * n : (i + 1) * n] for i in range(4))
+        self.tables = h[4 * n :].reshape(n, width)
+        self.input_ids, self.positions_d, self.slot_mapping, self.seq_lens_d = (
+            d[i * n : (i + 1) * n] for i in range(4)
+        )
+        self.block_tables = d[4 * n :].view(n, width)
         self.rows = torch.arange(n, dtype=torch.long, device=device)
         self.seq_lens[:] = 1
         self.slots[:] = -1
 
-    def fill(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-             b: int) -> None:
+    def fill(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]], b: int) -> None:
         """Rows ``0..n-1`` from the lists, rows ``n..b-1`` as padding; a table row's entries past its
         length keep older values, which attention never reads (it masks by the context length)."""
         n = len(tokens)
@@ -62,7 +64,7 @@ class DecodeInputs:
         self.seq_lens[:n] += 1
         t = self.tables
         for i, row in enumerate(tables):
-            t[i, :len(row)] = row
+            t[i, : len(row)] = row
         if b > n:
             self.ids[n:b] = 0
             self.positions[n:b] = 0
@@ -76,8 +78,19 @@ class DecodeInputs:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_caches, attention, store, device: torch.device, max_num_seqs: int,
-                 max_blocks_per_seq: int, block_size: int, emulate: bool = False, ops=None) -> None:
+    def __init__(
+        self,
+        model,
+        kv_caches,
+        attention,
+        store,
+        device: torch.device,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        emulate: bool = False,
+        ops=None,
+    ) -> None:
         self.model, self.kv_caches, self.attention, self.store = model, kv_caches, attention, store
         self.ops = ops  # the fused kernels (fused.FusedOps), or None: PyTorch's ops
         self.sizes = capture_sizes(max_num_seqs)
@@ -96,13 +109,23 @@ class DecodeGraphs:
     def _meta(self, b: int) -> AttentionMetadata:
         # Host-side lists are placeholders: the decode path reads only device tensors.
         x = self.inputs
-        return AttentionMetadata(x.slot_mapping[:b], x.block_tables[:b], x.seq_lens_d[:b],
-                                 list(range(b + 1)), [1] * b, self.block_size, x.rows[:b], x.rows[:b], [])
+        return AttentionMetadata(
+            x.slot_mapping[:b],
+            x.block_tables[:b],
+            x.seq_lens_d[:b],
+            list(range(b + 1)),
+            [1] * b,
+            self.block_size,
+            x.rows[:b],
+            x.rows[:b],
+            [],
+        )
 
     def _forward(self, b: int) -> torch.Tensor:
         x = self.inputs
-        hidden = self.model(x.input_ids[:b], x.positions_d[:b], self.kv_caches, self._meta(b), self.attention,
-                            self.store, self.ops)
+        hidden = self.model(
+            x.input_ids[:b], x.positions_d[:b], self.kv_caches, self._meta(b), self.attention, self.store, self.ops
+        )
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -124,11 +147,14 @@ class DecodeGraphs:
             self.graphs[b] = g
         torch.cuda.synchronize()
         self.pool_bytes = max(0, torch.cuda.memory_reserved() - reserved)
-        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.2f GiB)", self.sizes,
-                    time.perf_counter() - t0, self.pool_bytes / 2**30)
+        logger.info(
+            "captured CUDA graphs for decode batch sizes %s in %.1f s (%.2f GiB)",
+            self.sizes,
+            time.perf_counter() - t0,
+            self.pool_bytes / 2**30,
+        )
 
-    def run(self, tokens: list[int], positions: list[int], slots: list[int],
-            tables: list[list[int]]) -> torch.Tensor:
+    def run(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> torch.Tensor:
         """Logits of a decode-only step of ``n <= max_batch`` sequences: ``[n, vocab]`` float32."""
         n = len(tokens)
         b = next(s for s in self.sizes if s >= n)

@@ -1,4 +1,5 @@
 """Which torch device a configuration names, refused with one line when it is not there."""
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,9 @@ def resolve_device(name: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise DeviceNotAvailableError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceNotAvailableError("--device cuda was asked for, but CUDA is not available here "
-                                      f"(torch {torch.__version__}); use --device cpu")
+        raise DeviceNotAvailableError(
+            f"--device cuda was asked for, but CUDA is not available here (torch {torch.__version__}); use --device cpu"
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise DeviceNotAvailableError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
-                                      "device(s)")
+        raise DeviceNotAvailableError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev

@@ -1,4 +1,5 @@
 """The Triton backend's fused kernels (``fused_ops``) bound to one engine: its rotary table, built once."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,15 +18,18 @@ class FusedOps:
     @staticmethod
     def add_rms_norm(x, residual, weight, eps):
         from .fused_ops import fused_add_rms_norm
+
         return fused_add_rms_norm(x, residual, weight, eps)
 
     def rope_and_store(self, q, k, v, positions, k_cache, v_cache, slot_mapping):
         from .fused_ops import rope_and_store
+
         return rope_and_store(q, k, v, self.cos_sin_cache, positions, k_cache, v_cache, slot_mapping)
 
     @staticmethod
     def silu_and_mul(gate_up):
         from .fused_ops import silu_and_mul
+
         return silu_and_mul(gate_up)
 
 
@@ -37,6 +41,7 @@ def fused_ops_for(model, max_pos: int) -> tuple[FusedOps | None, str]:
     if model.head_dim & (model.head_dim - 1):
         return None, f"head_dim {model.head_dim} is not a power of two"
     from .fused_ops import build_cos_sin_cache
+
     device = model.embed_tokens.weight.device
     dtype = model.embed_tokens.weight.dtype
     return FusedOps(build_cos_sin_cache(model.rotary_emb, max_pos, dtype, device)), ""

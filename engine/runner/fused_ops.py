@@ -9,6 +9,7 @@ Each keeps transformers' rounding points, so fp32 results agree with the torch p
 rounding and 16-bit ones to an ulp (rotary rounds once where torch rounds each op). On the CPU they
 run under the Triton interpreter (``TRITON_INTERPRET=1``), which is how the tests check them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,9 +50,22 @@ def _round(x, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
 
 # -- residual add + RMSNorm ------------------------------------------------------------------------
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o, stride_ro, eps,
-                         H: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                         INTERPRETED: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    eps,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -69,8 +83,9 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, 
     tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight * rmsnorm(r), r)`` with ``r = residual + x`` rounded to the model dtype; with no
     ``residual``, a plain RMSNorm and ``r`` is ``x`` itself. ``x``, ``residual``: ``[T, H]``.
 
@@ -86,10 +101,23 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
         res_out = _empty((t, h), x.dtype, x.device)
     if t:
         block = triton.next_power_of_2(h)
-        _add_rms_norm_kernel[(t,)](x, res, weight.contiguous(), out, res_out, x.stride(0), res.stride(0),
-                                   out.stride(0), res_out.stride(0), eps, H=h, BLOCK=block,
-                                   HAS_RESIDUAL=residual is not None, INTERPRETED=interpreted(),
-                                   num_warps=_row_warps(block))
+        _add_rms_norm_kernel[(t,)](
+            x,
+            res,
+            weight.contiguous(),
+            out,
+            res_out,
+            x.stride(0),
+            res.stride(0),
+            out.stride(0),
+            res_out.stride(0),
+            eps,
+            H=h,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            INTERPRETED=interpreted(),
+            num_warps=_row_warps(block),
+        )
     return out, res_out
 
 
@@ -100,18 +128,41 @@ def _rotate(x_ptr, row_off, hmask, d, c, s, sign, HEAD_DIM: tl.constexpr, INTERP
     and rounded once to the dtype. ``rotate_half`` reads each element's partner half a head away
     (``sign`` negates the first half's), so no tile is split or concatenated."""
     x = tl.load(x_ptr + row_off[:, None] + d[None, :], mask=hmask[:, None], other=0.0)
-    partner = tl.load(x_ptr + row_off[:, None] + ((d + HEAD_DIM // 2) % HEAD_DIM)[None, :], mask=hmask[:, None],
-                      other=0.0)
+    partner = tl.load(
+        x_ptr + row_off[:, None] + ((d + HEAD_DIM // 2) % HEAD_DIM)[None, :], mask=hmask[:, None], other=0.0
+    )
     r = x.to(tl.float32) * c[None, :] + (sign[None, :] * partner.to(tl.float32)) * s[None, :]
     return _round(r, x_ptr.dtype.element_ty, INTERPRETED)
 
 
 @triton.jit
-def _rope_store_kernel(q_ptr, k_ptr, v_ptr, cs_ptr, pos_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                       v_scale_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                       NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       QH_BLOCK: tl.constexpr, KVH_BLOCK: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
-                       INTERPRETED: tl.constexpr):
+def _rope_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cs_ptr,
+    pos_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QH_BLOCK: tl.constexpr,
+    KVH_BLOCK: tl.constexpr,
+    K_MODE: tl.constexpr,
+    V_MODE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
     """One program: token ``t``'s query heads and KV heads of head group ``g``."""
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -149,8 +200,16 @@ def _head_groups(tokens: int, num_heads: int, num_kv_heads: int) -> tuple[int, i
     return max(triton.cdiv(num_heads, qh_block), triton.cdiv(num_kv_heads, kvh_block)), qh_block, kvh_block
 
 
-def rope_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin_cache: torch.Tensor,
-                   positions: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> torch.Tensor:
+def rope_and_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache,
+    v_cache,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
     """Rotate ``q`` in place and ``k`` (NeoX / transformers' ``rotate_half`` style) at ``positions``,
     then store the rotated k and v at ``slot_mapping`` (-1: store nothing) into the paged caches,
     plain tensors or ``QuantizedKV``, exactly as ``store_kv`` would. Returns ``q``.
@@ -164,26 +223,52 @@ def rope_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin_ca
     if q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError("rope_and_store needs q, k and v with a contiguous last dimension")
     if head_dim & (head_dim - 1) or cos_sin_cache.shape[1] != head_dim or cos_sin_cache.stride(1) != 1:
-        raise ValueError(f"head_dim must be a power of two matching the cos/sin cache, got {head_dim} and "
-                         f"{tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"head_dim must be a power of two matching the cos/sin cache, got {head_dim} and "
+            f"{tuple(cos_sin_cache.shape)}"
+        )
     if t == 0:
         return q
     kc, ks, km = _parts(k_cache)
     vc, vs, vm = _parts(v_cache)
     groups, qh_block, kvh_block = _head_groups(t, num_heads, num_kv_heads)
     _rope_store_kernel[(t, groups)](
-        q, k, v, cos_sin_cache, positions, slot_mapping, kc, vc, ks, vs, q.stride(0), q.stride(1), k.stride(0),
-        k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0), NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QH_BLOCK=qh_block, KVH_BLOCK=kvh_block, K_MODE=km, V_MODE=vm,
-        INTERPRETED=interpreted(), num_warps=max(2, min(8, qh_block * head_dim // 512)),
+        q,
+        k,
+        v,
+        cos_sin_cache,
+        positions,
+        slot_mapping,
+        kc,
+        vc,
+        ks,
+        vs,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos_sin_cache.stride(0),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        QH_BLOCK=qh_block,
+        KVH_BLOCK=kvh_block,
+        K_MODE=km,
+        V_MODE=vm,
+        INTERPRETED=interpreted(),
+        num_warps=max(2, min(8, qh_block * head_dim // 512)),
         # No fused multiply-adds: x*cos and rot*sin round apart, as torch's fp32 ops do.
-        enable_fp_fusion=False)
+        enable_fp_fusion=False,
+    )
     return q
 
 
 @torch.no_grad()
-def build_cos_sin_cache(rotary_module: nn.Module, max_pos: int, dtype: torch.dtype,
-                        device: torch.device | str) -> torch.Tensor:
+def build_cos_sin_cache(
+    rotary_module: nn.Module, max_pos: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
     """``[max_pos, D]``: cos of every position in the first ``D/2`` columns, sin in the last ``D/2``,
     from the rotary module's own forward (transformers' formulas, attention scaling included, cast
     to ``dtype`` as the model's path casts them). Static RoPE kinds only: the dynamic ones
@@ -217,7 +302,14 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = _empty((t, inter), gate_up.dtype, gate_up.device)
     if t:
         block = min(1024, triton.next_power_of_2(inter))
-        _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
-                                                             BLOCK=block, INTERPRETED=interpreted(),
-                                                             num_warps=_row_warps(block) * 2)
+        _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
+            gate_up,
+            out,
+            gate_up.stride(0),
+            out.stride(0),
+            inter,
+            BLOCK=block,
+            INTERPRETED=interpreted(),
+            num_warps=_row_warps(block) * 2,
+        )
     return out

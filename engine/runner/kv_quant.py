@@ -6,6 +6,7 @@ tokens into their slots, and indexing it by block ids returns those blocks dequa
 ``torch_ref`` reads it like a plain cache. Rounding is ``floor(x / scale + 0.5)`` with the scale
 rounded to fp16 first, in the Triton store kernel too, so both paths write the same bytes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,21 +20,30 @@ QUANT_MODES = {"none": 0, "fp8": 1, "int8": 2, "int4": 3}  # the kernels' conste
 
 def part_formats(kv_cache_dtype: str) -> tuple[str, str]:
     """The (K, V) storage formats of a ``kv_cache_dtype``."""
-    return {"auto": ("none", "none"), "fp8": ("fp8", "fp8"), "int8": ("int8", "int8"),
-            "int4": ("int8", "int4")}[kv_cache_dtype]
+    return {"auto": ("none", "none"), "fp8": ("fp8", "fp8"), "int8": ("int8", "int8"), "int4": ("int8", "int4")}[
+        kv_cache_dtype
+    ]
 
 
 def token_bytes(fmt: str, num_kv_heads: int, head_dim: int, elem_size: int) -> int:
     """Bytes one token takes in one layer's K or V pool, scales included."""
-    per_head = {"none": head_dim * elem_size, "fp8": head_dim, "int8": head_dim + 2,
-                "int4": head_dim // 2 + 2}[fmt]
+    per_head = {"none": head_dim * elem_size, "fp8": head_dim, "int8": head_dim + 2, "int4": head_dim // 2 + 2}[fmt]
     return num_kv_heads * per_head
 
 
 class QuantizedKV:
-    def __init__(self, fmt: str, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 out_dtype: torch.dtype, device: torch.device | str, pin: bool = False,
-                 head_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        fmt: str,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        out_dtype: torch.dtype,
+        device: torch.device | str,
+        pin: bool = False,
+        head_scale: torch.Tensor | None = None,
+    ) -> None:
         if fmt == "int4" and head_dim % 2:
             raise ValueError(f"int4 packs two values a byte: head_dim must be even, got {head_dim}")
         self.fmt = fmt

@@ -1,4 +1,5 @@
 """KV pool budgeting: how many blocks fit, and what that means in requests (vLLM's rule)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,15 @@ class KVPoolPlan:
 
     @property
     def kv_budget_bytes(self) -> int:
-        return max(0, self.planned_bytes - self.weights_bytes - self.held_bytes - self.activation_peak_bytes
-                   - self.graph_bytes - self.other_bytes)
+        return max(
+            0,
+            self.planned_bytes
+            - self.weights_bytes
+            - self.held_bytes
+            - self.activation_peak_bytes
+            - self.graph_bytes
+            - self.other_bytes,
+        )
 
     @property
     def num_blocks(self) -> int:
@@ -51,12 +59,14 @@ class KVPoolPlan:
     def describe(self) -> str:
         held = f"other tensors {self.held_bytes / GiB:.2f} GiB, " if self.held_bytes else ""
         graphs = f"CUDA graphs {self.graph_bytes / GiB:.2f} GiB, " if self.graph_bytes else ""
-        return (f"GPU memory {self.total_bytes / GiB:.2f} GiB x {self.utilization:.2f}: weights "
-                f"{self.weights_bytes / GiB:.2f} GiB, {held}activation peak "
-                f"{self.activation_peak_bytes / GiB:.2f} GiB, {graphs}held elsewhere {self.other_bytes / GiB:.2f} GiB "
-                f"-> KV pool {self.kv_budget_bytes / GiB:.2f} GiB = "
-                f"{self.num_blocks} blocks of {self.block_size} tokens; maximum concurrency at "
-                f"{self.max_model_len} tokens: {self.max_concurrency:.2f}x")
+        return (
+            f"GPU memory {self.total_bytes / GiB:.2f} GiB x {self.utilization:.2f}: weights "
+            f"{self.weights_bytes / GiB:.2f} GiB, {held}activation peak "
+            f"{self.activation_peak_bytes / GiB:.2f} GiB, {graphs}held elsewhere {self.other_bytes / GiB:.2f} GiB "
+            f"-> KV pool {self.kv_budget_bytes / GiB:.2f} GiB = "
+            f"{self.num_blocks} blocks of {self.block_size} tokens; maximum concurrency at "
+            f"{self.max_model_len} tokens: {self.max_concurrency:.2f}x"
+        )
 
     def check(self) -> None:
         """Refuse a pool that cannot hold one request of the model's context length."""
@@ -66,7 +76,8 @@ class KVPoolPlan:
                 f"the KV pool cannot hold one request of {self.max_model_len} tokens: it would get "
                 f"{self.num_blocks} blocks ({self.kv_budget_bytes / GiB:.2f} GiB) but needs {need} blocks "
                 f"({need * self.block_bytes / GiB:.2f} GiB). {self.describe()}. Raise --gpu-memory-utilization, "
-                f"lower --max-model-len, or use a smaller --dtype or --kv-cache-dtype")
+                f"lower --max-model-len, or use a smaller --dtype or --kv-cache-dtype"
+            )
 
 
 def weights_bytes(module) -> int:

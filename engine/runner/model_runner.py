@@ -1,4 +1,5 @@
 """Owns the model and the KV tensors; turns a scheduled step into sampled tokens."""
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,14 @@ def dtype_size(dtype: torch.dtype) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_model, device: torch.device, max_model_len: int,
-                 model: LlamaForCausalLM | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        hf_model,
+        device: torch.device,
+        max_model_len: int,
+        model: LlamaForCausalLM | None = None,
+    ) -> None:
         """``model``: built already (the engine's loads); else it is read from ``hf_model``, left untouched."""
         self.config = config
         # Called with (request id, block id) for every block a step writes, before the forward
@@ -64,18 +71,29 @@ class ModelRunner:
             self._capture_graphs()
         # --swap-space's bytes, but never more blocks than every sequence at full length could swap out: 4 GiB
         # over a small model's 3 KiB blocks would be 1.4 M blocks nobody can fill (and pinned memory on CUDA)
-        self.num_cpu_blocks = (config.num_cpu_blocks if config.num_cpu_blocks is not None
-                               else min(int(config.swap_space * 2**30) // self.block_bytes,
-                                        config.max_num_seqs * cdiv(max_model_len, self.block_size)))
+        self.num_cpu_blocks = (
+            config.num_cpu_blocks
+            if config.num_cpu_blocks is not None
+            else min(
+                int(config.swap_space * 2**30) // self.block_bytes,
+                config.max_num_seqs * cdiv(max_model_len, self.block_size),
+            )
+        )
         if config.preemption_mode != "swap":
             self.num_cpu_blocks = 0
         # Pinned host memory makes the device<->host copies asynchronous on CUDA.
         pin = device.type == "cuda"
-        self.cpu_caches = [self._new_cache(self.num_cpu_blocks, i, torch.device("cpu"), pin)
-                           for i in range(self.model.num_layers)] if self.num_cpu_blocks else []
+        self.cpu_caches = (
+            [self._new_cache(self.num_cpu_blocks, i, torch.device("cpu"), pin) for i in range(self.model.num_layers)]
+            if self.num_cpu_blocks
+            else []
+        )
         if self.num_cpu_blocks:
-            logger.info("CPU swap pool: %d blocks, %.3f GiB", self.num_cpu_blocks,
-                        self.num_cpu_blocks * self.block_bytes / 2**30)
+            logger.info(
+                "CPU swap pool: %d blocks, %.3f GiB",
+                self.num_cpu_blocks,
+                self.num_cpu_blocks * self.block_bytes / 2**30,
+            )
 
     # -- sizing --------------------------------------------------------------------
     def _new_cache(self, num_blocks: int, layer: int, device: torch.device, pin: bool = False):
@@ -87,8 +105,11 @@ class ModelRunner:
                 out.append(zeros((num_blocks, self.block_size, m.num_kv_heads, m.head_dim), self.kv_dtype, device, pin))
             else:
                 scale = self.fp8_scales[layer][part] if fmt == "fp8" else None
-                out.append(QuantizedKV(fmt, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype,
-                                       device, pin, scale))
+                out.append(
+                    QuantizedKV(
+                        fmt, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype, device, pin, scale
+                    )
+                )
         return tuple(out)
 
     @functools.cached_property
@@ -113,8 +134,13 @@ class ModelRunner:
         bs = self.block_size
         nb = cdiv(n, bs)
         shape = (nb, bs, m.num_kv_heads, m.head_dim)
-        caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                   torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(m.num_layers)]
+        caches = [
+            (
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+            )
+            for _ in range(m.num_layers)
+        ]
         amax: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def record(key, value, k_cache, v_cache, slot_mapping):
@@ -124,9 +150,15 @@ class ModelRunner:
         meta = self._metadata_for([(0, n, list(range(nb)))], pos)
         m(ids, pos, caches, meta, torch_ref.paged_attention, record)
         scales = [tuple((a * headroom / 448.0).clamp_min(1e-6).cpu() for a in pair) for pair in amax]
-        logger.info("fp8 KV scales calibrated over %d tokens (x%.0f headroom): K %.3g..%.3g, V %.3g..%.3g", n,
-                    headroom, min(float(k.min()) for k, _ in scales), max(float(k.max()) for k, _ in scales),
-                    min(float(v.min()) for _, v in scales), max(float(v.max()) for _, v in scales))
+        logger.info(
+            "fp8 KV scales calibrated over %d tokens (x%.0f headroom): K %.3g..%.3g, V %.3g..%.3g",
+            n,
+            headroom,
+            min(float(k.min()) for k, _ in scales),
+            max(float(k.max()) for k, _ in scales),
+            min(float(v.min()) for _, v in scales),
+            max(float(v.max()) for _, v in scales),
+        )
         return scales
 
     def _num_blocks(self) -> int:
@@ -147,10 +179,18 @@ class ModelRunner:
             why = f"CPU default (at most {c.cpu_kv_cache_bytes / GiB:.1f} GiB)"
         if n < 1:
             raise ValueError(f"the KV pool would hold 0 blocks ({why}, block bytes {self.block_bytes})")
-        logger.info("weights %.2f GiB; KV pool: %d blocks x %d tokens = %d tokens, %.3f GiB (%s); "
-                    "maximum concurrency at %d tokens: %.2fx", weights_bytes(self.model) / GiB, n, self.block_size,
-                    n * self.block_size, n * self.block_bytes / GiB, why, self.max_model_len,
-                    n * self.block_size / self.max_model_len)
+        logger.info(
+            "weights %.2f GiB; KV pool: %d blocks x %d tokens = %d tokens, %.3f GiB (%s); "
+            "maximum concurrency at %d tokens: %.2fx",
+            weights_bytes(self.model) / GiB,
+            n,
+            self.block_size,
+            n * self.block_size,
+            n * self.block_bytes / GiB,
+            why,
+            self.max_model_len,
+            n * self.block_size / self.max_model_len,
+        )
         return n
 
     def _profile_cuda(self) -> KVPoolPlan:
@@ -176,9 +216,18 @@ class ModelRunner:
         del kc, caches
         torch.cuda.empty_cache()
         weights = weights_bytes(self.model)
-        return KVPoolPlan(total, weights, peak, max(0, total - free - base),
-                          self.config.gpu_memory_utilization, self.block_bytes, self.block_size, self.max_model_len,
-                          held_bytes=max(0, base - weights), graph_bytes=graph_bytes)
+        return KVPoolPlan(
+            total,
+            weights,
+            peak,
+            max(0, total - free - base),
+            self.config.gpu_memory_utilization,
+            self.block_bytes,
+            self.block_size,
+            self.max_model_len,
+            held_bytes=max(0, base - weights),
+            graph_bytes=graph_bytes,
+        )
 
     def _will_capture_graphs(self) -> bool:
         return self.device.type == "cuda" and not self.config.enforce_eager and self.backend == "triton"
@@ -201,9 +250,17 @@ class ModelRunner:
         if self.backend != "triton":
             logger.info("no CUDA graphs: the %s attention backend syncs with the host", self.backend)
             return
-        graphs = DecodeGraphs(self.model, self.kv_caches, self.attention, self.store, self.device,
-                              self.config.max_num_seqs, cdiv(self.max_model_len, self.block_size), self.block_size,
-                              ops=self.ops)
+        graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.attention,
+            self.store,
+            self.device,
+            self.config.max_num_seqs,
+            cdiv(self.max_model_len, self.block_size),
+            self.block_size,
+            ops=self.ops,
+        )
         try:
             graphs.capture()
         except Exception as e:  # noqa: BLE001 - graphs are an optimisation: fall back to eager
@@ -229,17 +286,22 @@ class ModelRunner:
             try:
                 from .attention import triton_paged
             except ImportError as e:
-                raise ValueError(f"attention_backend='triton' needs the triton package ({e}); "
-                                 "pip install triton, or use attention_backend='torch'") from e
+                raise ValueError(
+                    f"attention_backend='triton' needs the triton package ({e}); "
+                    "pip install triton, or use attention_backend='torch'"
+                ) from e
             if self.device.type != "cuda" and not triton_paged.interpreted():
-                raise ValueError("attention_backend='triton' runs on CUDA (on the CPU only under the Triton "
-                                 "interpreter, TRITON_INTERPRET=1, which is for tests); use attention_backend='torch'")
+                raise ValueError(
+                    "attention_backend='triton' runs on CUDA (on the CPU only under the Triton "
+                    "interpreter, TRITON_INTERPRET=1, which is for tests); use attention_backend='torch'"
+                )
             return triton_paged.paged_attention, triton_paged.store_kv, "triton"
         return torch_ref.paged_attention, torch_ref.store_kv, "torch"
 
     # -- one step --------------------------------------------------------------------
-    def _metadata_for(self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor,
-                      shifted: frozenset[int] = frozenset()) -> AttentionMetadata:
+    def _metadata_for(
+        self, seqs: list[tuple[int, int, list[int]]], positions: torch.Tensor, shifted: frozenset[int] = frozenset()
+    ) -> AttentionMetadata:
         """``seqs``: (num_computed_tokens, num_new_tokens, block_ids) for each sequence; the slots of the
         sequences in ``shifted`` are one too early (the ``shared-write`` fault)."""
         bs = self.block_size
@@ -272,9 +334,11 @@ class ModelRunner:
         A failing copy raises ``DeviceCopyError`` naming its kind, so the engine knows whose
         KV never arrived (a swap-out's requests recompute; the step's requests fail).
         """
-        for kind, pairs, copy in (("swap-out", sched.swap_out, self.swap_out_blocks),
-                                  ("swap-in", sched.swap_in, self.swap_in_blocks),
-                                  ("copy-on-write", sched.copies, self.copy_on_write)):
+        for kind, pairs, copy in (
+            ("swap-out", sched.swap_out, self.swap_out_blocks),
+            ("swap-in", sched.swap_in, self.swap_in_blocks),
+            ("copy-on-write", sched.copies, self.copy_on_write),
+        ):
             if not pairs:
                 continue
             try:
@@ -321,8 +385,12 @@ class ModelRunner:
         if self.write_observer is not None:
             self.write_observer(self._written_blocks(sched, seqs, shifted))
         graphs = self.decode_graphs
-        if graphs is not None and not shifted and len(seqs) == len(ids) <= graphs.max_batch and all(
-                s.samples for s in sched.scheduled):
+        if (
+            graphs is not None
+            and not shifted
+            and len(seqs) == len(ids) <= graphs.max_batch
+            and all(s.samples for s in sched.scheduled)
+        ):
             # A decode-only step: the whole step's device work is one graph replay (logits included).
             bs = self.block_size
             slots = [b[p // bs] * bs + p % bs for (p, _, b) in seqs]
@@ -342,15 +410,22 @@ class ModelRunner:
 
     def _sampled(self, logits: torch.Tensor, reqs: list) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
         tokens = self.sample(logits, reqs)
-        forking = {r.request_id: logits[j].cpu() for j, r in enumerate(reqs)
-                   if r.pending_forks or r.sampling_params.use_beam_search}
+        forking = {
+            r.request_id: logits[j].cpu()
+            for j, r in enumerate(reqs)
+            if r.pending_forks or r.sampling_params.use_beam_search
+        }
         return {r.request_id: t for r, t in zip(reqs, tokens)}, forking
 
     def _shared_write_fault(self, sched: SchedulerOutput) -> frozenset[int]:
         """The fault: a request's first chunk after a prefix hit that ends on a block boundary."""
-        return frozenset(i for i, s in enumerate(sched.scheduled)
-                         if s.num_computed_tokens > 0 and s.num_computed_tokens == s.request.num_cached_tokens
-                         and s.num_computed_tokens % self.block_size == 0)
+        return frozenset(
+            i
+            for i, s in enumerate(sched.scheduled)
+            if s.num_computed_tokens > 0
+            and s.num_computed_tokens == s.request.num_cached_tokens
+            and s.num_computed_tokens % self.block_size == 0
+        )
 
     def _written_blocks(self, sched: SchedulerOutput, seqs, shifted: frozenset[int]) -> list[tuple[str, int]]:
         """(request id, physical block) for every block this step's slot mapping writes into."""

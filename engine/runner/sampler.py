@@ -1,4 +1,5 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds."""
+
 from __future__ import annotations
 
 import torch
@@ -6,8 +7,7 @@ import torch
 from ..config import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
     """``logits``: ``[N, V]`` float32 on the model's device, one row per sampled sequence.
 
     Everything stays on the device; the only host transfer is the final token ids. A row

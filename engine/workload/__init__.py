@@ -11,6 +11,7 @@ on a virtual clock stands in for the forward pass. See docs/workloads.md.
 - ``run_fleet(workload, EngineConfig, SimConfig, instances, router)`` -> ``FleetResult``: N engines behind a router
   on one virtual clock (fleet.py, routers.py; docs/routing.md); ``build_fleet`` to play it event by event
 """
+
 from .costmodel import GPUS, MODELS, CostModel
 from .reader import TraceRequest, Workload, WorkloadError, read_workload
 from .sim_config import SimConfig
@@ -25,12 +26,31 @@ def __getattr__(name: str):
     stay cheap."""
     if name in _DRIVER:
         from . import driver
+
         return getattr(driver, name)
     if name in _FLEET:
         from . import fleet
+
         return getattr(fleet, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["CostModel", "FleetResult", "GPUS", "MODELS", "HashIdTokens", "RequestRecord", "SimConfig", "TraceRequest",
-           "Workload", "WorkloadError", "WorkloadFeeder", "WorkloadResult", "build_engine", "build_fleet",
-           "read_workload", "run_fleet", "run_workload"]
+
+__all__ = [
+    "CostModel",
+    "FleetResult",
+    "GPUS",
+    "MODELS",
+    "HashIdTokens",
+    "RequestRecord",
+    "SimConfig",
+    "TraceRequest",
+    "Workload",
+    "WorkloadError",
+    "WorkloadFeeder",
+    "WorkloadResult",
+    "build_engine",
+    "build_fleet",
+    "read_workload",
+    "run_fleet",
+    "run_workload",
+]

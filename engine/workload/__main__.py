@@ -1,4 +1,5 @@
 """``python -m engine.workload FILE [options]``: see cli.py."""
+
 import sys
 
 from .cli import main

@@ -4,6 +4,7 @@ Only argument parsing and printing live here; ``run_workload``, ``sweep``, ``plo
 ``prefix_sharing`` do the work, and kvscope's own command line calls them the same way.
 Exit status 2, with one line, for a bad file, line or option.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,21 +27,36 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m engine.workload",
         description="Play a request trace (Mooncake's JSONL, or kvscope's own) through the engine's scheduler and "
-                    "block pool without weights; a cost model's step time stands in for the forward pass.")
-    ap.add_argument("file", help="the workload: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or "
-                                 "kvscope JSONL (arrival, prompt, max_tokens)")
+        "block pool without weights; a cost model's step time stands in for the forward pass.",
+    )
+    ap.add_argument(
+        "file",
+        help="the workload: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or "
+        "kvscope JSONL (arrival, prompt, max_tokens)",
+    )
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--num-gpu-blocks", type=int, help="the pool's size in blocks")
-    size.add_argument("--kv-tokens", type=float, help="the pool's size in tokens (1e6, 3e7, ...); default: what fits "
-                                                      "beside the weights on the simulated cards")
-    ap.add_argument("--sequential", action="store_true",
-                    help="one request at a time, each finished before the next, prompts only (Figure 9's assumption)")
-    ap.add_argument("--sweep-kv-tokens", metavar="LIST",
-                    help="run every capacity in this comma-separated list of token counts (1e4,1e5,1e6,...) and "
-                         "print the table")
-    ap.add_argument("--eviction-policy", default="lru",
-                    help=f"{' or '.join(EVICTION_POLICIES)}, or a comma-separated list to compare them (default lru)")
+    size.add_argument(
+        "--kv-tokens",
+        type=float,
+        help="the pool's size in tokens (1e6, 3e7, ...); default: what fits beside the weights on the simulated cards",
+    )
+    ap.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one request at a time, each finished before the next, prompts only (Figure 9's assumption)",
+    )
+    ap.add_argument(
+        "--sweep-kv-tokens",
+        metavar="LIST",
+        help="run every capacity in this comma-separated list of token counts (1e4,1e5,1e6,...) and print the table",
+    )
+    ap.add_argument(
+        "--eviction-policy",
+        default="lru",
+        help=f"{' or '.join(EVICTION_POLICIES)}, or a comma-separated list to compare them (default lru)",
+    )
     ap.add_argument("--sim-model", default=DEFAULT_MODEL, help=f"one of {', '.join(MODELS)} (default {DEFAULT_MODEL})")
     ap.add_argument("--sim-gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPUS)} (default {DEFAULT_GPU})")
     ap.add_argument("--sim-tp", type=int, help="cards the model is split over (default: the fewest that fit it)")
@@ -53,16 +69,23 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", help="a tokenizer (hub id or folder) for text prompts in a kvscope workload")
     ap.add_argument("--limit", type=int, help="only the first N requests")
     ap.add_argument("--json", action="store_true", help="print JSON: {workload: ...} or {sweep: [...], reference: ...}")
-    ap.add_argument("--png", help="with --sweep-kv-tokens: the plot of hit rate against capacity (default: "
-                                  "TRACE_hit_rate.png in the current folder); with --sweep-instances: hit rate, "
-                                  "TTFT and load imbalance against N (default: TRACE_fleet.png)")
+    ap.add_argument(
+        "--png",
+        help="with --sweep-kv-tokens: the plot of hit rate against capacity (default: "
+        "TRACE_hit_rate.png in the current folder); with --sweep-instances: hit rate, "
+        "TTFT and load imbalance against N (default: TRACE_fleet.png)",
+    )
     g = ap.add_argument_group("fleet (docs/routing.md)")
     for f in fields(FleetConfig):
-        g.add_argument("--" + f.name.replace("_", "-"), type=field_type(FleetConfig, f)[0], default=None,
-                       help=f.metadata["help"])
-    g.add_argument("--sweep-instances", metavar="LIST",
-                   help="run a fleet of each size in this comma-separated list (1,2,4,8,16) per --router, print the "
-                        "table and draw hit rate, TTFT and load imbalance against N")
+        g.add_argument(
+            "--" + f.name.replace("_", "-"), type=field_type(FleetConfig, f)[0], default=None, help=f.metadata["help"]
+        )
+    g.add_argument(
+        "--sweep-instances",
+        metavar="LIST",
+        help="run a fleet of each size in this comma-separated list (1,2,4,8,16) per --router, print the "
+        "table and draw hit rate, TTFT and load imbalance against N",
+    )
     return ap
 
 
@@ -80,18 +103,30 @@ def policies_of(text: str) -> list[str]:
     out = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in out if p not in EVICTION_POLICIES]
     if not out or bad:
-        raise ValueError(f"--eviction-policy takes {', '.join(EVICTION_POLICIES)} (or a comma-separated list), "
-                         f"got {text!r}")
+        raise ValueError(
+            f"--eviction-policy takes {', '.join(EVICTION_POLICIES)} (or a comma-separated list), got {text!r}"
+        )
     return out
 
 
 def configs(args: argparse.Namespace) -> tuple[EngineConfig, SimConfig]:
-    config = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          max_model_len=args.max_model_len, preemption_mode=args.preemption_mode,
-                          hash_algo=args.hash_algo)
-    sim = SimConfig(sim_model=args.sim_model, sim_gpu=args.sim_gpu, sim_tp=args.sim_tp, kv_tokens=args.kv_tokens,
-                    sequential=args.sequential, time_scale=args.time_scale)
+    config = EngineConfig(
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        preemption_mode=args.preemption_mode,
+        hash_algo=args.hash_algo,
+    )
+    sim = SimConfig(
+        sim_model=args.sim_model,
+        sim_gpu=args.sim_gpu,
+        sim_tp=args.sim_tp,
+        kv_tokens=args.kv_tokens,
+        sequential=args.sequential,
+        time_scale=args.time_scale,
+    )
     config.validate()
     sim.validate()
     return config, sim
@@ -100,19 +135,25 @@ def configs(args: argparse.Namespace) -> tuple[EngineConfig, SimConfig]:
 def describe(res: WorkloadResult | dict) -> str:
     """A run's lines: its ``summary()`` (or the summary itself: a fleet's)."""
     s = res if isinstance(res, dict) else res.summary()
-    ttft = ("-" if s["ttft_p50_s"] is None else f"{s['ttft_p50_s']:.3g} s p50, {s['ttft_p99_s']:.3g} s p99")
+    ttft = "-" if s["ttft_p50_s"] is None else f"{s['ttft_p50_s']:.3g} s p50, {s['ttft_p99_s']:.3g} s p99"
     skipped = s["skipped_too_long"] + s["skipped_too_big"]
-    return "\n".join([
-        f"{s['workload']} ({s['format']}, {s['mode']}): {s['requests']:,} requests"
-        + (f" ({s['skipped_too_long']} longer than the context, {s['skipped_too_big']} bigger than the pool: "
-           "skipped)" if skipped else ""),
-        f"pool      {s['num_gpu_blocks']:,} blocks x {s['block_size']} = {s['kv_tokens']:,} tokens ({s['pool']}), "
-        f"eviction {s['eviction_policy']}",
-        f"hit rate  {s['hit_rate']:.2%} ({s['cached_tokens']:,} of {s['prompt_tokens']:,} prompt tokens cached)",
-        f"evictions {s['evictions']:,}; preemptions {s['preemptions']:,}; TTFT {ttft}",
-        f"virtual   {s['virtual_s']:.1f} s ({s['utilization']:.0%} busy), {s['steps']:,} steps; "
-        f"wall {s['wall_s']:.1f} s, peak RSS {s['peak_rss_mb']:.0f} MB",
-    ])
+    return "\n".join(
+        [
+            f"{s['workload']} ({s['format']}, {s['mode']}): {s['requests']:,} requests"
+            + (
+                f" ({s['skipped_too_long']} longer than the context, {s['skipped_too_big']} bigger than the pool: "
+                "skipped)"
+                if skipped
+                else ""
+            ),
+            f"pool      {s['num_gpu_blocks']:,} blocks x {s['block_size']} = {s['kv_tokens']:,} tokens ({s['pool']}), "
+            f"eviction {s['eviction_policy']}",
+            f"hit rate  {s['hit_rate']:.2%} ({s['cached_tokens']:,} of {s['prompt_tokens']:,} prompt tokens cached)",
+            f"evictions {s['evictions']:,}; preemptions {s['preemptions']:,}; TTFT {ttft}",
+            f"virtual   {s['virtual_s']:.1f} s ({s['utilization']:.0%} busy), {s['steps']:,} steps; "
+            f"wall {s['wall_s']:.1f} s, peak RSS {s['peak_rss_mb']:.0f} MB",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,10 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, sim = configs(args)
         fleet = FleetConfig(**{f.name: getattr(args, f.name) for f in fields(FleetConfig)})
-        return play(args.file, config, sim, policies_of(args.eviction_policy),
-                    parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None, png=args.png,
-                    as_json=args.json, tokenizer=args.tokenizer, limit=args.limit, fleet=fleet,
-                    counts=parse_instance_counts(args.sweep_instances) if args.sweep_instances else None)
+        return play(
+            args.file,
+            config,
+            sim,
+            policies_of(args.eviction_policy),
+            parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None,
+            png=args.png,
+            as_json=args.json,
+            tokenizer=args.tokenizer,
+            limit=args.limit,
+            fleet=fleet,
+            counts=parse_instance_counts(args.sweep_instances) if args.sweep_instances else None,
+        )
     except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -133,8 +183,15 @@ def one_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def check_sweeps(config: EngineConfig, sim: SimConfig, fleet: FleetConfig, caps: list[float] | None,
-                 counts: list[int] | None, png: str | None, window: bool = False) -> None:
+def check_sweeps(
+    config: EngineConfig,
+    sim: SimConfig,
+    fleet: FleetConfig,
+    caps: list[float] | None,
+    counts: list[int] | None,
+    png: str | None,
+    window: bool = False,
+) -> None:
     """What the sweeps and the fleet cannot be combined with (one line, ``ValueError``), with a window or
     without; the window's own refusals with ``window``."""
     if png and caps is None and counts is None:
@@ -146,9 +203,20 @@ def check_sweeps(config: EngineConfig, sim: SimConfig, fleet: FleetConfig, caps:
     check_fleet(fleet, config, sim, caps is not None, counts, window)
 
 
-def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], caps: list[float] | None = None,
-         png: str | None = None, as_json: bool = False, tokenizer: str | None = None, limit: int | None = None,
-         out=None, fleet: FleetConfig | None = None, counts: list[int] | None = None) -> int:
+def play(
+    path: str,
+    config: EngineConfig,
+    sim: SimConfig,
+    policies: list[str],
+    caps: list[float] | None = None,
+    png: str | None = None,
+    as_json: bool = False,
+    tokenizer: str | None = None,
+    limit: int | None = None,
+    out=None,
+    fleet: FleetConfig | None = None,
+    counts: list[int] | None = None,
+) -> int:
     """Play a workload once per policy, or sweep its capacities; or a fleet (``fleet.instances``, once per
     policy and router), or sweep its size (``counts``); and print what was found (to ``out``, default
     stdout). Raises ``WorkloadError``, ``ValueError`` or ``OSError`` with a one-line message for bad input;
@@ -165,6 +233,7 @@ def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], c
     tok = None
     if tokenizer:
         from ..runner.models.loader import load_tokenizer
+
         tok = load_tokenizer(tokenizer)
     workload = read_workload(path, tokenizer=tok, limit=limit)
     cost = sim.cost_model(config)
@@ -184,8 +253,12 @@ def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], c
 
     def show(row: dict) -> None:
         if not as_json:
-            print(f"  {row['policy']:>4} at {row['kv_tokens']:.3g} tokens: hit rate {row['hit_rate']:.2%} "
-                  f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  {row['policy']:>4} at {row['kv_tokens']:.3g} tokens: hit rate {row['hit_rate']:.2%} "
+                f"({row['wall_s']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     rows = sweep(workload, caps, policies, config, sim, progress=show, reference=ref)
     png = png or f"{workload.name}_hit_rate.png"
@@ -194,8 +267,10 @@ def play(path: str, config: EngineConfig, sim: SimConfig, policies: list[str], c
         say(json.dumps({"sweep": rows, "reference": ref, "png": png}, indent=2))
     else:
         say(format_table(rows))
-        say(f"reference (a pool that never evicts, computed from the trace alone): {ref['hit_rate']:.2%}"
-            + (f"; the paper's Table 2: {ref['paper_table2']:.0%}" if ref["paper_table2"] else ""))
+        say(
+            f"reference (a pool that never evicts, computed from the trace alone): {ref['hit_rate']:.2%}"
+            + (f"; the paper's Table 2: {ref['paper_table2']:.0%}" if ref["paper_table2"] else "")
+        )
         say(f"plot: {png}")
     return 0
 
@@ -207,14 +282,30 @@ def _said_runs(rows: list[dict], as_json: bool, say) -> int:
     return 0
 
 
-def _play_fleet(workload: Workload, config: EngineConfig, sim: SimConfig, policies: list[str], fleet: FleetConfig,
-                counts: list[int] | None, ref: dict, png: str | None, as_json: bool, say) -> int:
+def _play_fleet(
+    workload: Workload,
+    config: EngineConfig,
+    sim: SimConfig,
+    policies: list[str],
+    fleet: FleetConfig,
+    counts: list[int] | None,
+    ref: dict,
+    png: str | None,
+    as_json: bool,
+    say,
+) -> int:
     if counts is None:
         rows = []
         for policy in policies:
             for router in fleet.routers:
-                res = run_fleet(workload, dataclasses.replace(config, eviction_policy=policy), sim, fleet.instances,
-                                router, fleet.fleet_kv_tokens)
+                res = run_fleet(
+                    workload,
+                    dataclasses.replace(config, eviction_policy=policy),
+                    sim,
+                    fleet.instances,
+                    router,
+                    fleet.fleet_kv_tokens,
+                )
                 rows.append(dict(res.summary(), reference_hit_rate=ref["hit_rate"]))
                 if not as_json:
                     say(describe(rows[-1]) + "\n" + describe_fleet(res))
@@ -222,11 +313,22 @@ def _play_fleet(workload: Workload, config: EngineConfig, sim: SimConfig, polici
 
     def show(row: dict) -> None:
         if not as_json:
-            print(f"  {row['router']:>12} x {row['instances']:>2}: hit rate {row['hit_rate']:.2%}, TTFT p50 "
-                  f"{row['ttft_p50_s']:.3g} s ({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"  {row['router']:>12} x {row['instances']:>2}: hit rate {row['hit_rate']:.2%}, TTFT p50 "
+                f"{row['ttft_p50_s']:.3g} s ({row['wall_s']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    rows = sweep_fleet(workload, counts, fleet.routers, dataclasses.replace(config, eviction_policy=policies[0]), sim,
-                       fleet.fleet_kv_tokens, progress=show)
+    rows = sweep_fleet(
+        workload,
+        counts,
+        fleet.routers,
+        dataclasses.replace(config, eviction_policy=policies[0]),
+        sim,
+        fleet.fleet_kv_tokens,
+        progress=show,
+    )
     png = png or f"{workload.name}_fleet.png"
     plot_fleet(rows, png)
     if as_json:

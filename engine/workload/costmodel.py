@@ -21,6 +21,7 @@ context, decode with the number and length of contexts), which is what queues ar
 The figures are the vendors' data-sheet numbers (dense, no sparsity) and the models' published
 configurations.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -66,28 +67,34 @@ class SimGPU:
     host_bandwidth: float  # host link bytes per second (swap preemption copies over it)
 
 
-MODELS: dict[str, SimModel] = {m.name: m for m in (
-    SimModel("llama-2-7b", 32, 4096, 32, 32, 128, 6.74e9, 4096, 32000),
-    SimModel("llama-2-13b", 40, 5120, 40, 40, 128, 13.0e9, 4096, 32000),
-    SimModel("llama-2-70b", 80, 8192, 64, 8, 128, 69.0e9, 4096, 32000),
-    SimModel("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, 128256),
-    SimModel("llama-3-70b", 80, 8192, 64, 8, 128, 70.6e9, 8192, 128256),
-    SimModel("llama-3.1-8b", 32, 4096, 32, 8, 128, 8.03e9, 131072, 128256),
-    SimModel("llama-3.1-70b", 80, 8192, 64, 8, 128, 70.6e9, 131072, 128256),
-    # Qwen2.5: 32k native, 128k with YaRN rope scaling (as Qwen documents; the config ships 32k)
-    SimModel("qwen2.5-7b", 28, 3584, 28, 4, 128, 7.62e9, 131072, 152064),
-    SimModel("qwen2.5-14b", 48, 5120, 40, 8, 128, 14.8e9, 131072, 152064),
-    SimModel("qwen2.5-72b", 80, 8192, 64, 8, 128, 72.7e9, 131072, 152064),
-)}
+MODELS: dict[str, SimModel] = {
+    m.name: m
+    for m in (
+        SimModel("llama-2-7b", 32, 4096, 32, 32, 128, 6.74e9, 4096, 32000),
+        SimModel("llama-2-13b", 40, 5120, 40, 40, 128, 13.0e9, 4096, 32000),
+        SimModel("llama-2-70b", 80, 8192, 64, 8, 128, 69.0e9, 4096, 32000),
+        SimModel("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, 128256),
+        SimModel("llama-3-70b", 80, 8192, 64, 8, 128, 70.6e9, 8192, 128256),
+        SimModel("llama-3.1-8b", 32, 4096, 32, 8, 128, 8.03e9, 131072, 128256),
+        SimModel("llama-3.1-70b", 80, 8192, 64, 8, 128, 70.6e9, 131072, 128256),
+        # Qwen2.5: 32k native, 128k with YaRN rope scaling (as Qwen documents; the config ships 32k)
+        SimModel("qwen2.5-7b", 28, 3584, 28, 4, 128, 7.62e9, 131072, 152064),
+        SimModel("qwen2.5-14b", 48, 5120, 40, 8, 128, 14.8e9, 131072, 152064),
+        SimModel("qwen2.5-72b", 80, 8192, 64, 8, 128, 72.7e9, 131072, 152064),
+    )
+}
 
-GPUS: dict[str, SimGPU] = {g.name: g for g in (
-    SimGPU("h100", 80 * GB, 3.35e12, 989e12, 55e9),  # SXM
-    SimGPU("h200", 141 * GB, 4.8e12, 989e12, 55e9),
-    SimGPU("a100-80gb", 80 * GB, 2.039e12, 312e12, 25e9),  # SXM
-    SimGPU("l40s", 48 * GB, 0.864e12, 362e12, 25e9),
-    SimGPU("rtx-4090", 24 * GB, 1.008e12, 165e12, 25e9),  # bf16 with fp32 accumulate
-    SimGPU("mi300x", 192 * GB, 5.3e12, 1307e12, 55e9),
-)}
+GPUS: dict[str, SimGPU] = {
+    g.name: g
+    for g in (
+        SimGPU("h100", 80 * GB, 3.35e12, 989e12, 55e9),  # SXM
+        SimGPU("h200", 141 * GB, 4.8e12, 989e12, 55e9),
+        SimGPU("a100-80gb", 80 * GB, 2.039e12, 312e12, 25e9),  # SXM
+        SimGPU("l40s", 48 * GB, 0.864e12, 362e12, 25e9),
+        SimGPU("rtx-4090", 24 * GB, 1.008e12, 165e12, 25e9),  # bf16 with fp32 accumulate
+        SimGPU("mi300x", 192 * GB, 5.3e12, 1307e12, 55e9),
+    )
+}
 
 DEFAULT_MODEL = "llama-3.1-8b"  # a 128k context: Mooncake's prompts reach 126k (conversation) and 191k tokens
 DEFAULT_GPU = "h100"
@@ -112,8 +119,9 @@ class CostModel:
     compute_efficiency: float = 0.5
 
     @classmethod
-    def named(cls, model: str = DEFAULT_MODEL, gpu: str = DEFAULT_GPU, tp: int | None = None,
-              kv_cache_dtype: str = "auto") -> CostModel:
+    def named(
+        cls, model: str = DEFAULT_MODEL, gpu: str = DEFAULT_GPU, tp: int | None = None, kv_cache_dtype: str = "auto"
+    ) -> CostModel:
         """``tp=None``: the fewest cards (a power of two) whose memory holds the weights twice over,
         leaving at least as much for the KV cache as the weights take."""
         m, g = find(MODELS, model, "--sim-model"), find(GPUS, gpu, "--sim-gpu")
@@ -176,24 +184,46 @@ class CostModel:
         decode = self.step_time([(4096, 1)] * 64)
         rows = [
             ("simulated", f"{m.name} on {cards} (no weights: the step time below stands in for the forward pass)"),
-            ("model", f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads ({m.num_kv_heads} KV) x "
-                      f"{m.head_dim}, {m.num_params / 1e9:.2f} B parameters, context {m.context_length:,}, "
-                      f"vocabulary {m.vocab_size:,}"),
-            ("bytes", f"weights {self.weight_bytes / GB:.1f} GB; KV {kv / 1024:.0f} KiB a token "
-                      f"({self.kv_dtype_bytes:g} bytes a value)"),
-            ("card", f"{g.memory_bytes / GB:.0f} GB, {g.bandwidth / 1e12:.2f} TB/s, {g.flops / 1e12:.0f} TFLOP/s "
-                     f"dense 16-bit, host link {g.host_bandwidth / GB:.0f} GB/s; assumed reached: "
-                     f"{self.bandwidth_efficiency:.0%} of the bandwidth, {self.compute_efficiency:.0%} of the compute"),
-            ("step", f"max(bytes read / {self.bandwidth / 1e12:.2f} TB/s, FLOPs / {self.flops / 1e12:.0f} TFLOP/s); "
-                     "bytes = weights + each request's KV so far; FLOPs = 2 x params a token + attention"),
-            ("e.g.", f"an 8,192-token prefill {prefill * 1e3:.0f} ms; a decode step of 64 x 4k contexts "
-                     f"{decode * 1e3:.1f} ms; KV that fits beside the weights: {self.kv_capacity_tokens():,} tokens"),
+            (
+                "model",
+                f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads ({m.num_kv_heads} KV) x "
+                f"{m.head_dim}, {m.num_params / 1e9:.2f} B parameters, context {m.context_length:,}, "
+                f"vocabulary {m.vocab_size:,}",
+            ),
+            (
+                "bytes",
+                f"weights {self.weight_bytes / GB:.1f} GB; KV {kv / 1024:.0f} KiB a token "
+                f"({self.kv_dtype_bytes:g} bytes a value)",
+            ),
+            (
+                "card",
+                f"{g.memory_bytes / GB:.0f} GB, {g.bandwidth / 1e12:.2f} TB/s, {g.flops / 1e12:.0f} TFLOP/s "
+                f"dense 16-bit, host link {g.host_bandwidth / GB:.0f} GB/s; assumed reached: "
+                f"{self.bandwidth_efficiency:.0%} of the bandwidth, {self.compute_efficiency:.0%} of the compute",
+            ),
+            (
+                "step",
+                f"max(bytes read / {self.bandwidth / 1e12:.2f} TB/s, FLOPs / {self.flops / 1e12:.0f} TFLOP/s); "
+                "bytes = weights + each request's KV so far; FLOPs = 2 x params a token + attention",
+            ),
+            (
+                "e.g.",
+                f"an 8,192-token prefill {prefill * 1e3:.0f} ms; a decode step of 64 x 4k contexts "
+                f"{decode * 1e3:.1f} ms; KV that fits beside the weights: {self.kv_capacity_tokens():,} tokens",
+            ),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
     def to_json(self) -> dict:
-        return {"model": self.model.name, "gpu": self.gpu.name, "tp": self.tp,
-                "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "bandwidth_bytes_s": self.bandwidth, "flops": self.flops,
-                "bandwidth_efficiency": self.bandwidth_efficiency, "compute_efficiency": self.compute_efficiency}
+        return {
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tp": self.tp,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "bandwidth_bytes_s": self.bandwidth,
+            "flops": self.flops,
+            "bandwidth_efficiency": self.bandwidth_efficiency,
+            "compute_efficiency": self.compute_efficiency,
+        }

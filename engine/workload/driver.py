@@ -22,6 +22,7 @@ and skipped.
 (``before_step``, ``after_step``, ``has_work``) that a window's live source calls around each
 ``engine.step()``, so the same feeder plays a trace headless (``run_workload``) or live.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -103,22 +104,38 @@ class WorkloadResult:
     def summary(self) -> dict:
         ttfts = sorted(r.ttft_s for r in self.records if r.ttft_s is not None)
         return {
-            "workload": self.workload, "format": self.format, "mode": self.mode,
-            "eviction_policy": self.eviction_policy, "block_size": self.block_size,
-            "num_gpu_blocks": self.num_gpu_blocks, "kv_tokens": self.kv_tokens, "pool": self.pool_why,
-            "max_model_len": self.max_model_len, "sim": self.sim,
-            "requests": self.requests, "skipped_too_long": self.skipped_too_long,
-            "skipped_too_big": self.skipped_too_big, "failed": self.failed,
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "hit_rate": self.hit_rate,
-            "skipped_prompt_tokens": self.skipped_prompt_tokens, "generated_tokens": self.generated_tokens,
-            "evictions": self.evictions, "preemptions": self.preemptions,
+            "workload": self.workload,
+            "format": self.format,
+            "mode": self.mode,
+            "eviction_policy": self.eviction_policy,
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "kv_tokens": self.kv_tokens,
+            "pool": self.pool_why,
+            "max_model_len": self.max_model_len,
+            "sim": self.sim,
+            "requests": self.requests,
+            "skipped_too_long": self.skipped_too_long,
+            "skipped_too_big": self.skipped_too_big,
+            "failed": self.failed,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "hit_rate": self.hit_rate,
+            "skipped_prompt_tokens": self.skipped_prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "evictions": self.evictions,
+            "preemptions": self.preemptions,
             "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
             "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
             "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else None,
-            "steps": self.steps, "virtual_s": self.virtual_s, "busy_s": self.busy_s,
+            "steps": self.steps,
+            "virtual_s": self.virtual_s,
+            "busy_s": self.busy_s,
             "utilization": self.busy_s / self.virtual_s if self.virtual_s else 0.0,
-            "peak_running": self.peak_running, "peak_waiting": self.peak_waiting,
-            "wall_s": self.wall_s, "peak_rss_mb": self.peak_rss_mb,
+            "peak_running": self.peak_running,
+            "peak_waiting": self.peak_waiting,
+            "wall_s": self.wall_s,
+            "peak_rss_mb": self.peak_rss_mb,
         }
 
 
@@ -174,8 +191,16 @@ class WorkloadFeeder:
     """Adds a workload's requests to an engine over a ``SimRunner`` as its virtual clock reaches them, and
     records each request (a step hook: ``before_step`` / ``after_step`` around every ``engine.step()``)."""
 
-    def __init__(self, engine, workload: Workload, sequential: bool = False, tokens: HashIdTokens | None = None,
-                 pool_why: str = "", sim: dict | None = None, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        engine,
+        workload: Workload,
+        sequential: bool = False,
+        tokens: HashIdTokens | None = None,
+        pool_why: str = "",
+        sim: dict | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
         self.engine = engine
         self.workload = workload
         self.sequential = sequential
@@ -183,11 +208,22 @@ class WorkloadFeeder:
         self.tokens = tokens
         self.next = 0  # the next request of the workload to add
         self.live: dict[str, tuple[RequestRecord, object]] = {}  # request id -> (record, Request)
-        self.result = WorkloadResult(workload.name, workload.format, "sequential" if sequential else "full",
-                                     engine.config.eviction_policy, engine.config.block_size, engine.pool.num_blocks,
-                                     pool_why, sim or {}, engine.max_model_len)
-        self._params = (SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
-                        if sequential else None)
+        self.result = WorkloadResult(
+            workload.name,
+            workload.format,
+            "sequential" if sequential else "full",
+            engine.config.eviction_policy,
+            engine.config.block_size,
+            engine.pool.num_blocks,
+            pool_why,
+            sim or {},
+            engine.max_model_len,
+        )
+        self._params = (
+            SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+            if sequential
+            else None
+        )
 
     @property
     def clock(self) -> float:
@@ -253,11 +289,14 @@ class WorkloadFeeder:
             ids = r.token_ids
             top = max(ids)
             if top >= engine.vocab_size:
-                raise WorkloadError(f"{self.workload.path}:{r.line}: token id {top} is outside the simulated "
-                                    f"model's vocabulary (0..{engine.vocab_size - 1})")
+                raise WorkloadError(
+                    f"{self.workload.path}:{r.line}: token id {top} is outside the simulated "
+                    f"model's vocabulary (0..{engine.vocab_size - 1})"
+                )
         max_tokens = 1 if self.sequential else r.max_tokens
-        params = self._params or SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = self._params or SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         return Request(f"L{r.line}", -1, ids, params, eos_token_ids=engine.eos_token_ids)
 
     def admit(self, engine, req: Request, r: TraceRequest, arrival: float) -> None:
@@ -321,17 +360,24 @@ def build_engine(workload: Workload, config: EngineConfig | None = None, sim: Si
     else:  # token ids the simulated model cannot have: said before the run starts
         for r in workload.requests:
             if max(r.token_ids) >= cost.model.vocab_size:
-                raise WorkloadError(f"{workload.path}:{r.line}: token id {max(r.token_ids)} is outside the simulated "
-                                    f"model's vocabulary (0..{cost.model.vocab_size - 1})")
+                raise WorkloadError(
+                    f"{workload.path}:{r.line}: token id {max(r.token_ids)} is outside the simulated "
+                    f"model's vocabulary (0..{cost.model.vocab_size - 1})"
+                )
     runner = SimRunner(config, cost, num_blocks)
     engine = LLMEngine.from_runner(runner, config, name=f"{cost.model.name} (simulated, {cost.gpu.name})")
-    feeder = WorkloadFeeder(engine, workload, sim.sequential, tokens, why,
-                            {**cost.to_json(), "time_scale": sim.time_scale}, sim.time_scale)
+    feeder = WorkloadFeeder(
+        engine, workload, sim.sequential, tokens, why, {**cost.to_json(), "time_scale": sim.time_scale}, sim.time_scale
+    )
     return engine, feeder
 
 
-def run_workload(workload: Workload, config: EngineConfig | None = None, sim: SimConfig | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> WorkloadResult:
+def run_workload(
+    workload: Workload,
+    config: EngineConfig | None = None,
+    sim: SimConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> WorkloadResult:
     """Play the whole workload headless; ``progress(requests added, requests)`` hears of it now and then."""
     t0 = time.perf_counter()
     engine, feeder = build_engine(workload, config, sim)

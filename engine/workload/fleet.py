@@ -18,6 +18,7 @@ is routed when every instance is idle, at the fleet's clock. A request the engin
 (longer than the context, or bigger than an instance's whole pool) is counted and skipped before it is
 routed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -116,7 +117,7 @@ def _token_blocks(ids: list[int]) -> list[bytes]:
     hash id does)."""
     out, digest = [], b""
     for i in range(0, len(ids), SESSION_CHUNK):
-        digest = hashlib.blake2b(digest + array("q", ids[i:i + SESSION_CHUNK]).tobytes(), digest_size=16).digest()
+        digest = hashlib.blake2b(digest + array("q", ids[i : i + SESSION_CHUNK]).tobytes(), digest_size=16).digest()
         out.append(digest)
     return out
 
@@ -125,8 +126,15 @@ class FleetFeeder:
     """Plays a workload over ``instances`` behind ``router``; ``step()`` handles one event (an arrival or one
     instance's step) and returns it, so a window can play the fleet live; ``run()`` plays it to the end."""
 
-    def __init__(self, instances: list[FleetInstance], router: Router, workload: Workload,
-                 sequential: bool = False, time_scale: float = 1.0, recent: int = 64) -> None:
+    def __init__(
+        self,
+        instances: list[FleetInstance],
+        router: Router,
+        workload: Workload,
+        sequential: bool = False,
+        time_scale: float = 1.0,
+        recent: int = 64,
+    ) -> None:
         self.instances = instances
         self.router = router
         self.workload = workload
@@ -230,8 +238,14 @@ class FleetFeeder:
             heapq.heappush(self._busy, (engine.runner.clock, i))
         self._count(inst)
         inst.routed += 1
-        route = Route(r.line, i, at, r.prompt_len, loads,
-                      tuple(arrival.cached_prefixes(self.instances)) if router.needs_hashes else None)
+        route = Route(
+            r.line,
+            i,
+            at,
+            r.prompt_len,
+            loads,
+            tuple(arrival.cached_prefixes(self.instances)) if router.needs_hashes else None,
+        )
         self.routes.append(route)
         return route
 
@@ -265,14 +279,32 @@ class FleetFeeder:
         n = len(per)
         blocks = sum(r.num_gpu_blocks for r in per)
         pool = first.pool_why if n == 1 else f"{n} x {first.num_gpu_blocks:,} blocks ({first.pool_why})"
-        total = WorkloadResult(first.workload, first.format, first.mode, first.eviction_policy, first.block_size,
-                               blocks, pool, first.sim, first.max_model_len)
+        total = WorkloadResult(
+            first.workload,
+            first.format,
+            first.mode,
+            first.eviction_policy,
+            first.block_size,
+            blocks,
+            pool,
+            first.sim,
+            first.max_model_len,
+        )
         skipped = self.skipped
         total.skipped_too_long, total.skipped_too_big = skipped.skipped_too_long, skipped.skipped_too_big
         total.skipped_prompt_tokens = skipped.skipped_prompt_tokens
         total.records = sorted((rec for r in per for rec in r.records), key=lambda rec: rec.line)
-        for key in ("requests", "failed", "prompt_tokens", "cached_tokens", "generated_tokens", "evictions",
-                    "preemptions", "steps", "busy_s"):
+        for key in (
+            "requests",
+            "failed",
+            "prompt_tokens",
+            "cached_tokens",
+            "generated_tokens",
+            "evictions",
+            "preemptions",
+            "steps",
+            "busy_s",
+        ):
             setattr(total, key, sum(getattr(r, key) for r in per))
         total.virtual_s = max(r.virtual_s for r in per)
         total.peak_running, total.peak_waiting = self.peak_running, self.peak_waiting
@@ -309,22 +341,36 @@ class FleetResult:
         s["utilization"] = self.total.busy_s / (n * self.total.virtual_s) if self.total.virtual_s else 0.0
         s["router"] = {"name": self.router.name, **self.router.params()}
         s["load_imbalance"] = self.load_imbalance
-        s["instances"] = [_instance_entry(i, r, share, self.total.virtual_s)
-                          for i, (r, share) in enumerate(zip(self.instances, self.shares()))]
+        s["instances"] = [
+            _instance_entry(i, r, share, self.total.virtual_s)
+            for i, (r, share) in enumerate(zip(self.instances, self.shares()))
+        ]
         return s
 
 
 def _instance_entry(i: int, r: WorkloadResult, share: float, fleet_s: float) -> dict:
     """One instance's entry; its ``utilization`` is its busy time over the fleet's whole run."""
     ttfts = sorted(rec.ttft_s for rec in r.records if rec.ttft_s is not None)
-    return {"instance": i, "requests": r.requests, "share": share, "num_gpu_blocks": r.num_gpu_blocks,
-            "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "hit_rate": r.hit_rate,
-            "evictions": r.evictions, "preemptions": r.preemptions, "failed": r.failed,
-            "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
-            "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
-            "busy_s": r.busy_s, "utilization": r.busy_s / fleet_s if fleet_s else 0.0,
-            "virtual_s": r.virtual_s, "steps": r.steps, "peak_running": r.peak_running,
-            "peak_waiting": r.peak_waiting}
+    return {
+        "instance": i,
+        "requests": r.requests,
+        "share": share,
+        "num_gpu_blocks": r.num_gpu_blocks,
+        "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens,
+        "hit_rate": r.hit_rate,
+        "evictions": r.evictions,
+        "preemptions": r.preemptions,
+        "failed": r.failed,
+        "ttft_p50_s": percentile(ttfts, 50) if ttfts else None,
+        "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
+        "busy_s": r.busy_s,
+        "utilization": r.busy_s / fleet_s if fleet_s else 0.0,
+        "virtual_s": r.virtual_s,
+        "steps": r.steps,
+        "peak_running": r.peak_running,
+        "peak_waiting": r.peak_waiting,
+    }
 
 
 def instance_sim(sim: SimConfig, instances: int, fleet_kv_tokens: float | None) -> SimConfig:
@@ -334,9 +380,14 @@ def instance_sim(sim: SimConfig, instances: int, fleet_kv_tokens: float | None) 
     return dataclasses.replace(sim, kv_tokens=fleet_kv_tokens / instances)
 
 
-def build_fleet(workload: Workload, config: EngineConfig | None = None, sim: SimConfig | None = None,
-                instances: int = 1, router: str | Router = "round-robin",
-                fleet_kv_tokens: float | None = None) -> FleetFeeder:
+def build_fleet(
+    workload: Workload,
+    config: EngineConfig | None = None,
+    sim: SimConfig | None = None,
+    instances: int = 1,
+    router: str | Router = "round-robin",
+    fleet_kv_tokens: float | None = None,
+) -> FleetFeeder:
     """``instances`` engines as ``build_engine`` makes them, behind ``router`` (a name or a ``Router``).
     Raises ``ValueError`` (one line) for a bad option, ``WorkloadError`` for a trace this cannot play."""
     if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
@@ -348,9 +399,15 @@ def build_fleet(workload: Workload, config: EngineConfig | None = None, sim: Sim
     return FleetFeeder(members, rt, workload, sim.sequential, sim.time_scale)
 
 
-def run_fleet(workload: Workload, config: EngineConfig | None = None, sim: SimConfig | None = None,
-              instances: int = 1, router: str | Router = "round-robin", fleet_kv_tokens: float | None = None,
-              progress: Callable[[int, int], None] | None = None) -> FleetResult:
+def run_fleet(
+    workload: Workload,
+    config: EngineConfig | None = None,
+    sim: SimConfig | None = None,
+    instances: int = 1,
+    router: str | Router = "round-robin",
+    fleet_kv_tokens: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FleetResult:
     """Play the whole workload over the fleet headless."""
     t0 = time.perf_counter()
     fleet = build_fleet(workload, config, sim, instances, router, fleet_kv_tokens)

@@ -4,6 +4,7 @@ for ``kvscope --workload`` with a window or without.
 
 No torch here, so that a command line can make its flags (``kvscope --help``) cheaply.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -19,14 +20,27 @@ WINDOW_MAX_INSTANCES = 16  # pools the window draws side by side
 class FleetConfig:
     """A fleet of simulated instances behind a router (docs/routing.md). ``instances`` None: one engine."""
 
-    instances: int | None = option(None, "simulate a fleet of N instances of the simulated card, each with its own "
-                                   "pool, scheduler and cost model, on one virtual clock behind --router",
-                                   ge=1, group="workload")
-    router: str | None = option(None, f"with --instances or --sweep-instances: {', '.join(ROUTERS)}, or a "
-                                "comma-separated list to compare them (default round-robin)", group="workload")
-    fleet_kv_tokens: float | None = option(None, "with --instances or --sweep-instances: the whole fleet's KV "
-                                           "capacity in tokens, split evenly over its instances (instead of "
-                                           "--kv-tokens, each instance's)", ge=1, group="workload")
+    instances: int | None = option(
+        None,
+        "simulate a fleet of N instances of the simulated card, each with its own "
+        "pool, scheduler and cost model, on one virtual clock behind --router",
+        ge=1,
+        group="workload",
+    )
+    router: str | None = option(
+        None,
+        f"with --instances or --sweep-instances: {', '.join(ROUTERS)}, or a "
+        "comma-separated list to compare them (default round-robin)",
+        group="workload",
+    )
+    fleet_kv_tokens: float | None = option(
+        None,
+        "with --instances or --sweep-instances: the whole fleet's KV "
+        "capacity in tokens, split evenly over its instances (instead of "
+        "--kv-tokens, each instance's)",
+        ge=1,
+        group="workload",
+    )
 
     def validate(self) -> None:
         for f in fields(self):
@@ -46,13 +60,18 @@ def parse_instance_counts(text: str) -> list[int]:
     except ValueError:
         out = []
     if not out or any(n < 1 for n in out):
-        raise ValueError(f"--sweep-instances takes instance counts >= 1 separated by commas (1,2,4,8,16), "
-                         f"got {text!r}")
+        raise ValueError(f"--sweep-instances takes instance counts >= 1 separated by commas (1,2,4,8,16), got {text!r}")
     return out
 
 
-def check_fleet(fleet: FleetConfig, config: EngineConfig, sim: SimConfig, sweep_kv_tokens: bool = False,
-                sweep_instances: list[int] | None = None, window: bool = False) -> None:
+def check_fleet(
+    fleet: FleetConfig,
+    config: EngineConfig,
+    sim: SimConfig,
+    sweep_kv_tokens: bool = False,
+    sweep_instances: list[int] | None = None,
+    window: bool = False,
+) -> None:
     """Refuse, with one line (``ValueError``), a fleet option that cannot go with the others."""
     fleet.validate()
     wants_fleet = fleet.instances is not None or sweep_instances is not None
@@ -74,8 +93,11 @@ def check_fleet(fleet: FleetConfig, config: EngineConfig, sim: SimConfig, sweep_
         if sweep_instances is not None:
             raise ValueError("--sweep-instances runs many fleets one after another: use it with --headless")
         if len(fleet.routers) > 1:
-            raise ValueError("the window plays one fleet: give --router one policy (a list compares them with "
-                             "--headless)")
+            raise ValueError(
+                "the window plays one fleet: give --router one policy (a list compares them with --headless)"
+            )
         if fleet.instances > WINDOW_MAX_INSTANCES:
-            raise ValueError(f"the window draws at most {WINDOW_MAX_INSTANCES} pools side by side: use --headless "
-                             f"for --instances {fleet.instances}")
+            raise ValueError(
+                f"the window draws at most {WINDOW_MAX_INSTANCES} pools side by side: use --headless "
+                f"for --instances {fleet.instances}"
+            )

@@ -31,6 +31,7 @@ The format is told by the first request line: one with ``hash_ids`` is Mooncake'
 
 Any bad line stops the read with a ``WorkloadError`` of one line naming the file and the line.
 """
+
 from __future__ import annotations
 
 import json
@@ -130,20 +131,25 @@ def read_workload(path: str | Path, tokenizer=None, format: str = "auto", limit:
                     raise WorkloadError(f"{where}: a request must be a JSON object, got {type(obj).__name__}")
                 if format == "auto":
                     format = _detect(obj, where)
-                req = (_mooncake(obj, where, lineno) if format == MOONCAKE
-                       else _kvscope(obj, where, lineno, tokenizer))
+                req = _mooncake(obj, where, lineno) if format == MOONCAKE else _kvscope(obj, where, lineno, tokenizer)
                 if req.arrival_s < last_arrival:
-                    unit = (f"timestamp {obj['timestamp']} ms" if format == MOONCAKE else f"arrival {req.arrival_s} s")
-                    raise WorkloadError(f"{where}: {unit} goes back in time (the line before arrives at "
-                                        f"{last_arrival:g} s); requests must be in arrival order")
+                    unit = f"timestamp {obj['timestamp']} ms" if format == MOONCAKE else f"arrival {req.arrival_s} s"
+                    raise WorkloadError(
+                        f"{where}: {unit} goes back in time (the line before arrives at "
+                        f"{last_arrival:g} s); requests must be in arrival order"
+                    )
                 last_arrival = req.arrival_s
                 requests.append(req)
         except UnicodeDecodeError as e:
             raise WorkloadError(f"{path}: not UTF-8 text ({e.reason})") from None
     if not requests:
         raise WorkloadError(f"{path}: no requests in the file")
-    workload = Workload(str(path), format, requests,
-                        tokenizer_name=getattr(tokenizer, "name_or_path", "") if tokenizer is not None else "")
+    workload = Workload(
+        str(path),
+        format,
+        requests,
+        tokenizer_name=getattr(tokenizer, "name_or_path", "") if tokenizer is not None else "",
+    )
     if format == MOONCAKE:
         _give_private_ids(workload)
     return workload
@@ -154,15 +160,18 @@ def _detect(obj: dict, where: str) -> str:
         return MOONCAKE
     if "prompt" in obj:
         return KVSCOPE
-    raise WorkloadError(f"{where}: neither a Mooncake request ({', '.join(MOONCAKE_KEYS)}) nor a kvscope "
-                        f"request ({', '.join(KVSCOPE_KEYS)})")
+    raise WorkloadError(
+        f"{where}: neither a Mooncake request ({', '.join(MOONCAKE_KEYS)}) nor a kvscope "
+        f"request ({', '.join(KVSCOPE_KEYS)})"
+    )
 
 
 def _need(obj: dict, keys: Sequence[str], where: str, fmt: str) -> None:
     missing = [k for k in keys if k not in obj]
     if missing:
-        raise WorkloadError(f"{where}: missing {', '.join(repr(k) for k in missing)} (a {fmt} request has "
-                            f"{', '.join(keys)})")
+        raise WorkloadError(
+            f"{where}: missing {', '.join(repr(k) for k in missing)} (a {fmt} request has {', '.join(keys)})"
+        )
 
 
 def _mooncake(obj: dict, where: str, lineno: int) -> TraceRequest:
@@ -183,8 +192,10 @@ def _mooncake(obj: dict, where: str, lineno: int) -> TraceRequest:
             raise WorkloadError(f"{where}: 'hash_ids' must hold integers >= 0, got {h!r}")
     most = -(-n // MOONCAKE_BLOCK)
     if len(ids) > most:
-        raise WorkloadError(f"{where}: {len(ids)} hash ids for input_length {n}, but {n} tokens make at most "
-                            f"ceil({n} / {MOONCAKE_BLOCK}) = {most} blocks")
+        raise WorkloadError(
+            f"{where}: {len(ids)} hash ids for input_length {n}, but {n} tokens make at most "
+            f"ceil({n} / {MOONCAKE_BLOCK}) = {most} blocks"
+        )
     return TraceRequest(lineno, ts / 1000.0, n, max(1, out), tuple(ids), output_len=out)
 
 
@@ -201,8 +212,10 @@ def _kvscope(obj: dict, where: str, lineno: int, tokenizer) -> TraceRequest:
         if not prompt.strip():
             raise WorkloadError(f"{where}: 'prompt' is empty")
         if tokenizer is None:
-            raise WorkloadError(f"{where}: a text prompt needs a tokenizer (give one, e.g. --tokenizer, or write "
-                                "the prompt as a list of token ids)")
+            raise WorkloadError(
+                f"{where}: a text prompt needs a tokenizer (give one, e.g. --tokenizer, or write "
+                "the prompt as a list of token ids)"
+            )
         try:
             ids = list(tokenizer.encode(prompt))
         except Exception as e:  # noqa: BLE001 - a tokenizer's failure, said on the line that caused it
@@ -221,8 +234,9 @@ def _kvscope(obj: dict, where: str, lineno: int, tokenizer) -> TraceRequest:
     session = obj.get("session")
     if session is not None and not (isinstance(session, str) and session or _int(session)):
         raise WorkloadError(f"{where}: 'session' must be a non-empty string or an integer, got {session!r}")
-    return TraceRequest(lineno, float(arrival), len(ids), max_tokens, token_ids=ids, output_len=max_tokens,
-                        session=session)
+    return TraceRequest(
+        lineno, float(arrival), len(ids), max_tokens, token_ids=ids, output_len=max_tokens, session=session
+    )
 
 
 def _give_private_ids(w: Workload) -> None:

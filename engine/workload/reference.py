@@ -14,6 +14,7 @@ id any request has had (``fill``). Requests given as token ids are walked by the
 ``round_robin_sharing`` is the same over a fleet behind a round-robin router: each instance a pool that
 never evicts over every N-th request (what the fleet's engines must cache, one request at a time).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ def prefix_sharing(workload: Workload, block_size: int, max_prompt_len: int | No
     return _sharing(workload, _runnable(workload, max_prompt_len), block_size)
 
 
-def round_robin_sharing(workload: Workload, instances: int, block_size: int,
-                        max_prompt_len: int | None = None) -> list[Reference]:
+def round_robin_sharing(
+    workload: Workload, instances: int, block_size: int, max_prompt_len: int | None = None
+) -> list[Reference]:
     """Round robin over ``instances`` pools that never evict, one request at a time: the k-th request the
     engine runs goes to instance k mod N, and finds cached what an earlier request of its own instance had.
     One ``Reference`` per instance (their sum is the fleet's)."""
@@ -104,9 +106,9 @@ def _by_tokens(reqs: list[TraceRequest], bs: int) -> list[int]:
     for r in reqs:
         ids = r.token_ids
         full = len(ids) // bs
-        keys = [tuple(ids[i * bs:(i + 1) * bs]) for i in range(full)]
+        keys = [tuple(ids[i * bs : (i + 1) * bs]) for i in range(full)]
         hit, node = 0, -1
-        for k in keys[:(len(ids) - 1) // bs]:
+        for k in keys[: (len(ids) - 1) // bs]:
             child = node_of.get((node, k))
             if child is None:
                 break

@@ -14,6 +14,7 @@ it differs). A router sees what a real one sees when a request arrives:
 Ties always go to the instance listed first, so a run is reproducible. Names on the command line are
 ``ROUTERS``' keys.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -165,8 +166,10 @@ class PrefixLoad(Router):
         hits = arrival.cached_prefixes(instances)
         lo, hi = min(hits), max(hits)
         prefix = [1.0 if hi == lo else (h - lo) / (hi - lo) for h in hits]
-        return [self.prefix_weight * p + self.load_weight * self.load_score(inst.waiting())
-                for p, inst in zip(prefix, instances)]
+        return [
+            self.prefix_weight * p + self.load_weight * self.load_score(inst.waiting())
+            for p, inst in zip(prefix, instances)
+        ]
 
     def choose(self, arrival: Arrival, instances: Sequence[Instance]) -> int:
         scores = self.scores(arrival, instances)

@@ -7,6 +7,7 @@ the least of it): ``execute`` returns one token per request whose step reaches i
 ``apply_device_work`` has no KV to move but charges swaps' copies to the clock, and ``num_blocks``,
 ``block_bytes``, ``num_cpu_blocks`` and ``vocab_size`` describe the simulated model's pool.
 """
+
 from __future__ import annotations
 
 from ..config import EngineConfig
@@ -26,8 +27,10 @@ def pool_blocks(config: EngineConfig, cost: CostModel, kv_tokens: float | None =
         return max(1, int(config.kv_cache_memory_bytes // (cost.kv_bytes_per_token * bs))), "kv_cache_memory_bytes"
     n = cost.kv_capacity_tokens(config.gpu_memory_utilization) // bs
     if n < 1:
-        raise ValueError(f"{cost.model.name} leaves no room for a KV cache on {cost.tp} x {cost.gpu.name}: "
-                         "give --sim-tp, a bigger card, or a pool size")
+        raise ValueError(
+            f"{cost.model.name} leaves no room for a KV cache on {cost.tp} x {cost.gpu.name}: "
+            "give --sim-tp, a bigger card, or a pool size"
+        )
     return n, f"{cost.tp} x {cost.gpu.name} at gpu_memory_utilization {config.gpu_memory_utilization}"
 
 
@@ -79,8 +82,9 @@ class SimRunner:
         self.busy_s += t
         self.num_steps += 1
         vocab = self.vocab_size
-        return {s.request.request_id: (s.request.num_tokens * 7919 + 1) % vocab
-                for s in sched.scheduled if s.samples}, {}
+        return {
+            s.request.request_id: (s.request.num_tokens * 7919 + 1) % vocab for s in sched.scheduled if s.samples
+        }, {}
 
     def sample(self, logits, reqs: list) -> list[int]:
         """What the engine calls for n > 1 samples' first tokens (never, for a workload)."""

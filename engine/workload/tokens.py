@@ -23,6 +23,7 @@ Token ids are Python ints shared from one table of ``V`` ints, and a prompt is b
 slices: the cached blocks keep tuples of these ints, and a private int per token would cost 32
 bytes each (3 GB for a 100-million-token cache).
 """
+
 from __future__ import annotations
 
 import random
@@ -53,8 +54,9 @@ class HashIdTokens:
         if not 0 <= h <= self.max_id:
             raise ValueError(f"hash id {h} is outside 0..{self.max_id} (vocabulary {self.vocab_size} squared)")
         o = (h * 7919) % _ROW
-        return [self._ints[h % self.vocab_size], self._ints[h // self.vocab_size]] + \
-            self._row[o:o + self.hash_block_size - 2]
+        return [self._ints[h % self.vocab_size], self._ints[h // self.vocab_size]] + self._row[
+            o : o + self.hash_block_size - 2
+        ]
 
     def prompt(self, hash_ids: Sequence[int], length: int) -> list[int]:
         """The prompt of a request with these ids and ``length`` tokens (at most len(ids) x 512)."""
@@ -64,7 +66,7 @@ class HashIdTokens:
             o = (h * 7919) % _ROW
             out.append(ints[h % v])
             out.append(ints[h // v])  # IndexError for an id >= V**2: check_ids says so first
-            out += row[o:o + n]
+            out += row[o : o + n]
         del out[length:]
         return out
 
@@ -76,14 +78,20 @@ class HashIdTokens:
         """Refuse (``WorkloadError``, naming ``where``) a block size that cannot keep the trace's ids apart."""
         if self.hash_block_size % block_size:
             divisors = [d for d in range(1, self.hash_block_size + 1) if self.hash_block_size % d == 0]
-            raise WorkloadError(f"{where}: block size {block_size} does not divide the trace's {self.hash_block_size}"
-                                f"-token blocks (use one of {', '.join(map(str, divisors))})")
+            raise WorkloadError(
+                f"{where}: block size {block_size} does not divide the trace's {self.hash_block_size}"
+                f"-token blocks (use one of {', '.join(map(str, divisors))})"
+            )
         if max_id > self.max_id:
-            raise WorkloadError(f"{where}: hash id {max_id} is too large: ids are made into tokens as two digits "
-                                f"in base {self.vocab_size} (the simulated model's vocabulary), so at most "
-                                f"{self.max_id}")
+            raise WorkloadError(
+                f"{where}: hash id {max_id} is too large: ids are made into tokens as two digits "
+                f"in base {self.vocab_size} (the simulated model's vocabulary), so at most "
+                f"{self.max_id}"
+            )
         least = self.min_block_size(max_id)
         if block_size < least:
-            raise WorkloadError(f"{where}: block size {block_size} is too small for hash ids up to {max_id}: an id "
-                                f"is told apart by its first {least} tokens (ids beyond the vocabulary of "
-                                f"{self.vocab_size} need 2), so use --block-size {least} or more")
+            raise WorkloadError(
+                f"{where}: block size {block_size} is too small for hash ids up to {max_id}: an id "
+                f"is told apart by its first {least} tokens (ids beyond the vocabulary of "
+                f"{self.vocab_size} need 2), so use --block-size {least} or more"
+            )

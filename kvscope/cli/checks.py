@@ -3,6 +3,7 @@
 One place for the window's and headless's refusals, so the same input gets the same line and exit code
 (2) whichever mode reads it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-NO_DISPLAY = ("kvscope: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run `kvscope --headless`, "
-              "or `xvfb-run kvscope`, or set QT_QPA_PLATFORM=offscreen.")
+NO_DISPLAY = (
+    "kvscope: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run `kvscope --headless`, "
+    "or `xvfb-run kvscope`, or set QT_QPA_PLATFORM=offscreen."
+)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
@@ -31,6 +34,7 @@ def window_problem(args: argparse.Namespace) -> str | None:
     elif not has_display():
         return NO_DISPLAY
     from kvscope.platform_check import xcb_problem
+
     problem = xcb_problem()
     return f"kvscope: {problem}" if problem else None
 
@@ -49,9 +53,16 @@ def check_screenshot_path(path: str) -> None:
         raise ValueError(f"--screenshot {path} cannot be written (no write permission in {folder})")
 
 
-_NOT_WITH_PROBE = (("scenario", "--scenario"), ("replay", "--replay"), ("workload", "--workload"),
-                   ("serve", "--serve"), ("inject", "--inject"), ("inject_ids", "--inject-ids"),
-                   ("kv_events_endpoint", "--kv-events-endpoint"), ("compare_caching", "--compare-caching"))
+_NOT_WITH_PROBE = (
+    ("scenario", "--scenario"),
+    ("replay", "--replay"),
+    ("workload", "--workload"),
+    ("serve", "--serve"),
+    ("inject", "--inject"),
+    ("inject_ids", "--inject-ids"),
+    ("kv_events_endpoint", "--kv-events-endpoint"),
+    ("compare_caching", "--compare-caching"),
+)
 
 
 def check_probe(args: argparse.Namespace) -> None:
@@ -76,11 +87,14 @@ def check_files(args: argparse.Namespace) -> None:
     check_probe(args)
     if args.replay:
         from kvscope.sources.probe import is_probe_trace
+
         if not is_probe_trace(args.replay):  # a probe trace is read whole by its replay
             from engine.inspect.trace import read_header
+
             read_header(args.replay)
     elif args.scenario:
         from kvscope.scenario import load_scenario
+
         load_scenario(args.scenario)
     if args.screenshot:
         check_screenshot_path(args.screenshot)
@@ -93,11 +107,14 @@ def check_scenario_flags(args: argparse.Namespace, config) -> list[str]:
     if not args.scenario or getattr(args, "replay", None):
         return []
     from kvscope.scenario import load_scenario, scenario_config
+
     sc = load_scenario(args.scenario)
     if (args.inject or args.inject_ids) and not getattr(args, "compare_caching", False):
         flag = "--inject" if args.inject else "--inject-ids"
-        raise ValueError(f"{flag} is refused with --scenario {sc.name}: its notes number its own requests from 0 and "
-                         f"yours would come first (run the scenario, then inject from the window; or {flag} alone)")
+        raise ValueError(
+            f"{flag} is refused with --scenario {sc.name}: its notes number its own requests from 0 and "
+            f"yours would come first (run the scenario, then inject from the window; or {flag} alone)"
+        )
     if sc.probe_trace:
         return []
     return scenario_config(config, sc, getattr(args, "engine_flags_given", frozenset()))[1]

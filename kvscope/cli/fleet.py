@@ -4,6 +4,7 @@ or in a window, and ``--route-prompt`` / ``--route-ids``: where a prompt would g
 Every refusal (a bad fleet file, flags that do not go together, a tokenizer that cannot load) is one line and exit
 2 before any socket opens, the same line in the window and headless: both call ``open_fleet`` first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,13 @@ from kvscope.sources.fleet import FleetSource, FleetSummary
 from kvscope.sources.fleet_route import RouteAnswer
 from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec, check_fleet, check_zmq_address, read_fleet_file
 
-_PER_INSTANCE_FLAGS = (("replay_endpoint", "--replay-endpoint", []), ("dp_size", "--dp-size", 1),
-                       ("bytes_per_block", "--bytes-per-block", None),
-                       ("prefix_caching_hash_algo", "--prefix-caching-hash-algo", "auto"),
-                       ("hash_seed", "--hash-seed", None))
+_PER_INSTANCE_FLAGS = (
+    ("replay_endpoint", "--replay-endpoint", []),
+    ("dp_size", "--dp-size", 1),
+    ("bytes_per_block", "--bytes-per-block", None),
+    ("prefix_caching_hash_algo", "--prefix-caching-hash-algo", "auto"),
+    ("hash_seed", "--hash-seed", None),
+)
 
 
 def is_fleet(args: argparse.Namespace) -> bool:
@@ -50,8 +54,10 @@ def fleet_spec(args: argparse.Namespace) -> FleetSpec:
         raise ValueError("--route-prompt and --route-ids ask a fleet: give --attach ADDR (repeatable) or --fleet FILE")
     replays = args.replay_endpoint
     if replays and len(replays) != len(args.attach):
-        raise ValueError(f"{len(args.attach)} --attach but {len(replays)} --replay-endpoint: give one for each "
-                         f"--attach, in the same order, or none")
+        raise ValueError(
+            f"{len(args.attach)} --attach but {len(replays)} --replay-endpoint: give one for each "
+            f"--attach, in the same order, or none"
+        )
     if args.dp_size < 1:
         raise ValueError("--dp-size must be >= 1")
     twice = next((a for i, a in enumerate(args.attach) if a in args.attach[:i]), None)
@@ -63,9 +69,19 @@ def fleet_spec(args: argparse.Namespace) -> FleetSpec:
         if replays:
             check_zmq_address(replays[i], "--replay-endpoint")
         name = addr.split("://", 1)[1]  # host:port, unique as the addresses are
-        instances.append(InstanceSpec(name, addr, replays[i] if replays else None, args.kv_events_topic, args.dp_size,
-                                      args.block_size, args.bytes_per_block, args.prefix_caching_hash_algo,
-                                      args.hash_seed))
+        instances.append(
+            InstanceSpec(
+                name,
+                addr,
+                replays[i] if replays else None,
+                args.kv_events_topic,
+                args.dp_size,
+                args.block_size,
+                args.bytes_per_block,
+                args.prefix_caching_hash_algo,
+                args.hash_seed,
+            )
+        )
     return check_fleet(FleetSpec(tuple(instances), "--attach"))
 
 
@@ -84,6 +100,7 @@ def route_tokenizer(args: argparse.Namespace):
     """The served model's tokenizer: ``encode(text)`` makes token ids as vLLM's /v1/completions does of a text
     prompt (special tokens added as the tokenizer adds them). Raises ``ValueError`` with one line."""
     from engine.runner.models.loader import embedded_folder, load_tokenizer, resolve_model
+
     try:
         if args.tokenizer:  # a folder, a .gguf file or a hub id, as the engine's --tokenizer
             tok = load_tokenizer(args.tokenizer)
@@ -119,20 +136,25 @@ def open_fleet(args: argparse.Namespace) -> tuple[FleetSource, list[int] | None,
 def fleet_summary_lines(out: dict) -> list[str]:
     """``FleetSummary.as_dict()['fleet']`` in text: each instance, the fleet in all, and the route's answer."""
     a = out["in_all"]
-    lines = [f"fleet ({out['origin']}): {a['instances']} instances, {a['up']} up; {out['polls']} polls in "
-             f"{out['seconds']} s"]
+    lines = [
+        f"fleet ({out['origin']}): {a['instances']} instances, {a['up']} up; {out['polls']} polls in {out['seconds']} s"
+    ]
     width = max(len(r["name"]) for r in out["instances"])
     for r in out["instances"]:
         m = r["metrics"] or {}
         usage = f"usage {100 * m['kv_cache_usage_perc']:.0f}%" if "kv_cache_usage_perc" in m else "usage -"
         flags = f" [{', '.join(r['flags'])}]" if r["flags"] else ""
-        lines.append(f"  {r['name']:<{width}}  {r['state']:<10} {r['blocks']:>7} blocks {r['tokens']:>9} tokens  "
-                     f"{usage}  +{r['stored_per_s']}/s -{r['removed_per_s']}/s  {r['shared_blocks']} also "
-                     f"elsewhere{flags}")
+        lines.append(
+            f"  {r['name']:<{width}}  {r['state']:<10} {r['blocks']:>7} blocks {r['tokens']:>9} tokens  "
+            f"{usage}  +{r['stored_per_s']}/s -{r['removed_per_s']}/s  {r['shared_blocks']} also "
+            f"elsewhere{flags}"
+        )
         lines.append(f"  {'':<{width}}  hashes: {r['hashes']}")
     extra = f", {bytes_text(a['extra_bytes'])} beyond one copy each" if a["extra_bytes"] else ""
-    lines.append(f"  in all: {a['blocks']} blocks, {a['distinct_blocks']} distinct; {a['duplicated_blocks']} held by "
-                 f"two or more instances ({a['copies']} copies, {a['extra_copies']} extra{extra})")
+    lines.append(
+        f"  in all: {a['blocks']} blocks, {a['distinct_blocks']} distinct; {a['duplicated_blocks']} held by "
+        f"two or more instances ({a['copies']} copies, {a['extra_copies']} extra{extra})"
+    )
     route = out.get("route")
     if route is not None:
         lines.append(f"  where would it go ({route['prompt_tokens']} tokens): {route['answer']}")
@@ -175,5 +197,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if args.headless:
         return run_fleet_headless(source, args, tokens)
     from kvscope.cli.window import run_fleet_window  # the display and Qt's libraries checked, as for any window
-    return run_fleet_window(source, args, tokenizer, error, args.route_prompt if args.route_prompt is not None
-                            else tokens)
+
+    return run_fleet_window(
+        source, args, tokenizer, error, args.route_prompt if args.route_prompt is not None else tokens
+    )

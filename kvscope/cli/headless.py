@@ -4,6 +4,7 @@
 or its replay); what is printed after it is the source's summary (``Summary``, or ``AttachSummary`` in
 ``cli.attach``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,16 +30,24 @@ def _fail(msg: str, code: int) -> int:
     return code
 
 
-def drive(source: Source, on_record: Callable[[StepRecord], None], limit: int | None = None,
-          duration: float | None = None, until_interrupted: bool = False) -> int | None:
+def drive(
+    source: Source,
+    on_record: Callable[[StepRecord], None],
+    limit: int | None = None,
+    duration: float | None = None,
+    until_interrupted: bool = False,
+) -> int | None:
     """Step ``source`` while it has work, at most ``limit`` steps and ``duration`` seconds, each record to
     ``on_record``; the source is closed at the end. Returns None, or the exit code of a failure already said
     in one line on stderr (2: bad input, a corrupt trace, a request refused; 1: anything else).
     ``until_interrupted``: Ctrl+C ends the run as its limits would (a source whose work never ends)."""
     taken, t0 = 0, time.monotonic()  # steps run (a replay's step numbers start at 0, so count them)
     try:
-        while (source.has_work() and (limit is None or taken < limit)
-               and (duration is None or time.monotonic() - t0 < duration)):
+        while (
+            source.has_work()
+            and (limit is None or taken < limit)
+            and (duration is None or time.monotonic() - t0 < duration)
+        ):
             on_record(source.step())
             taken += 1
     except KeyboardInterrupt:
@@ -71,11 +80,13 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback
         return _fail(one_line(e), 1)
     from engine.gc_policy import tune_gc
+
     tune_gc()  # the loaded heap frozen, fewer collections
     if getattr(args, "compare_caching", False):
         return _compare_caching(session, args)
-    summary = Summary(decode=session.decode, max_model_len=session.info.max_model_len,
-                      prefix_caching=session.info.prefix_caching)
+    summary = Summary(
+        decode=session.decode, max_model_len=session.info.max_model_len, prefix_caching=session.info.prefix_caching
+    )
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
         session.close()
@@ -116,8 +127,12 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     out["device_free_bytes"] = device_free(session.info.device)
     out["kv_layout"] = session.info.kv_layout
     if story is not None:
-        out["block_story"] = {"block_id": explain, "events": [
-            {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines]}
+        out["block_story"] = {
+            "block_id": explain,
+            "events": [
+                {"step": ln.step, "kind": ln.kind, "text": ln.text, "holders": list(ln.holders)} for ln in story.lines
+            ],
+        }
         if not args.json:
             print(format_story(explain, story.lines))
             return 0
@@ -131,12 +146,16 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
 def summary_lines(out: dict) -> list[str]:
     """The run's key lines in text, from the same summary ``--json`` prints: the pool, each request with
     its first prefix-cache miss, the hit rate and the misses by reason, the counters, the audit."""
-    lines = [f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
-             f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%"]
+    lines = [
+        f"{out['model']}: {out['steps']} steps, {out['num_blocks']} blocks x {out['block_size']} tokens, "
+        f"peak usage {100 * out['kv_cache_usage_perc_peak']:.0f}%"
+    ]
     reasons: dict[str, int] = {}
     for r in out["requests"]:
-        lines.append(f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
-                     f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}")
+        lines.append(
+            f"  request {r['request_id']} [{r['status']}]: {r['prompt_tokens']} prompt tokens "
+            f"({r['cached_tokens']} cached), {r['output_tokens']} output tokens: {r['text'][:60]!r}"
+        )
         miss = r.get("prefix_cache_miss")
         if miss:
             reasons[miss["reason"]] = reasons.get(miss["reason"], 0) + 1
@@ -145,28 +164,36 @@ def summary_lines(out: dict) -> list[str]:
     rate = f"{100 * hits / queries:.0f}%" if queries else "no queries"
     by_reason = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda t: -t[1]))
     if out.get("prefix_caching", True):
-        lines.append(f"  prefix cache hit rate {rate} ({hits}/{queries} tokens)"
-                     + (f"; first misses: {by_reason}" if by_reason else ""))
+        lines.append(
+            f"  prefix cache hit rate {rate} ({hits}/{queries} tokens)"
+            + (f"; first misses: {by_reason}" if by_reason else "")
+        )
     else:
         lines.append(f"  {CACHING_OFF}")
     f = out.get("fragmentation")
     if f:  # the step that held the most blocks: this run's pool, then both layouts of the same requests
-        lines.append(f"  fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
-                     f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
-                     f"{f['reserved_slots']:,} reserved and not written")
-        lines += [f"    {name}{' (this run)' if name == out.get('kv_layout') else ''}, each request alone: "
-                  f"{c['used_slots']:,} used, {c['wasted_slots']:,} wasted, {c['reserved_slots']:,} reserved"
-                  + (" (a max_model_len reservation each)" if name == "contiguous" else "")
-                  for name, c in f["layouts"].items()]
-    lines.append(f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
-                 f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
-                 f"· {audit_counts_text(out)}")
+        lines.append(
+            f"  fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
+            f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
+            f"{f['reserved_slots']:,} reserved and not written"
+        )
+        lines += [
+            f"    {name}{' (this run)' if name == out.get('kv_layout') else ''}, each request alone: "
+            f"{c['used_slots']:,} used, {c['wasted_slots']:,} wasted, {c['reserved_slots']:,} reserved"
+            + (" (a max_model_len reservation each)" if name == "contiguous" else "")
+            for name, c in f["layouts"].items()
+        ]
+    lines.append(
+        f"  {out['cow_copies']} CoW copies · {out['evictions']} evictions · {out['num_preemptions']} "
+        f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
+        f"· {audit_counts_text(out)}"
+    )
     lines += [f"  audit: {problem}" for problem in out["audit_problems"]]
     return lines
 
 
 def audit_counts_text(out: dict) -> str:
-    """"1 block flagged by the audit: 1 written while shared (0 leaked)": leaks apart from the other kinds."""
+    """ "1 block flagged by the audit: 1 written while shared (0 leaked)": leaks apart from the other kinds."""
     n, kinds = out["flagged_blocks"], out["audit_blocks_by_kind"]
     text = f"{n} block{'' if n == 1 else 's'} flagged by the audit"
     if kinds:
@@ -177,6 +204,7 @@ def audit_counts_text(out: dict) -> str:
 def device_free(device: str) -> int | None:
     """What the device could still give at the end of the run (nvml, else the machine's available RAM)."""
     from kvscope.sysinfo import MemoryProbe
+
     return MemoryProbe.for_device(device).read().device_free
 
 

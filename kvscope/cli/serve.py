@@ -1,4 +1,5 @@
 """``kvscope --headless --serve``: the HTTP server, and the main thread stepping the engine when there is work."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ def serve_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         return _fail(one_line(e), 1)
     assert isinstance(session, LiveSource)
     loop = HostLoop.over(session, server.bridge)  # loaded: the bridge attached, serving
-    print(f"kvscope: serving {session.engine.model_name} at {server.url}/v1 (metrics at {server.url}/metrics); "
-          "Ctrl+C stops", file=sys.stderr)
+    print(
+        f"kvscope: serving {session.engine.model_name} at {server.url}/v1 (metrics at {server.url}/metrics); "
+        "Ctrl+C stops",
+        file=sys.stderr,
+    )
 
     def on_signal(_sig, _frame) -> None:
         loop.stop()
@@ -61,6 +65,9 @@ def serve_headless(config: EngineConfig, args: argparse.Namespace) -> int:
             signal.signal(s, h)
     report = session.engine.audit()
     aborted = len(server.bridge.abort_log)
-    print(f"kvscope: stopped after {session.step_count} steps; {aborted} requests aborted by their clients; "
-          f"audit {'clean' if report.ok else f'found {len(report.bad_blocks)} bad blocks'}", file=sys.stderr)
+    print(
+        f"kvscope: stopped after {session.step_count} steps; {aborted} requests aborted by their clients; "
+        f"audit {'clean' if report.ok else f'found {len(report.bad_blocks)} bad blocks'}",
+        file=sys.stderr,
+    )
     return 0 if report.ok else 1

@@ -1,4 +1,5 @@
 """``kvscope`` with a window: the engine process started first (its start-up overlaps Qt's), then the window."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,19 +24,36 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         return run_sim_fleet_window(config, args)
     welcome = args.view == "welcome"
     if welcome and (args.scenario or args.replay or args.inject or args.inject_ids or args.steps):
-        print("kvscope: --view welcome is the first screen, before any request: not with --scenario, --replay, "
-              "--inject or --steps", file=sys.stderr)
+        print(
+            "kvscope: --view welcome is the first screen, before any request: not with --scenario, --replay, "
+            "--inject or --steps",
+            file=sys.stderr,
+        )
         return 2
     early = spawn_early(config, args)
     from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
+
     own = args.scenario or args.replay or args.workload or args.probe or welcome  # a run with requests of its own
     prompts = args.inject + args.inject_ids or (demo_prompts() if args.screenshot and not own else [])
     opts = WindowOptions(
-        source_spec(config, args), serve_options(args) if args.serve else None, args.engine_thread, args.screenshot,
-        args.window_size, 0 if welcome else args.steps or 8, tuple(prompts), args.max_tokens,
+        source_spec(config, args),
+        serve_options(args) if args.serve else None,
+        args.engine_thread,
+        args.screenshot,
+        args.window_size,
+        0 if welcome else args.steps or 8,
+        tuple(prompts),
+        args.max_tokens,
         count_steps(args.replay) if args.replay else None,
-        tuple(x.strip() for x in (args.select or "").split(",") if x.strip()), args.select_block, args.compare,
-        args.view, args.audit, args.font_scale, window_limits(args), args.present)
+        tuple(x.strip() for x in (args.select or "").split(",") if x.strip()),
+        args.select_block,
+        args.compare,
+        args.view,
+        args.audit,
+        args.font_scale,
+        window_limits(args),
+        args.present,
+    )
     return run_app(opts, early)
 
 
@@ -43,20 +61,25 @@ def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
     """``kvscope --workload FILE --instances N``: the fleet's pools side by side, played on the GUI thread."""
     from kvscope.cli.parser import fleet_config, sim_config
     from kvscope.sources.fleet_sim import SimFleetSpec, build_sim_fleet_source
+
     try:
-        source = build_sim_fleet_source(SimFleetSpec(args.workload, sim_config(args), fleet_config(args), args.limit),
-                                    config)
+        source = build_sim_fleet_source(
+            SimFleetSpec(args.workload, sim_config(args), fleet_config(args), args.limit), config
+        )
     except ValueError as e:
         print(f"kvscope: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     from kvscope.ui.views.fleet_sim_view import run_sim_fleet_window as run
-    return run(source, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size,
-               font_scale=args.font_scale)
+
+    return run(
+        source, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size, font_scale=args.font_scale
+    )
 
 
 def demo_prompts() -> list:
     """A screenshot of the plain model shows four chats sharing a system prompt (prefix hits to see)."""
     from kvscope.presets import shared_system_prompt
+
     return [shared_system_prompt(i) for i in range(4)]
 
 
@@ -68,12 +91,15 @@ def run_attach_window(source, args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     from kvscope.ui.views.prefix_forest import run_attach_window as run
-    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps,
-               window_size=args.window_size)
+
+    return run(
+        source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size
+    )
 
 
-def run_fleet_window(source, args: argparse.Namespace, tokenizer, tokenizer_error: str | None,
-                     route: str | list[int] | None) -> int:
+def run_fleet_window(
+    source, args: argparse.Namespace, tokenizer, tokenizer_error: str | None, route: str | list[int] | None
+) -> int:
     """``kvscope --fleet FILE`` or several ``--attach``: the same display checks as every other window. The prompt
     box tokenizes with ``tokenizer`` (None: it takes token ids, and ``tokenizer_error`` says why)."""
     problem = window_problem(args)
@@ -82,10 +108,19 @@ def run_fleet_window(source, args: argparse.Namespace, tokenizer, tokenizer_erro
         print(problem, file=sys.stderr)
         return 2
     from kvscope.ui.views.fleet_view import run_fleet_window as run
+
     tokenize = (lambda text: list(tokenizer.encode(text))) if tokenizer is not None else None
-    return run(source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps,
-               window_size=args.window_size, tokenize=tokenize, decode=tokenizer.decode if tokenizer else None,
-               tokenizer_error=tokenizer_error, route=route)
+    return run(
+        source,
+        interval=args.poll_interval,
+        screenshot=args.screenshot,
+        steps=args.steps,
+        window_size=args.window_size,
+        tokenize=tokenize,
+        decode=tokenizer.decode if tokenizer else None,
+        tokenizer_error=tokenizer_error,
+        route=route,
+    )
 
 
 def spawn_early(config: EngineConfig, args: argparse.Namespace):
@@ -95,4 +130,5 @@ def spawn_early(config: EngineConfig, args: argparse.Namespace):
         return None
     from kvscope.runtime import protocol as p
     from kvscope.runtime.engine_process import spawn_engine
+
     return spawn_engine(source_spec(config, args), logging.getLogger().getEffectiveLevel(), p.Load(None))

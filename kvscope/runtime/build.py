@@ -1,4 +1,5 @@
 """Build the source the command line asks for: a replay, a scenario, a workload, or a plain engine."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ from kvscope.sources.workload import WorkloadSpec
 @dataclass(frozen=True, slots=True)
 class ProbeSpec:
     """``kvscope --probe ADDR``: a running vLLM through kvscope's probe."""
+
     endpoint: str
     wait_s: float = 60.0  # vLLM may start after kvscope
     fault: str | None = None  # switched on inside vLLM once subscribed (kvscope_vllm_probe's FAULTS)
@@ -27,6 +29,7 @@ class ProbeSpec:
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     """Everything needed to build a source, picklable so that a child engine process can build it."""
+
     config: EngineConfig
     scenario: str | None = None
     replay: str | None = None
@@ -59,6 +62,7 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
     """
     if spec.probe is not None:  # the command line refused what a probed vLLM cannot do (cli.checks)
         from kvscope.sources.probe import ProbeSource
+
         source = ProbeSource(spec.probe.endpoint, spec.probe.wait_s, progress, spec.trace)
         if spec.probe.fault:
             source.client.set_fault(spec.probe.fault, True)
@@ -67,24 +71,29 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
         if spec.kv_events is not None:
             raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
         from kvscope.sources.probe import ProbeReplay, is_probe_trace
+
         if is_probe_trace(spec.replay):
             return ProbeReplay(spec.replay)
         return ReplaySource(spec.replay)
     if spec.workload is not None:  # the command line refused what a workload cannot do (cli.workload)
         from kvscope.sources.workload import build_workload_source
+
         return build_workload_source(spec.workload, spec.config, spec.audit, hooks)
     config, runner = spec.config, None
     if spec.scenario:
         sc = load_scenario(spec.scenario)
         if sc.probe_trace:  # a lab recorded from a real vLLM: played back, no engine of kvscope's
             from kvscope.sources.probe import ProbeReplay
+
             return ProbeReplay(sc.probe_trace, scenario=sc)
         config, _ = scenario_config(config, sc, spec.given)  # the command line said the notices (cli.main)
         runner = ScenarioRunner(sc)
     from engine import LLMEngine  # torch and transformers: only where an engine is built
+
     publisher = None
     if spec.kv_events is not None:  # bound before the model loads: a busy port fails at once
         from kvscope.runtime.kv_publisher import KVEventPublisher
+
         publisher = KVEventPublisher(spec.kv_events, config.block_size)
     global _last_weights
     try:

@@ -4,6 +4,7 @@ Besides the window's commands the pipe carries three housekeeping messages: the 
 attaches the shared-memory slots, releases a slot once it has copied it, and the engine
 process sends a heartbeat, so that a hung engine is told from a busy one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,6 +47,7 @@ class Heartbeat:
 class SpawnedEngine:
     """An engine process started (and told to load) before the window exists: its start-up (torch,
     the weights) runs while this process imports Qt and builds the window. The backend adopts it."""
+
     spec: SourceSpec
     proc: object  # multiprocessing.Process
     conn: object  # our end of the pipe
@@ -54,10 +56,16 @@ class SpawnedEngine:
 def spawn_engine(spec: SourceSpec, log_level: int, load=None) -> SpawnedEngine:
     """Start the engine process; ``load``, if given, is sent at once (a ``protocol.Load``)."""
     import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=engine_process_main, args=(child, spec), kwargs={"log_level": log_level},
-                       name="kvscope-engine", daemon=True)
+    proc = ctx.Process(
+        target=engine_process_main,
+        args=(child, spec),
+        kwargs={"log_level": log_level},
+        name="kvscope-engine",
+        daemon=True,
+    )
     proc.start()
     child.close()
     if load is not None:
@@ -85,8 +93,9 @@ def leave_a_core_to_the_window() -> int:
     return n
 
 
-def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S,
-                        log_level: int = logging.INFO) -> None:
+def engine_process_main(
+    conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S, log_level: int = logging.INFO
+) -> None:
     leave_a_core_to_the_window()
     # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -118,6 +127,7 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
     server = None
     if spec.serve is not None:
         from kvscope.serve.server import start_server  # FastAPI and uvicorn: only where a server runs
+
         try:
             server = start_server(spec.serve)
         except OSError as e:
@@ -170,6 +180,7 @@ def engine_process_main(conn, spec: SourceSpec, heartbeat_s: float = HEARTBEAT_S
             os.write(wake_w, b"w")
         except BlockingIOError:  # a wake-up is already pending
             pass
+
     loop.on_wake = wake_pipe
     if server is not None:
         server.bridge.wake = loop.wake

@@ -3,6 +3,7 @@
 The same host runs on a worker thread of the window's process (``ThreadBackend``) and in a
 child engine process (``ProcessBackend``); each result goes to ``emit``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -65,6 +66,7 @@ def vocab_cache_file(engine):
     if src is None or not src.gguf_file or getattr(engine.config, "tokenizer", None):
         return None
     from engine.runner.models.loader import COMPLETE, gguf_cache_dir
+
     folder = gguf_cache_dir(src)
     return folder / "kvscope-vocab.json" if (folder / COMPLETE).is_file() else None
 
@@ -76,8 +78,14 @@ class EngineHost:
     ``raw_snapshots`` (an engine process): a live source's records carry the raw ``PoolState``, which
     the wire sends and the window's process assembles."""
 
-    def __init__(self, factory: SourceFactory, emit: Callable[[p.Result], None], bridge=None,
-                 raw_snapshots: bool = False, on_load: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        factory: SourceFactory,
+        emit: Callable[[p.Result], None],
+        bridge=None,
+        raw_snapshots: bool = False,
+        on_load: Callable[[], None] | None = None,
+    ) -> None:
         """``on_load``: called after each successful load (the engine process tunes its collector there)."""
         self.factory = factory
         self.on_load = on_load or (lambda: None)
@@ -117,8 +125,13 @@ class EngineHost:
             case p.SetInterval(ms):
                 self.interval_ms = max(0, ms)
             case p.Inject(spec):
-                rid = self._command("request refused", self._source().inject if self.source else None,
-                                    spec.prompt, spec.params, spec.request_id)
+                rid = self._command(
+                    "request refused",
+                    self._source().inject if self.source else None,
+                    spec.prompt,
+                    spec.params,
+                    spec.request_id,
+                )
                 if rid is not None:
                     self.emit(p.Injected(rid))
             case p.Abort(rid):
@@ -175,8 +188,9 @@ class EngineHost:
             self.source = None
         try:
             if "progress" in inspect.signature(self.factory).parameters:
-                source = self.factory(scenario, progress=lambda text, fraction=None: self.emit(
-                    p.Progress(text, fraction)))
+                source = self.factory(
+                    scenario, progress=lambda text, fraction=None: self.emit(p.Progress(text, fraction))
+                )
             else:
                 source = self.factory(scenario)
         except Exception as e:  # noqa: BLE001 - the window shows it and stays usable

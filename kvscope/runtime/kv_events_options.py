@@ -1,5 +1,6 @@
 """What kvscope's KV-event publisher is started with: vLLM's ``KVEventsConfig`` defaults, the two format
 choices and the rank. No sockets here (the command line reads it without loading ZeroMQ)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from engine.inspect.kv_events import HASH_FORMATS, MEDIUM_GPU, WIRE_FORMATS
 @dataclass
 class KVEventsConfig:
     """vLLM's ``KVEventsConfig`` defaults, plus the two format choices and the rank."""
+
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None  # e.g. "tcp://*:5558"; None: no replay
     topic: str = ""

@@ -3,6 +3,7 @@
 The events' meaning is ``engine.inspect.kv_events``'s, their bytes ``engine.inspect.kv_wire``'s; this module is
 only the sockets (``KVEventsConfig`` are vLLM's defaults plus the format choices and the rank).
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,6 +20,7 @@ from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.sources.endpoints import offset_endpoint
 
 # --- the publisher ---------------------------------------------------------------------------
+
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:
     try:
@@ -81,8 +83,9 @@ class KVEventPublisher:
         wire = to_wire_events(events, self.block_size, self.config.hash_format, self.config.medium)
         if not wire:
             return None  # vLLM publishes only non-empty batches
-        payload = encode_batch(wire, time.time() if ts is None else ts, self.config.data_parallel_rank,
-                               self.config.wire_format)
+        payload = encode_batch(
+            wire, time.time() if ts is None else ts, self.config.data_parallel_rank, self.config.wire_format
+        )
         return self.publish_payload(payload, len(wire))
 
     def publish_payload(self, payload: bytes, num_events: int = 0) -> int:

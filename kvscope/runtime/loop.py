@@ -7,6 +7,7 @@ engine process runs it on its main thread (commands come through the window's pi
 posted from the GUI thread), ``kvscope --headless --serve`` on the main thread (no commands: the HTTP
 server's bridge wakes it). The host owns the source and the server's bridge: the loop only drives it.
 """
+
 from __future__ import annotations
 
 import threading

@@ -3,6 +3,7 @@
 The same messages travel through queued Qt signals (an engine on a worker thread) and through a
 pipe (an engine in a child process), so the window cannot tell the two apart. All picklable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -71,12 +72,25 @@ class Shutdown:
 @dataclass(frozen=True, slots=True)
 class CompareCaching:
     """Run these prompts (token ids, in order) greedily with prefix caching on and off, on the same weights."""
+
     prompts: tuple[tuple[int, ...], ...]
     max_tokens: int = 16
 
 
-Command = (Load | Step | Run | Pause | SetInterval | Inject | Abort | Fork | ResetPrefixCache | SetAudit | Shutdown
-           | CompareCaching)
+Command = (
+    Load
+    | Step
+    | Run
+    | Pause
+    | SetInterval
+    | Inject
+    | Abort
+    | Fork
+    | ResetPrefixCache
+    | SetAudit
+    | Shutdown
+    | CompareCaching
+)
 
 
 # -- results (host -> window) ------------------------------------------------------------
@@ -101,6 +115,7 @@ class Progress:
 @dataclass(frozen=True, slots=True)
 class Stepped:
     """A step (or a command between steps) happened: the record of it and the memory reading after it."""
+
     record: StepRecord
     memory: MemoryReading
 
@@ -152,12 +167,14 @@ class Injected:
 @dataclass(frozen=True, slots=True)
 class Died:
     """The engine process ended without being asked to (a crash, a kill, a hang cut short)."""
+
     message: str
 
 
 @dataclass(frozen=True, slots=True)
 class Compared:
     """The answer to ``CompareCaching``: one line to show, and where the outputs part (None: they agree)."""
+
     text: str
     divergence: dict | None = None
 

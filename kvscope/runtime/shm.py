@@ -5,6 +5,7 @@ The window's process creates (and unlinks) the slots, so they outlive a crashed 
 the engine process attaches by name. Each slot holds the raw per-block arrays of one step (a batch's
 last, ``PoolState``'s); the window's process derives the rest (``PoolState.assemble``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,10 @@ import numpy as np
 # name -> dtype; each array has one entry per device block (the free queue at most that many)
 NUM_SLOTS = 3  # with two, every other record at full speed found none free and pickled its arrays
 FIELDS: tuple[tuple[str, str], ...] = (
-    ("ref_cnt", "i4"), ("has_hash", "?"), ("last_access", "i8"), ("free_queue", "i4"),
+    ("ref_cnt", "i4"),
+    ("has_hash", "?"),
+    ("last_access", "i8"),
+    ("free_queue", "i4"),
 )
 
 
@@ -75,8 +79,10 @@ class ShmSlots:
     def read(self, slot: int, lengths: dict[str, int]) -> dict[str, np.ndarray]:
         """Copies out of the slot (the engine may overwrite it once released)."""
         buf = self.shms[slot].buf
-        return {name: np.ndarray((cap,), dtype, buf, off)[:lengths[name]].copy()
-                for name, (off, dtype, cap) in self.layout.items()}
+        return {
+            name: np.ndarray((cap,), dtype, buf, off)[: lengths[name]].copy()
+            for name, (off, dtype, cap) in self.layout.items()
+        }
 
     def close(self) -> None:
         for shm in self.shms:

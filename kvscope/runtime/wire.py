@@ -12,6 +12,7 @@ and its timeline rebuilds the steps before from their events. The window's proce
 when it draws them. The prefix cache's token and hash maps travel whole once after a load; afterwards
 the window keeps its own copy up to date from the events (the event stream is the contract).
 """
+
 from __future__ import annotations
 
 import time
@@ -52,6 +53,7 @@ _BLOCKS_AT = _ROW_FIELDS.index("block_ids")
 class _Sent:
     """What the record before sent of a row: the row itself (None for a ``LiveRow``), its token count,
     its last token and its block table; for a ``LiveRow`` also the fields that change seldom and its text."""
+
     row: RequestInfo | None
     num_tokens: int
     last_token: int
@@ -118,19 +120,27 @@ def _live_item(r: LiveRow, prev: _Sent | None) -> tuple[tuple, _Sent]:
     text = req.output_text
     n = prev.num_tokens if prev is not None else 0
     if n and total >= n and (output[n - 1 - p] if n > p else prompt[n - 1]) == prev.last_token:
-        tokens = tuple(output[n - p:]) if n >= p else prompt[n:] + tuple(output)
+        tokens = tuple(output[n - p :]) if n >= p else prompt[n:] + tuple(output)
         if prev.row is None and slow == prev.slow:  # it only went on: the short form, the record kept
             was = prev.text
-            grown = None if text == was else text[len(was):] if text.startswith(was) else (text,)
-            item = (req.request_id, n, tokens, req.num_computed_tokens, None if blocks == prev.block_ids else blocks,
-                    grown)
+            grown = None if text == was else text[len(was) :] if text.startswith(was) else (text,)
+            item = (
+                req.request_id,
+                n,
+                tokens,
+                req.num_computed_tokens,
+                None if blocks == prev.block_ids else blocks,
+                grown,
+            )
             prev.num_tokens, prev.last_token, prev.block_ids, prev.text = total, last, blocks, text
             return item, prev
     else:
         n, tokens = 0, prompt + tuple(output)
     same_blocks = prev is not None and blocks == prev.block_ids
-    return ((n, *request_fields(req, None if same_blocks else blocks, tokens)),
-            _Sent(None, total, last, blocks, slow, text))
+    return (
+        (n, *request_fields(req, None if same_blocks else blocks, tokens)),
+        _Sent(None, total, last, blocks, slow, text),
+    )
 
 
 def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo, ...]:
@@ -145,9 +155,25 @@ def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo
             b = rows[rid]
             tokens = b.token_ids + tokens  # it continues the whole row sent before
             text = b.text if text is None else b.text + text if type(text) is str else text[0]
-            out.append(RequestInfo(rid, b.index, b.status, b.num_prompt_tokens, len(tokens) - b.num_prompt_tokens,
-                                   b.num_cached_tokens, computed, b.block_ids if blocks is None else blocks,
-                                   text, tokens, b.error, b.group_id, b.parent_id, b.cpu_block_ids, b.client))
+            out.append(
+                RequestInfo(
+                    rid,
+                    b.index,
+                    b.status,
+                    b.num_prompt_tokens,
+                    len(tokens) - b.num_prompt_tokens,
+                    b.num_cached_tokens,
+                    computed,
+                    b.block_ids if blocks is None else blocks,
+                    text,
+                    tokens,
+                    b.error,
+                    b.group_id,
+                    b.parent_id,
+                    b.cpu_block_ids,
+                    b.client,
+                )
+            )
             continue
         n, *f = item
         if n:
@@ -163,6 +189,7 @@ def decode_rows(items: tuple, rows: dict[str, RequestInfo]) -> tuple[RequestInfo
 @dataclass(frozen=True, slots=True)
 class WireStep:
     """One step (or one command between steps), light: no per-block arrays."""
+
     step: int
     requests: tuple  # encode_rows's items
     counters: dict
@@ -184,6 +211,7 @@ class WireStep:
 class WireBatch:
     """Steps sent together; the pool's arrays after the last of them in shared-memory slot ``slot``, or
     ``inline`` when no slot was free, or neither when the pool had changed again before the batch went."""
+
     steps: tuple[WireStep, ...]
     scalars: dict  # SCALARS
     slot: int | None
@@ -252,10 +280,22 @@ class RecordEncoder:
             cache, self.cache_sent, self._now = _cache_of(snap), True, True
             self.rows_sent.clear()
         out = rec.step_output
-        self.pending.append(WireStep(
-            rec.step, encode_rows(snap.requests, self.rows_sent), snap.counters, block_counts(snap), cache,
-            pack_events(rec.events), out is not None, out.error if out else None,
-            out.num_scheduled_tokens if out else 0, rec.seconds, rec.audit, st.memory))
+        self.pending.append(
+            WireStep(
+                rec.step,
+                encode_rows(snap.requests, self.rows_sent),
+                snap.counters,
+                block_counts(snap),
+                cache,
+                pack_events(rec.events),
+                out is not None,
+                out.error if out else None,
+                out.num_scheduled_tokens if out else 0,
+                rec.seconds,
+                rec.audit,
+                st.memory,
+            )
+        )
         self._last = snap
 
     @property
@@ -325,21 +365,38 @@ class RecordDecoder:
             return out
         events, rows = self._follow(last, sc)
         arrays = self.slots.read(batch.slot, batch.lengths) if batch.slot is not None else dict(batch.inline)
-        snap = PoolState(last.step, sc["block_size"], **arrays, requests=rows, counters=last.counters,
-                         cached_tokens=self.tokens.freeze(), block_hashes=self.hashes.freeze(),
-                         num_cpu_blocks=sc["num_cpu_blocks"], block_bytes=sc["block_bytes"],
-                         model_name=sc["model_name"], counts=last.counts)
+        snap = PoolState(
+            last.step,
+            sc["block_size"],
+            **arrays,
+            requests=rows,
+            counters=last.counters,
+            cached_tokens=self.tokens.freeze(),
+            block_hashes=self.hashes.freeze(),
+            num_cpu_blocks=sc["num_cpu_blocks"],
+            block_bytes=sc["block_bytes"],
+            model_name=sc["model_name"],
+            counts=last.counts,
+        )
         out.append(_stepped(last, snap, events))
         return out
 
     def _digest(self, w: WireStep, sc: dict) -> Stepped:
         events, rows = self._follow(w, sc)
-        snap = StepDigest(w.step, sc["block_size"], sc["num_blocks"], rows, w.counters, w.counts,
-                          sc["num_cpu_blocks"], sc["block_bytes"], sc["model_name"])
+        snap = StepDigest(
+            w.step,
+            sc["block_size"],
+            sc["num_blocks"],
+            rows,
+            w.counters,
+            w.counts,
+            sc["num_cpu_blocks"],
+            sc["block_bytes"],
+            sc["model_name"],
+        )
         return _stepped(w, snap, events)
 
 
 def _stepped(w: WireStep, snap: PoolState | StepDigest, events: list) -> Stepped:
     out = StepOutput(w.step, [], [], w.num_scheduled_tokens, {}, w.error) if w.has_output else None
     return Stepped(StepRecord(w.step, snap, events, out, w.seconds, w.audit), w.memory)
-

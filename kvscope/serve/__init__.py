@@ -4,6 +4,7 @@
 that moves requests in and outputs out between steps on the engine's own thread.
 Imports are lazy: the command line reads ``options`` without loading the server stack.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """The FastAPI app: routes, the API key, and OpenAI-style errors for everything that can go wrong."""
+
 from __future__ import annotations
 
 import hmac
@@ -17,8 +18,9 @@ logger = logging.getLogger("kvscope.serve")
 
 
 def create_app(ctx: ServeContext) -> FastAPI:
-    app = FastAPI(title="kvscope", summary="OpenAI-compatible endpoints over kvscope's engine",
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="kvscope", summary="OpenAI-compatible endpoints over kvscope's engine", docs_url=None, redoc_url=None
+    )
     app.state.ctx = ctx
     if ctx.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=ctx.api_key)
@@ -38,14 +40,14 @@ def create_app(ctx: ServeContext) -> FastAPI:
             params = body.sampling_params(body.max_new_tokens)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        return await complete(ctx, request, body, body.chat_messages(), params, body.max_new_tokens is None,
-                              chat=True)
+        return await complete(ctx, request, body, body.chat_messages(), params, body.max_new_tokens is None, chat=True)
 
     @app.get("/v1/models")
     async def models() -> dict:
         m = ctx.model(None)
-        return P.ModelList(data=[P.ModelCard(id=m.name, created=m.created, root=m.name,
-                                             max_model_len=m.max_model_len)]).model_dump()
+        return P.ModelList(
+            data=[P.ModelCard(id=m.name, created=m.created, root=m.name, max_model_len=m.max_model_len)]
+        ).model_dump()
 
     @app.get("/health")
     async def health() -> Response:
@@ -66,8 +68,11 @@ def create_app(ctx: ServeContext) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code,
-                            headers=getattr(e, "headers", None))
+        return JSONResponse(
+            ApiError(e.status_code, str(e.detail)).body(),
+            status_code=e.status_code,
+            headers=getattr(e, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, e: Exception) -> JSONResponse:

@@ -8,6 +8,7 @@ steps it, with the bridge among its hooks: ``before_step`` moves the submissions
 ``after_step`` routes each output of the step to its stream (``call_soon_threadsafe``) and updates
 the metrics. ``wake`` (any thread) tells the owner that there is work, so it can start stepping.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,6 +52,7 @@ class ModelInfo:
 class AbortRecord:
     """One abort the bridge carried out: asked for after step ``requested_after``, done before step
     ``done_after + 1`` ran (``done_after - requested_after`` is at most the one step in flight)."""
+
     request_id: str
     reason: str
     requested_after: int
@@ -116,8 +118,14 @@ class RequestBridge:
         self._ids = itertools.count()
 
     # -- any thread (the handlers') ------------------------------------------------------
-    def submit(self, prompt: PromptType, params: SamplingParams, client: str = "", kind: str = "cmpl",
-               fill_max_tokens: bool = False) -> RequestStream:
+    def submit(
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        client: str = "",
+        kind: str = "cmpl",
+        fill_max_tokens: bool = False,
+    ) -> RequestStream:
         """Queue a request for the next step; call it on the loop that will read the stream.
 
         ``fill_max_tokens``: generate up to the end of the context (or of the pool, if smaller).
@@ -250,8 +258,14 @@ def _aborted_output(stream: RequestStream) -> RequestOutput:
     last = stream.last
     comps = last.outputs if last is not None else [CompletionOutput(i, "", []) for i in range(stream.n)]
     comps = [CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason or "abort") for c in comps]
-    return RequestOutput(stream.request_id, last.prompt if last else None, stream.prompt_token_ids, comps, True,
-                         last.num_cached_tokens if last else 0)
+    return RequestOutput(
+        stream.request_id,
+        last.prompt if last else None,
+        stream.prompt_token_ids,
+        comps,
+        True,
+        last.num_cached_tokens if last else 0,
+    )
 
 
 def _one_line(e: BaseException) -> str:

@@ -6,6 +6,7 @@ last ``len(stop) - 1`` characters may be the start of a stop string the engine w
 are held back until the sequence ends, so every chunk sent is final and the chunks add up to the
 text a non-streaming response would carry.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,14 +42,13 @@ class DeltaTracker:
             finished = c.finish_reason is not None
             text = c.text
             if not finished:
-                text = text[:max(len(text) - self.hold, 0)].rstrip("\ufffd")
+                text = text[: max(len(text) - self.hold, 0)].rstrip("\ufffd")
             sent = self.sent_text.get(c.index, "")
             if text.startswith(sent):
-                new_text = text[len(sent):]
+                new_text = text[len(sent) :]
                 self.sent_text[c.index] = text
             else:  # a decode that changed text already sent: it cannot be taken back
-                logger.warning("request %s choice %d: decoded text changed behind the stream", out.request_id,
-                               c.index)
+                logger.warning("request %s choice %d: decoded text changed behind the stream", out.request_id, c.index)
                 new_text = ""
             n = self.sent_tokens.get(c.index, 0)
             new_tokens = c.token_ids[n:]

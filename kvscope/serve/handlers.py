@@ -4,6 +4,7 @@ Both endpoints share it; ``Shape`` is what differs (text completion or chat, its
 way a wait ends early (the client left, the deadline passed, the server is stopping), the request
 is aborted at once, so the engine gives its blocks back before its next step.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,16 @@ from kvscope.serve.bridge import ModelInfo, RequestBridge, RequestFailed, Reques
 from kvscope.serve.deltas import Delta, DeltaTracker
 from kvscope.serve.watch import ClientDisconnected, ClientWatch, RequestTimedOut
 
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
-               499: "ClientClosedRequest", 500: "InternalServerError", 503: "ServiceUnavailableError",
-               504: "TimeoutError"}
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    499: "ClientClosedRequest",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+    504: "TimeoutError",
+}
 
 
 class ApiError(Exception):
@@ -68,6 +76,7 @@ class Flight:
 @dataclass(slots=True)
 class Shape:
     """The JSON of one endpoint's answers."""
+
     chat: bool
     request_id: str
     model: str
@@ -81,36 +90,70 @@ class Shape:
         ids = self.return_token_ids
         comps = sorted(out.outputs, key=lambda c: c.index)
         if self.chat:
-            choices = [P.ChatChoice(index=c.index, message=P.ChatResponseMessage(content=c.text),
-                                    finish_reason=c.finish_reason, token_ids=c.token_ids if ids else None)
-                       for c in comps]
-            r = P.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=choices,
-                                         usage=usage_of(out), prompt_token_ids=out.prompt_token_ids if ids else None)
+            choices = [
+                P.ChatChoice(
+                    index=c.index,
+                    message=P.ChatResponseMessage(content=c.text),
+                    finish_reason=c.finish_reason,
+                    token_ids=c.token_ids if ids else None,
+                )
+                for c in comps
+            ]
+            r = P.ChatCompletionResponse(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=usage_of(out),
+                prompt_token_ids=out.prompt_token_ids if ids else None,
+            )
         else:
-            choices = [P.CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason,
-                                          token_ids=c.token_ids if ids else None) for c in comps]
-            r = P.CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=choices,
-                                     usage=usage_of(out), prompt_token_ids=out.prompt_token_ids if ids else None)
+            choices = [
+                P.CompletionChoice(
+                    index=c.index, text=c.text, finish_reason=c.finish_reason, token_ids=c.token_ids if ids else None
+                )
+                for c in comps
+            ]
+            r = P.CompletionResponse(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=usage_of(out),
+                prompt_token_ids=out.prompt_token_ids if ids else None,
+            )
         return r.model_dump()
 
     def chunk(self, d: Delta, prompt_token_ids: list[int] | None = None, role: bool = False) -> dict:
         ids = d.token_ids if self.return_token_ids else None
         if self.chat:
             delta = P.DeltaMessage(role="assistant", content="") if role else P.DeltaMessage(content=d.text)
-            choice = P.ChatStreamChoice(index=d.index, delta=delta, finish_reason=d.finish_reason,
-                                        token_ids=None if role else ids)
-            c = P.ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[choice],
-                                      prompt_token_ids=prompt_token_ids)
+            choice = P.ChatStreamChoice(
+                index=d.index, delta=delta, finish_reason=d.finish_reason, token_ids=None if role else ids
+            )
+            c = P.ChatCompletionChunk(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=[choice],
+                prompt_token_ids=prompt_token_ids,
+            )
         else:
             choice = P.CompletionChoice(index=d.index, text=d.text, finish_reason=d.finish_reason, token_ids=ids)
-            c = P.CompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[choice],
-                                  prompt_token_ids=prompt_token_ids)
+            c = P.CompletionChunk(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=[choice],
+                prompt_token_ids=prompt_token_ids,
+            )
         return c.model_dump()
 
     def usage_chunk(self, out: RequestOutput) -> dict:
         cls = P.ChatCompletionChunk if self.chat else P.CompletionChunk
-        return cls(id=self.request_id, created=self.created, model=self.model, choices=[],
-                   usage=usage_of(out)).model_dump()
+        return cls(
+            id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage_of(out)
+        ).model_dump()
 
 
 def usage_of(out: RequestOutput) -> P.UsageInfo:
@@ -126,8 +169,15 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def complete(ctx: ServeContext, request: Request, body: P._SamplingRequest, prompt: PromptType,
-                   params: SamplingParams, fill_max_tokens: bool, chat: bool) -> Response:
+async def complete(
+    ctx: ServeContext,
+    request: Request,
+    body: P._SamplingRequest,
+    prompt: PromptType,
+    params: SamplingParams,
+    fill_max_tokens: bool,
+    chat: bool,
+) -> Response:
     model = ctx.model(body.model)
     stream = ctx.bridge.submit(prompt, params, client_of(request), "chatcmpl" if chat else "cmpl", fill_max_tokens)
     flight = Flight(ctx.bridge, stream)
@@ -176,8 +226,9 @@ async def _collect(ctx: ServeContext, flight: Flight, watch: ClientWatch, shape:
     return JSONResponse(shape.response(out))
 
 
-async def _events(ctx: ServeContext, flight: Flight, watch: ClientWatch, shape: Shape, params: SamplingParams,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _events(
+    ctx: ServeContext, flight: Flight, watch: ClientWatch, shape: Shape, params: SamplingParams, include_usage: bool
+) -> AsyncIterator[str]:
     """Server-sent events: one chunk per choice per step with new text, then ``[DONE]``."""
     tracker = DeltaTracker(params.stop, with_tokens=shape.return_token_ids)
     prompt_ids = flight.stream.prompt_token_ids if shape.return_token_ids else None
@@ -223,8 +274,9 @@ class EngineStreamingResponse(StreamingResponse):
     """
 
     def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._events = events
 
     async def __call__(self, scope, receive, send) -> None:

@@ -1,4 +1,5 @@
 """What a server beside the engine is started with (``kvscope.cli.parser`` reads them from the flags)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,4 +11,3 @@ class ServeOptions:
     port: int = 8000  # 0: any free port (tests)
     api_key: str | None = None
     request_timeout: float | None = None  # seconds from arrival; None: no limit
-

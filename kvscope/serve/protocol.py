@@ -4,6 +4,7 @@ Unknown fields are accepted and ignored (as vLLM does); fields kvscope cannot ho
 penalties, tools, ...) are refused with a 400 when set to anything but their neutral value, so a
 client never silently gets something other than what it asked for.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,11 +16,25 @@ from engine import SamplingParams
 
 # field -> values that mean "not used": anything else is refused.
 _UNSUPPORTED: dict[str, tuple] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1), "min_p": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
-    "response_format": (None, {"type": "text"}), "use_beam_search": (None, False), "prompt_logprobs": (None, 0),
-    "min_tokens": (None, 0), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "min_p": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "use_beam_search": (None, False),
+    "prompt_logprobs": (None, 0),
+    "min_tokens": (None, 0),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
 }
 
 
@@ -66,9 +81,16 @@ class _SamplingRequest(OpenAIBaseModel):
             raise ValueError("a stop string must not be empty")
         top_k = self.top_k if self.top_k not in (None, 0) else -1
         return SamplingParams(
-            max_tokens=max_tokens or 1, temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, n=self.n, seed=self.seed, stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos)
+            max_tokens=max_tokens or 1,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=top_k,
+            n=self.n,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+        )
 
     @property
     def include_usage(self) -> bool:
@@ -132,9 +154,12 @@ class UsageInfo(OpenAIBaseModel):
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
 
 
 class CompletionChoice(OpenAIBaseModel):

@@ -5,6 +5,7 @@ process) creates one, starts it, puts ``server.bridge`` among the session's hook
 ``bridge.attach(engine)`` once the model is loaded; until then every route but ``/metrics``
 answers 503. No Qt here: it must run wherever the engine runs.
 """
+
 from __future__ import annotations
 
 import socket
@@ -41,11 +42,19 @@ class OpenAIServer:
         """Bind (here, so a port in use fails now with ``OSError``) and serve on a daemon thread."""
         sock = _bind(self.options.host, self.options.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off", ws="none",
-                                timeout_graceful_shutdown=3, timeout_keep_alive=5)
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            timeout_graceful_shutdown=3,
+            timeout_keep_alive=5,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="kvscope-http",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="kvscope-http", daemon=True
+        )
         self._thread.start()
         t0 = time.monotonic()
         while not self._server.started:
@@ -71,7 +80,8 @@ def start_server(options: ServeOptions, say=None) -> OpenAIServer:
     server = OpenAIServer(options)
     server.start()
     (say or (lambda text: print(text, file=sys.stderr)))(
-        f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)")
+        f"kvscope: serving at {server.url}/v1 (metrics at {server.url}/metrics)"
+    )
     return server
 
 

@@ -4,6 +4,7 @@ Starlette does not cancel a handler when its client goes away, and a streaming r
 only when it next writes (a request still waiting for its turn writes nothing). So a task reads
 the ASGI ``receive`` channel, whose next message after the body is ``http.disconnect``.
 """
+
 from __future__ import annotations
 
 import asyncio

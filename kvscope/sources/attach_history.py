@@ -6,6 +6,7 @@ polls a keyframe keeps a copy of the model (``RemoteCacheModel.copy`` shares the
 copies the nearest keyframe at or before the tick and replays the operations in between. Past
 ``max_ops`` kept operations, the oldest keyframe and the polls it covers are dropped.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -57,7 +58,7 @@ class AttachHistory:
         k = bisect.bisect_right([t for t, _ in self._keyframes], tick) - 1
         start, base = self._keyframes[k]
         model = base.copy()
-        for t in self.ticks[bisect.bisect_right(self.ticks, start):bisect.bisect_right(self.ticks, tick)]:
+        for t in self.ticks[bisect.bisect_right(self.ticks, start) : bisect.bisect_right(self.ticks, tick)]:
             for op in self._records[t].ops:
                 if op[0] == "ev":
                     model.apply(op[2], op[1], t)

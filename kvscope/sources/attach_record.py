@@ -3,6 +3,7 @@
 Apart from ``attached`` so that ``base.StepRecord`` can name it: an attached source's step records carry
 their poll as the snapshot.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from kvscope.sources.remote_cache import ForestSummary
 @dataclass(frozen=True)
 class Gap:
     """Batches ``first..last`` (inclusive) of a stream that never reached the model."""
+
     stream: int
     first: int
     last: int
@@ -24,13 +26,19 @@ class Gap:
         return self.last - self.first + 1
 
     def as_dict(self) -> dict:
-        return {"stream": self.stream, "first": self.first, "last": self.last, "batches": self.size,
-                "reason": self.reason}
+        return {
+            "stream": self.stream,
+            "first": self.first,
+            "last": self.last,
+            "batches": self.size,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
 class AttachRecord:
     """One poll: what arrived, the forest's summary after it, and the counters so far."""
+
     tick: int
     t: float  # seconds since the source started
     events: tuple[Event, ...]  # RemoteStored / RemoteEvicted / RemoteCleared, for the event log

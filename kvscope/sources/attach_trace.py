@@ -13,6 +13,7 @@ one of:
 Replaying applies the same payloads in the same order, so the forest, the counters and the
 gaps come back exactly. Each line is flushed; a torn last line (a crash mid-write) is dropped.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,8 +44,16 @@ class AttachTraceWriter:
         self._f.flush()
 
     def msg(self, tick: int, stream: int, seq: int, src: str, payload: bytes) -> None:
-        self._write({"k": "msg", "tick": tick, "stream": stream, "seq": seq, "src": src,
-                     "payload": base64.b64encode(payload).decode("ascii")})
+        self._write(
+            {
+                "k": "msg",
+                "tick": tick,
+                "stream": stream,
+                "seq": seq,
+                "src": src,
+                "payload": base64.b64encode(payload).decode("ascii"),
+            }
+        )
 
     def gap(self, tick: int, stream: int, first: int, last: int, reason: str) -> None:
         self._write({"k": "gap", "tick": tick, "stream": stream, "first": first, "last": last, "reason": reason})
@@ -84,8 +93,9 @@ def read_attach_header(path: str | Path) -> dict:
         raise AttachTraceError(f"{path} is not an attach trace (no '{FORMAT}' header)")
     version = header.get("version")
     if not isinstance(version, int) or version > VERSION:
-        raise AttachTraceError(f"{path} was written by a newer kvscope (attach trace version {version}); "
-                               f"this one reads version {VERSION}")
+        raise AttachTraceError(
+            f"{path} was written by a newer kvscope (attach trace version {version}); this one reads version {VERSION}"
+        )
     return header
 
 
@@ -93,6 +103,7 @@ def read_attach_header(path: str | Path) -> dict:
 class TraceTick:
     """One poll's lines, in order: ("msg", stream, seq, src, payload), ("gap", stream, first, last,
     reason), ("restart", stream, ranks)."""
+
     tick: int
     t: float
     counters: dict
@@ -111,11 +122,19 @@ def read_attach_trace(path: str | Path) -> Iterator[TraceTick]:
             rec = json.loads(line)
             kind = rec["k"]
             if kind == "msg":
-                pending.items.append(("msg", int(rec["stream"]), int(rec["seq"]), str(rec["src"]),
-                                      base64.b64decode(rec["payload"], validate=True)))
+                pending.items.append(
+                    (
+                        "msg",
+                        int(rec["stream"]),
+                        int(rec["seq"]),
+                        str(rec["src"]),
+                        base64.b64decode(rec["payload"], validate=True),
+                    )
+                )
             elif kind == "gap":
-                pending.items.append(("gap", int(rec["stream"]), int(rec["first"]), int(rec["last"]),
-                                      str(rec["reason"])))
+                pending.items.append(
+                    ("gap", int(rec["stream"]), int(rec["first"]), int(rec["last"]), str(rec["reason"]))
+                )
             elif kind == "restart":
                 pending.items.append(("restart", int(rec["stream"]), [int(r) for r in rec["ranks"]]))
             elif kind == "tick":

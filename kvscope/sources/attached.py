@@ -19,6 +19,7 @@ it the publisher drops, which shows up as gaps), one poll handles at most
 carries at most ``max_log_events`` events, and the forest holds at most ``max_nodes`` blocks
 (further stores are counted as overflow).
 """
+
 from __future__ import annotations
 
 import time
@@ -36,14 +37,34 @@ from kvscope.sources.base import ATTACH_CAPABILITIES, ReadOnlyError, SourceInfo,
 from kvscope.sources.endpoints import offset_endpoint
 from kvscope.sources.remote_cache import RemoteCacheModel, RemoteEvicted, RemoteStored
 
-CANNOT_SHOW = ("Attached to an engine's KV events. They name cached blocks by hash (stores, evictions, "
-               "resets); they carry no block ids, block tables, ref counts, owners or free list, so those "
-               "views are not shown.")
+CANNOT_SHOW = (
+    "Attached to an engine's KV events. They name cached blocks by hash (stores, evictions, "
+    "resets); they carry no block ids, block tables, ref counts, owners or free list, so those "
+    "views are not shown."
+)
 
-COUNTERS = ("batches", "batches_live", "batches_replayed", "events", "blocks_stored", "blocks_removed",
-            "caches_cleared", "malformed_messages", "oversized_messages", "unknown_event_kinds", "bad_events",
-            "gaps_detected", "gaps_repaired", "gaps_unrepaired", "batches_missing", "replay_requests",
-            "replay_timeouts", "duplicates", "publisher_restarts", "log_events_dropped")
+COUNTERS = (
+    "batches",
+    "batches_live",
+    "batches_replayed",
+    "events",
+    "blocks_stored",
+    "blocks_removed",
+    "caches_cleared",
+    "malformed_messages",
+    "oversized_messages",
+    "unknown_event_kinds",
+    "bad_events",
+    "gaps_detected",
+    "gaps_repaired",
+    "gaps_unrepaired",
+    "batches_missing",
+    "replay_requests",
+    "replay_timeouts",
+    "duplicates",
+    "publisher_restarts",
+    "log_events_dropped",
+)
 
 
 @dataclass
@@ -157,16 +178,30 @@ class _Applier:
             self._rates.popleft()
         t0, s0, r0 = self._rates[0]
         span = t - t0
-        rates = {"stored_per_s": (c["blocks_stored"] - s0) / span if span > 0 else 0.0,
-                 "removed_per_s": (c["blocks_removed"] - r0) / span if span > 0 else 0.0}
+        rates = {
+            "stored_per_s": (c["blocks_stored"] - s0) / span if span > 0 else 0.0,
+            "removed_per_s": (c["blocks_removed"] - r0) / span if span > 0 else 0.0,
+        }
         counters = dict(c)
-        counters.update(overflow=self.model.overflow, unknown_removals=self.model.unknown_removals,
-                        token_mismatches=self.model.token_mismatches,
-                        block_size_mismatches=self.block_size_mismatches)
+        counters.update(
+            overflow=self.model.overflow,
+            unknown_removals=self.model.unknown_removals,
+            token_mismatches=self.model.token_mismatches,
+            block_size_mismatches=self.block_size_mismatches,
+        )
         if self.trace is not None:
             self.trace.tick(self.tick, t, counters)
-        rec = AttachRecord(self.tick, t, tuple(self._events), self.model.summary(), counters, rates,
-                           tuple(self.gaps), self._batches, tuple(self._ops))
+        rec = AttachRecord(
+            self.tick,
+            t,
+            tuple(self._events),
+            self.model.summary(),
+            counters,
+            rates,
+            tuple(self.gaps),
+            self._batches,
+            tuple(self._ops),
+        )
         self.tick += 1
         self._events, self._batches, self._ops = [], 0, []
         return rec
@@ -175,6 +210,7 @@ class _Applier:
 @dataclass
 class _Stream:
     """One publisher (one data-parallel rank): its sockets and where its sequence stands."""
+
     index: int
     endpoint: str
     replay_endpoint: str | None
@@ -190,6 +226,7 @@ class _Stream:
 @dataclass
 class Connection:
     """One publisher's connection as ZeroMQ saw it (``AttachConfig.watch_connection``)."""
+
     state: str = "connecting"  # "connecting" (never reached), "up", "down" (it was up, and went)
     since: float = 0.0  # seconds on the source's clock when it entered that state
     disconnects: int = 0
@@ -198,9 +235,18 @@ class Connection:
 
 def _info(model_name: str, device: str, block_size: int | None, **extra) -> SourceInfo:
     """An attached engine's SourceInfo: its pool, dtype and model are not in the events (0 and "-")."""
-    return SourceInfo(model_name=model_name, device=device, dtype="-", num_blocks=0, block_size=block_size or 0,
-                      block_bytes=0, max_model_len=0, load_seconds=0.0, capabilities=ATTACH_CAPABILITIES,
-                      extra={**extra, "block_size": block_size, "cannot_show": CANNOT_SHOW})
+    return SourceInfo(
+        model_name=model_name,
+        device=device,
+        dtype="-",
+        num_blocks=0,
+        block_size=block_size or 0,
+        block_bytes=0,
+        max_model_len=0,
+        load_seconds=0.0,
+        capabilities=ATTACH_CAPABILITIES,
+        extra={**extra, "block_size": block_size, "cannot_show": CANNOT_SHOW},
+    )
 
 
 class _ReadOnly:
@@ -219,8 +265,9 @@ class _ReadOnly:
 
     def set_audit(self, on: bool) -> None:
         if on:
-            raise ReadOnlyError("an attached engine cannot be audited: its KV events carry no block tables "
-                                "or ref counts")
+            raise ReadOnlyError(
+                "an attached engine cannot be audited: its KV events carry no block tables or ref counts"
+            )
 
     def decode(self, token_ids) -> str | None:
         return None  # a foreign engine's tokenizer is not here
@@ -246,9 +293,16 @@ class AttachedSource(_ReadOnly):
         self.replay_endpoints = [offset_endpoint(config.replay_endpoint, r) for r in range(config.dp_size)]
         trace = None
         if trace_path:
-            trace = AttachTraceWriter(trace_path, {
-                "endpoints": self.endpoints, "replay_endpoints": self.replay_endpoints,
-                "topic": config.topic, "block_size": config.block_size, "started": time.time()})
+            trace = AttachTraceWriter(
+                trace_path,
+                {
+                    "endpoints": self.endpoints,
+                    "replay_endpoints": self.replay_endpoints,
+                    "topic": config.topic,
+                    "block_size": config.block_size,
+                    "started": time.time(),
+                },
+            )
         self._applier = _Applier(config, trace)
         self._t0 = time.monotonic()
         try:
@@ -260,8 +314,14 @@ class AttachedSource(_ReadOnly):
         self._poller = zmq.Poller()
         for s in self.streams:
             self._poller.register(s.sub, zmq.POLLIN)
-        self.info = _info(f"attached to {config.endpoint}", "KV events", config.block_size, endpoints=self.endpoints,
-                          replay_endpoints=self.replay_endpoints, topic=config.topic)
+        self.info = _info(
+            f"attached to {config.endpoint}",
+            "KV events",
+            config.block_size,
+            endpoints=self.endpoints,
+            replay_endpoints=self.replay_endpoints,
+            topic=config.topic,
+        )
 
     # -- sockets ---------------------------------------------------------------------------
     def _open_stream(self, rank: int) -> _Stream:
@@ -281,8 +341,14 @@ class AttachedSource(_ReadOnly):
             # before connect(), or the first connection's events are gone
             monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sub.connect(endpoint)
-        s = _Stream(rank, endpoint, offset_endpoint(c.replay_endpoint, rank), sub, monitor=monitor,
-                    connection=Connection(since=self._clock()) if monitor is not None else None)
+        s = _Stream(
+            rank,
+            endpoint,
+            offset_endpoint(c.replay_endpoint, rank),
+            sub,
+            monitor=monitor,
+            connection=Connection(since=self._clock()) if monitor is not None else None,
+        )
         if s.replay_endpoint:
             s.dealer = self._open_dealer(s.replay_endpoint)
         return s
@@ -404,8 +470,9 @@ class AttachedSource(_ReadOnly):
         """
         a = self._applier
         if s.dealer is None:
-            a.gap(s.index, first, last, "joined late, no replay endpoint" if s.last_seq is None
-                  else "no replay endpoint")
+            a.gap(
+                s.index, first, last, "joined late, no replay endpoint" if s.last_seq is None else "no replay endpoint"
+            )
             return
         a.counters["replay_requests"] += 1
         s.dealer.send_multipart((b"", first.to_bytes(8, "big")))
@@ -450,8 +517,12 @@ class AttachedSource(_ReadOnly):
             return
         got = s.last_seq if s.last_seq is not None else first - 1
         if got < last:
-            a.gap(s.index, max(got + 1, first), last,
-                  "replay timed out" if timed_out else "no longer in the publisher's replay buffer")
+            a.gap(
+                s.index,
+                max(got + 1, first),
+                last,
+                "replay timed out" if timed_out else "no longer in the publisher's replay buffer",
+            )
             s.last_seq = last
         elif not lost:
             a.counters["gaps_repaired"] += 1
@@ -480,15 +551,22 @@ class AttachReplay(_ReadOnly):
         self.header = read_attach_header(path)
         self.path = path
         bs = self.header.get("block_size")
-        self.config = AttachConfig(endpoint=(self.header.get("endpoints") or ["replay://"])[0],
-                                   topic=str(self.header.get("topic", "")),
-                                   block_size=bs if isinstance(bs, int) and bs > 0 else None)
+        self.config = AttachConfig(
+            endpoint=(self.header.get("endpoints") or ["replay://"])[0],
+            topic=str(self.header.get("topic", "")),
+            block_size=bs if isinstance(bs, int) and bs > 0 else None,
+        )
         self._applier = _Applier(self.config, None)
         self._ticks = read_attach_trace(path)
         self._next = next(self._ticks, None)
         self.step_count = 0  # polls replayed so far
-        self.info = _info(f"replay of an attach to {self.config.endpoint}", "attach trace", self.config.block_size,
-                          endpoints=self.header.get("endpoints", []), topic=self.config.topic)
+        self.info = _info(
+            f"replay of an attach to {self.config.endpoint}",
+            "attach trace",
+            self.config.block_size,
+            endpoints=self.header.get("endpoints", []),
+            topic=self.config.topic,
+        )
 
     @property
     def model(self) -> RemoteCacheModel:
@@ -524,8 +602,9 @@ class AttachReplay(_ReadOnly):
         self.step_count += 1
         a.counters.update({k: v for k, v in tick.counters.items() if k in a.counters})
         counters = {**rec.counters, **tick.counters}
-        return AttachRecord(rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches,
-                            rec.ops)
+        return AttachRecord(
+            rec.tick, rec.t, rec.events, rec.summary, counters, rec.rates, rec.gaps, rec.batches, rec.ops
+        )
 
     def close(self) -> None:
         pass
@@ -549,13 +628,23 @@ class AttachSummary:
         d, last = self.source.describe(), self.last
         s, c, seconds = last.summary, last.counters, last.t
         return {
-            "attached_to": d.get("endpoints", []), "replay_endpoints": d.get("replay_endpoints", []),
-            "topic": d.get("topic", ""), "polls": self.polls, "seconds": round(seconds, 3),
-            "blocks": s.blocks, "tokens": s.tokens, "roots": s.roots, "tiers": [t.as_dict() for t in s.tiers],
+            "attached_to": d.get("endpoints", []),
+            "replay_endpoints": d.get("replay_endpoints", []),
+            "topic": d.get("topic", ""),
+            "polls": self.polls,
+            "seconds": round(seconds, 3),
+            "blocks": s.blocks,
+            "tokens": s.tokens,
+            "roots": s.roots,
+            "tiers": [t.as_dict() for t in s.tiers],
             "block_sizes": sorted(self.source.model.block_sizes),
-            "rates": {"stored_per_s": round(c["blocks_stored"] / seconds, 3) if seconds > 0 else 0.0,
-                      "removed_per_s": round(c["blocks_removed"] / seconds, 3) if seconds > 0 else 0.0,
-                      "window_stored_per_s": round(last.rates["stored_per_s"], 3),
-                      "window_removed_per_s": round(last.rates["removed_per_s"], 3)},
-            "counters": c, "gaps_unrepaired": [g.as_dict() for g in last.gaps], "cannot_show": CANNOT_SHOW,
+            "rates": {
+                "stored_per_s": round(c["blocks_stored"] / seconds, 3) if seconds > 0 else 0.0,
+                "removed_per_s": round(c["blocks_removed"] / seconds, 3) if seconds > 0 else 0.0,
+                "window_stored_per_s": round(last.rates["stored_per_s"], 3),
+                "window_removed_per_s": round(last.rates["removed_per_s"], 3),
+            },
+            "counters": c,
+            "gaps_unrepaired": [g.as_dict() for g in last.gaps],
+            "cannot_show": CANNOT_SHOW,
         }

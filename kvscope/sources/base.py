@@ -4,6 +4,7 @@ A live engine (in this process or a child process), a trace replay and an attach
 external engine differ only in what they can fill in; ``SourceInfo.capabilities``
 says which, so the views can hide what a source cannot give. No Qt here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ FLEET_CAPABILITIES = frozenset({FLEET})
 @dataclass(frozen=True, slots=True)
 class InjectSpec:
     """One request to add: text, token ids or chat messages, with its sampling parameters."""
+
     prompt: object
     params: SamplingParams
     request_id: str | None = None
@@ -51,6 +53,7 @@ class InjectSpec:
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
     """What the window shows about a source once it is ready (picklable: it crosses processes)."""
+
     model_name: str
     device: str
     dtype: str
@@ -84,6 +87,7 @@ class SourceInfo:
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """What one step (or one command between steps) did: a snapshot after it and its events."""
+
     step: int
     # an engine process's own records carry a LiveState (read before its next step); the window gets those
     # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn); an attached
@@ -95,7 +99,6 @@ class StepRecord:
     seconds: float
     audit: AuditReport | None = None
     notice: str | None = None  # one line about the source itself (a probed vLLM restarted, say), not an error
-
 
     @property
     def leaked(self) -> list[int]:

@@ -1,4 +1,5 @@
 """ZeroMQ addresses as vLLM's data-parallel ranks use them (no sockets here)."""
+
 from __future__ import annotations
 
 

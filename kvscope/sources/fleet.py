@@ -12,6 +12,7 @@ An instance that goes away (its connection drops, or heartbeats stop) is marked 
 heard; one that restarts (its sequence goes back) has its cache cleared; a gap is repaired from its replay socket
 or listed; the others go on. Every change of that kind is one line in the record's ``notices``.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,10 @@ from kvscope.sources.fleet_route import RouteAnswer, score
 from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec
 from kvscope.sources.hash_check import HashCheck
 
-CANNOT_SHOW = ("A fleet's KV events: each instance's cached blocks by hash. They carry no block ids, tables, ref "
-               "counts or requests; usage and load come from each instance's /metrics when the fleet file names it.")
+CANNOT_SHOW = (
+    "A fleet's KV events: each instance's cached blocks by hash. They carry no block ids, tables, ref "
+    "counts or requests; usage and load come from each instance's /metrics when the fleet file names it."
+)
 
 
 class FleetMember:
@@ -41,9 +44,18 @@ class FleetMember:
         self.spec, self.index, self.place = spec, index, place
         self.check = HashCheck(spec.hash_algo, spec.hash_seed, spec.block_size)
         self.feed = InstanceFeed(index, place, spec.name, spec.dp_size, spec.bytes_per_block, also=self.check)
-        self.source = AttachedSource(AttachConfig(
-            endpoint=spec.endpoint, replay_endpoint=spec.replay_endpoint, topic=spec.topic, dp_size=spec.dp_size,
-            block_size=spec.block_size, max_nodes=max_blocks, poll_interval=0.0, watch_connection=True))
+        self.source = AttachedSource(
+            AttachConfig(
+                endpoint=spec.endpoint,
+                replay_endpoint=spec.replay_endpoint,
+                topic=spec.topic,
+                dp_size=spec.dp_size,
+                block_size=spec.block_size,
+                max_nodes=max_blocks,
+                poll_interval=0.0,
+                watch_connection=True,
+            )
+        )
         self.source.model.listener = self.feed
         self.last: AttachRecord | None = None
         self.state = "connecting"  # as of the last record (what a route after close() goes by)
@@ -66,11 +78,26 @@ class FleetMember:
         bpb = self.spec.bytes_per_block
         shared = self.feed.shared_blocks
         c = rec.counters
-        return InstanceRow(self.spec.name, self.spec.endpoint, state, state_s, summary.blocks, summary.tokens,
-                           summary.blocks * bpb if bpb else None, rec.rates["stored_per_s"],
-                           rec.rates["removed_per_s"], shared, shared * bpb if bpb else None,
-                           c["publisher_restarts"], c["gaps_unrepaired"], c["batches_missing"], heard,
-                           self.check.why_not() is None, self.check.describe(), metrics)
+        return InstanceRow(
+            self.spec.name,
+            self.spec.endpoint,
+            state,
+            state_s,
+            summary.blocks,
+            summary.tokens,
+            summary.blocks * bpb if bpb else None,
+            rec.rates["stored_per_s"],
+            rec.rates["removed_per_s"],
+            shared,
+            shared * bpb if bpb else None,
+            c["publisher_restarts"],
+            c["gaps_unrepaired"],
+            c["batches_missing"],
+            heard,
+            self.check.why_not() is None,
+            self.check.describe(),
+            metrics,
+        )
 
     def notices(self, row: InstanceRow) -> list[str]:
         """What changed about this instance since the last poll, one line each."""
@@ -84,8 +111,7 @@ class FleetMember:
             out.append(f"{name} restarted (its sequence numbers went back): its cache was cleared")
         if row.batches_missing > said.get("missing", 0):
             lost = count_text(row.batches_missing - said.get("missing", 0), "batch", "batches")
-            out.append(f"{name}: {lost} missing and not repaired: "
-                       f"its cache may miss blocks")
+            out.append(f"{name}: {lost} missing and not repaired: its cache may miss blocks")
         if not row.reproducible and self.check.failed + bool(self.check.fatal) and not said.get("unreproducible"):
             out.append(f"{name}: {row.hashes}")
             said["unreproducible"] = True
@@ -101,8 +127,9 @@ class FleetSource(_ReadOnly):
 
     refusal = "a fleet is read-only: kvscope hears its instances' KV events and sends them nothing"
 
-    def __init__(self, spec: FleetSpec, poll_interval: float = 0.1, max_blocks: int = 200_000,
-                 metrics_interval: float = 2.0) -> None:
+    def __init__(
+        self, spec: FleetSpec, poll_interval: float = 0.1, max_blocks: int = 200_000, metrics_interval: float = 2.0
+    ) -> None:
         self.spec = spec
         self.poll_interval = poll_interval
         self.index = FleetIndex(max_nodes=max_blocks * len(spec.instances))
@@ -122,11 +149,18 @@ class FleetSource(_ReadOnly):
                 self._poller.register(sock, zmq.POLLIN)
         self.metrics = MetricsScraper({i.name: i.metrics for i in spec.instances if i.metrics}, metrics_interval)
         names = ", ".join(i.name for i in spec.instances)
-        self.info = SourceInfo(model_name=f"a fleet of {len(spec.instances)}: {names}", device="KV events", dtype="-",
-                               num_blocks=0, block_size=0, block_bytes=0, max_model_len=0, load_seconds=0.0,
-                               capabilities=FLEET_CAPABILITIES,
-                               extra={"instances": [i.name for i in spec.instances], "origin": spec.origin,
-                                      "cannot_show": CANNOT_SHOW})
+        self.info = SourceInfo(
+            model_name=f"a fleet of {len(spec.instances)}: {names}",
+            device="KV events",
+            dtype="-",
+            num_blocks=0,
+            block_size=0,
+            block_bytes=0,
+            max_model_len=0,
+            load_seconds=0.0,
+            capabilities=FLEET_CAPABILITIES,
+            extra={"instances": [i.name for i in spec.instances], "origin": spec.origin, "cannot_show": CANNOT_SHOW},
+        )
 
     @property
     def step_count(self) -> int:
@@ -138,8 +172,9 @@ class FleetSource(_ReadOnly):
     def step(self) -> StepRecord:
         t0 = time.perf_counter()
         rec = self.poll(self.poll_interval)
-        return StepRecord(rec.tick, rec, [], None, time.perf_counter() - t0,
-                          notice="; ".join(rec.notices) if rec.notices else None)
+        return StepRecord(
+            rec.tick, rec, [], None, time.perf_counter() - t0, notice="; ".join(rec.notices) if rec.notices else None
+        )
 
     def poll(self, timeout: float = 0.1) -> FleetRecord:
         """Wait up to ``timeout`` s for any instance's first message, then poll each one without waiting."""
@@ -159,8 +194,15 @@ class FleetSource(_ReadOnly):
             row = m.row(now, scrape.as_dict(clock) if scrape else None)
             rows.append(row)
             notices += m.notices(row)
-        return FleetRecord(self.tick, now, tuple(rows), sum(r.blocks for r in rows), self.index.distinct_blocks,
-                           self.index.duplication(), tuple(notices))
+        return FleetRecord(
+            self.tick,
+            now,
+            tuple(rows),
+            sum(r.blocks for r in rows),
+            self.index.distinct_blocks,
+            self.index.duplication(),
+            tuple(notices),
+        )
 
     def route(self, token_ids: Sequence[int]) -> RouteAnswer:
         """Each instance's longest cached prefix of ``token_ids`` (see ``fleet_route``)."""
@@ -196,9 +238,14 @@ class FleetSummary:
 
     def as_dict(self, route: RouteAnswer | None = None) -> dict:
         last = self.last
-        out = {"origin": self.source.spec.origin, "polls": self.polls, "seconds": round(last.t, 3),
-               "instances": [r.as_dict() for r in last.instances], "in_all": last.in_all(),
-               "cannot_show": CANNOT_SHOW}
+        out = {
+            "origin": self.source.spec.origin,
+            "polls": self.polls,
+            "seconds": round(last.t, 3),
+            "instances": [r.as_dict() for r in last.instances],
+            "in_all": last.in_all(),
+            "cannot_show": CANNOT_SHOW,
+        }
         if route is not None:
             out["route"] = route.as_dict()
         return {"fleet": out}

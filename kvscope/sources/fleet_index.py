@@ -6,6 +6,7 @@ A *cache* is one instance's one data-parallel rank (each rank has its own KV cac
 two or more caches hold it, in any medium. Every count is kept up to date as nodes come and go, so a poll costs
 what changed, not the size of the fleet. No sockets here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ FLEET_MEDIUM = "fleet"  # the merged forest is one tier: a node is a hash, whoev
 @dataclass(frozen=True)
 class Duplication:
     """The blocks held by two or more caches."""
+
     blocks: int  # distinct hashes held by >= 2 caches
     copies: int  # the caches holding them, counted over those hashes
     extra_bytes: int | None  # the memory they take beyond one copy each (None: a holder's bytes per block unknown)
@@ -28,8 +30,12 @@ class Duplication:
         return self.copies - self.blocks
 
     def as_dict(self) -> dict:
-        return {"duplicated_blocks": self.blocks, "copies": self.copies, "extra_copies": self.extra_copies,
-                "extra_bytes": self.extra_bytes}
+        return {
+            "duplicated_blocks": self.blocks,
+            "copies": self.copies,
+            "extra_copies": self.extra_copies,
+            "extra_bytes": self.extra_bytes,
+        }
 
 
 class FleetIndex:
@@ -127,10 +133,22 @@ class InstanceFeed:
     """One instance's model tells the fleet's index (and ``also``, its hash check) of every node it gains or loses:
     a ``CacheListener``. Each data-parallel rank it publishes for is a cache of its own in the index."""
 
-    def __init__(self, index: FleetIndex, place: int, name: str, dp_size: int = 1, bytes_per_block: int | None = None,
-                 also: CacheListener | None = None) -> None:
-        self.index, self.place, self.name, self.dp_size, self.bytes_per_block = index, place, name, dp_size, \
-            bytes_per_block
+    def __init__(
+        self,
+        index: FleetIndex,
+        place: int,
+        name: str,
+        dp_size: int = 1,
+        bytes_per_block: int | None = None,
+        also: CacheListener | None = None,
+    ) -> None:
+        self.index, self.place, self.name, self.dp_size, self.bytes_per_block = (
+            index,
+            place,
+            name,
+            dp_size,
+            bytes_per_block,
+        )
         self.also = also
         self.caches: dict[int, int] = {}  # data-parallel rank -> the index's cache
 

@@ -6,6 +6,7 @@ KV events say which blocks are cached; they do not say how full the pool is or h
 of cached blocks, which the fleet view's count from the events should equal. One thread scrapes every instance
 that names a ``metrics`` URL, every ``interval`` seconds, so a slow or dead server never holds up a poll.
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 # metric family -> (key in the fleet's JSON, how the data-parallel engines' samples combine)
-WANTED = {"vllm:kv_cache_usage_perc": ("kv_cache_usage_perc", "mean"),
-          "vllm:num_requests_running": ("num_requests_running", "sum"),
-          "vllm:num_requests_waiting": ("num_requests_waiting", "sum"),
-          "kvscope:prefix_cache_blocks": ("prefix_cache_blocks", "sum")}
+WANTED = {
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage_perc", "mean"),
+    "vllm:num_requests_running": ("num_requests_running", "sum"),
+    "vllm:num_requests_waiting": ("num_requests_waiting", "sum"),
+    "kvscope:prefix_cache_blocks": ("prefix_cache_blocks", "sum"),
+}
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,11 @@ class MetricsScraper:
             return Scrape(values, time.monotonic())
         except Exception as e:  # noqa: BLE001 - a dead server is one line, never a crash of the view
             why = str(getattr(e, "reason", "") or e).strip().splitlines()
-            return Scrape(last.values if last else {}, last.at if last else time.monotonic(),
-                          f"{url}: {why[0] if why else type(e).__name__}")
+            return Scrape(
+                last.values if last else {},
+                last.at if last else time.monotonic(),
+                f"{url}: {why[0] if why else type(e).__name__}",
+            )
 
     def get(self, name: str) -> Scrape | None:
         return self.latest.get(name)

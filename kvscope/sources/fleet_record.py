@@ -2,6 +2,7 @@
 
 Apart from ``fleet`` so that ``base.StepRecord`` can name it, as ``attach_record`` is apart from ``attached``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from kvscope.sources.fleet_index import Duplication
 @dataclass(frozen=True)
 class InstanceRow:
     """One instance at one poll."""
+
     name: str
     endpoint: str
     state: str  # "up", "down" (it was up and went) or "connecting" (never reached); the worst of its ranks
@@ -58,6 +60,7 @@ class InstanceRow:
 @dataclass(frozen=True)
 class FleetRecord:
     """One poll of the whole fleet."""
+
     tick: int
     t: float  # seconds since the fleet was opened
     instances: tuple[InstanceRow, ...]
@@ -71,5 +74,10 @@ class FleetRecord:
         return self.tick
 
     def in_all(self) -> dict:
-        return {"instances": len(self.instances), "up": sum(r.state == "up" for r in self.instances),
-                "blocks": self.blocks, "distinct_blocks": self.distinct_blocks, **self.duplication.as_dict()}
+        return {
+            "instances": len(self.instances),
+            "up": sum(r.state == "up" for r in self.instances),
+            "blocks": self.blocks,
+            "distinct_blocks": self.distinct_blocks,
+            **self.duplication.as_dict(),
+        }

@@ -6,6 +6,7 @@ instance holds (a hit needs every block before it: a block's hash names its whol
 it does not route. An instance whose hashing is not known or not reproducible is said in one line, never counted
 as holding nothing; an instance that holds no block at all scores 0 whatever its hashing. No sockets here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,9 +32,15 @@ class RouteScore:
         return None if self.blocks is None or self.block_size is None else self.blocks * self.block_size
 
     def as_dict(self) -> dict:
-        return {"instance": self.instance, "blocks": self.blocks, "tokens": self.tokens,
-                "prompt_blocks": self.prompt_blocks, "block_size": self.block_size, "up": self.up,
-                "note": self.note or None}
+        return {
+            "instance": self.instance,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "prompt_blocks": self.prompt_blocks,
+            "block_size": self.block_size,
+            "up": self.up,
+            "note": self.note or None,
+        }
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,10 @@ class RouteAnswer:
         if best:
             s = next(s for s in self.scores if s.instance == best[0])
             where = best[0] if len(best) == 1 else f"a tie between {', '.join(best)} (a router breaks it by load)"
-            return (f"{where}: {s.blocks} of its {s.prompt_blocks} full blocks cached ({s.tokens} of "
-                    f"{self.prompt_tokens} prompt tokens)")
+            return (
+                f"{where}: {s.blocks} of its {s.prompt_blocks} full blocks cached ({s.tokens} of "
+                f"{self.prompt_tokens} prompt tokens)"
+            )
         if not any(s.blocks is not None for s in self.scores):
             notes = {s.note for s in self.scores}
             if len(notes) == 1:
@@ -71,8 +80,12 @@ class RouteAnswer:
         return {h for s in self.scores for h in s.path}
 
     def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "best": list(self.best), "answer": self.line(),
-                "instances": [s.as_dict() for s in self.scores]}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "best": list(self.best),
+            "answer": self.line(),
+            "instances": [s.as_dict() for s in self.scores],
+        }
 
 
 def longest_prefix(model: RemoteCacheModel, hashes: Sequence[bytes]) -> int:
@@ -103,5 +116,12 @@ def score(name: str, model: RemoteCacheModel, check: HashCheck, token_ids: Seque
     if why is not None:
         return RouteScore(name, None, bs, prompt_blocks, up, why)
     hashes = check.scheme.chain(list(token_ids), bs)
-    return RouteScore(name, longest_prefix(model, hashes), bs, prompt_blocks, up,
-                      "" if up else "not connected now: its cache as last heard", tuple(low64(d) for d in hashes))
+    return RouteScore(
+        name,
+        longest_prefix(model, hashes),
+        bs,
+        prompt_blocks,
+        up,
+        "" if up else "not connected now: its cache as last heard",
+        tuple(low64(d) for d in hashes),
+    )

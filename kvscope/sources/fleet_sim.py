@@ -9,6 +9,7 @@ own small source: ``advance`` plays events (up to a count, a virtual time or a w
 states, queue and hit rate, and the latest routing decisions. Played to the end, ``result`` is the same
 ``FleetResult`` the headless run prints.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ from engine.inspect.snapshot import block_states
 @dataclasses.dataclass(frozen=True, slots=True)
 class SimFleetSpec:
     """Which trace, on which simulated machine, over which fleet."""
+
     path: str
     sim: object  # engine.workload.sim_config.SimConfig
     fleet: object  # engine.workload.fleet_config.FleetConfig (one router)
@@ -31,6 +33,7 @@ class SimFleetSpec:
 @dataclasses.dataclass(frozen=True, slots=True)
 class InstanceFrame:
     """One instance as the window draws it."""
+
     index: int
     states: np.ndarray  # each block's BlockState (uint8)
     usage: float  # blocks in use over the pool
@@ -57,14 +60,17 @@ def build_sim_fleet_source(spec: SimFleetSpec, config) -> SimFleetSource:
     """Raises ``ValueError`` (a ``WorkloadError`` is one) with one line for a bad trace or option."""
     from engine.workload.fleet import build_fleet
     from engine.workload.reader import read_workload
+
     tokenizer = None
     if config.tokenizer:
         from engine.runner.models.loader import load_tokenizer
+
         tokenizer = load_tokenizer(config.tokenizer)
     workload = read_workload(spec.path, tokenizer=tokenizer, limit=spec.limit)
     (router,) = spec.fleet.routers
-    return SimFleetSource(build_fleet(workload, config, spec.sim, spec.fleet.instances, router,
-                                   spec.fleet.fleet_kv_tokens))
+    return SimFleetSource(
+        build_fleet(workload, config, spec.sim, spec.fleet.instances, router, spec.fleet.fleet_kv_tokens)
+    )
 
 
 class SimFleetSource:
@@ -77,16 +83,19 @@ class SimFleetSource:
         self._t0 = time.perf_counter()
         first = fleet.instances[0]
         w, sim = fleet.workload, first.feeder.result.sim
-        self.title = (f"{len(fleet.instances)} x {sim.get('model')} on simulated {sim.get('gpu')} behind "
-                      f"{fleet.router.name} · {w.name} ({len(w.requests):,} requests)")
-        self.pool_text = (f"each pool {first.engine.pool.num_blocks:,} blocks of {first.engine.config.block_size} "
-                          f"tokens ({first.feeder.result.pool_why})")
+        self.title = (
+            f"{len(fleet.instances)} x {sim.get('model')} on simulated {sim.get('gpu')} behind "
+            f"{fleet.router.name} · {w.name} ({len(w.requests):,} requests)"
+        )
+        self.pool_text = (
+            f"each pool {first.engine.pool.num_blocks:,} blocks of {first.engine.config.block_size} "
+            f"tokens ({first.feeder.result.pool_why})"
+        )
 
     def has_work(self) -> bool:
         return self.fleet.has_work()
 
-    def advance(self, events: int | None = None, until_s: float | None = None,
-                budget_s: float | None = None) -> int:
+    def advance(self, events: int | None = None, until_s: float | None = None, budget_s: float | None = None) -> int:
         """Play events until ``events`` were played, the fleet's clock passed ``until_s``, ``budget_s`` wall
         seconds went by, or the trace ended (whichever comes first); returns how many were played."""
         fleet, n = self.fleet, 0
@@ -109,15 +118,29 @@ class SimFleetSource:
         for inst in fleet.instances:
             pool, kv = inst.engine.pool, inst.engine.kv
             hits, queries = hits + kv.prefix_cache_hits, queries + kv.prefix_cache_queries
-            shown.append(InstanceFrame(
-                inst.index, block_states(pool.ref_cnt_arr, pool.has_hash_arr), pool.usage(),
-                len(inst.scheduler.running), inst.waiting(), inst.routed,
-                kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else None,
-                inst.engine.runner.busy_s))
+            shown.append(
+                InstanceFrame(
+                    inst.index,
+                    block_states(pool.ref_cnt_arr, pool.has_hash_arr),
+                    pool.usage(),
+                    len(inst.scheduler.running),
+                    inst.waiting(),
+                    inst.routed,
+                    kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else None,
+                    inst.engine.runner.busy_s,
+                )
+            )
         s = fleet.skipped
-        return FleetFrame(fleet.now, tuple(shown), tuple(fleet.routes), sum(i.routed for i in fleet.instances),
-                          s.skipped_too_long + s.skipped_too_big, len(fleet.workload.requests),
-                          hits / queries if queries else None, not fleet.has_work())
+        return FleetFrame(
+            fleet.now,
+            tuple(shown),
+            tuple(fleet.routes),
+            sum(i.routed for i in fleet.instances),
+            s.skipped_too_long + s.skipped_too_big,
+            len(fleet.workload.requests),
+            hits / queries if queries else None,
+            not fleet.has_work(),
+        )
 
     def result(self):
         """The run's ``FleetResult`` (play it to the end first)."""

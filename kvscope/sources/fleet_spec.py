@@ -19,6 +19,7 @@ Every mistake (no such file, not JSON or TOML, an unknown key, a wrong type, two
 address, an address kvscope cannot connect to) is refused with one line naming the file, the instance and the
 key (``FleetError``), before any socket opens. No sockets here.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ class FleetError(ValueError):
 @dataclass(frozen=True)
 class InstanceSpec:
     """One instance of the fleet: where its KV events are published, and what kvscope needs to read them."""
+
     name: str
     endpoint: str  # its KV-event PUB address (rank 0's), e.g. tcp://10.0.0.5:5557
     replay_endpoint: str | None = None  # its replay ROUTER, to repair gaps
@@ -57,8 +59,7 @@ class InstanceSpec:
         return [offset_endpoint(self.endpoint, r) for r in range(self.dp_size)]
 
     def rank_replay_endpoints(self) -> list[str]:
-        return [offset_endpoint(self.replay_endpoint, r) for r in range(self.dp_size)] if self.replay_endpoint \
-            else []
+        return [offset_endpoint(self.replay_endpoint, r) for r in range(self.dp_size)] if self.replay_endpoint else []
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,10 @@ def check_zmq_address(addr: object, what: str) -> str:
     if not m:
         raise FleetError(f"{what} {addr!r} is not a ZeroMQ address such as tcp://10.0.0.5:5557")
     if m["host"] in ("*", "0.0.0.0", "[::]"):
-        raise FleetError(f"{what} {addr}: that is where an engine binds; give the address to connect to, "
-                         f"e.g. tcp://127.0.0.1:{m['port']}")
+        raise FleetError(
+            f"{what} {addr}: that is where an engine binds; give the address to connect to, "
+            f"e.g. tcp://127.0.0.1:{m['port']}"
+        )
     if not 0 < int(m["port"]) < 65536:
         raise FleetError(f"{what} {addr}: port {m['port']} is not between 1 and 65535")
     return addr
@@ -108,8 +111,9 @@ def _instance(raw: object, defaults: dict, where: str) -> InstanceSpec:
     if values.get("replay_endpoint") is not None:
         check_zmq_address(values["replay_endpoint"], f"{label}: replay_endpoint")
     if values.get("metrics") is not None and not _HTTP.match(values["metrics"]):
-        raise FleetError(f"{label}: metrics {values['metrics']!r} is not an http:// URL such as "
-                         f"http://10.0.0.5:8000/metrics")
+        raise FleetError(
+            f"{label}: metrics {values['metrics']!r} is not an http:// URL such as http://10.0.0.5:8000/metrics"
+        )
     seed = values.get("hash_seed")
     if seed is not None:
         values["hash_seed"] = str(seed)
@@ -124,8 +128,9 @@ def _check_values(values: dict, label: str) -> None:
                 raise FleetError(f"{label}: {key} must be a whole number >= 1, not {v!r}")
         elif key == "hash_seed":
             if isinstance(v, bool) or not isinstance(v, (str, int)) or (isinstance(v, int) and v < 0):
-                raise FleetError(f"{label}: hash_seed must be the instances' PYTHONHASHSEED (a string or a "
-                                 f"whole number), not {v!r}")
+                raise FleetError(
+                    f"{label}: hash_seed must be the instances' PYTHONHASHSEED (a string or a whole number), not {v!r}"
+                )
         elif key == "hash_algo":
             if v not in HASH_ALGO_CHOICES:
                 raise FleetError(f"{label}: hash_algo {v!r} is not one of {', '.join(HASH_ALGO_CHOICES)}")
@@ -143,8 +148,9 @@ def check_fleet(spec: FleetSpec) -> FleetSpec:
         if inst.name in names:
             raise FleetError(f"{spec.origin}: two instances are named {inst.name!r}")
         names[inst.name] = i
-        for what, addr in [("endpoint", a) for a in inst.rank_endpoints()] + \
-                          [("replay_endpoint", a) for a in inst.rank_replay_endpoints()]:
+        for what, addr in [("endpoint", a) for a in inst.rank_endpoints()] + [
+            ("replay_endpoint", a) for a in inst.rank_replay_endpoints()
+        ]:
             other = addrs.get(addr)
             if other is not None:
                 raise FleetError(f"{spec.origin}: {addr} is both {other} and {inst.name!r}'s {what}")

@@ -8,6 +8,7 @@ published (the low 64 bits). A prompt's first block needs no parent, so the firs
 settles it, or once blocks fail to reproduce, ``why_not`` says so in one line and the instance is not scored.
 No sockets here.
 """
+
 from __future__ import annotations
 
 from engine.core.vllm_hashing import REPRODUCIBLE, VLLM_DEFAULT_SEED, VllmBlockHasher, low64, not_reproducible
@@ -26,15 +27,17 @@ def published_low64(h: ExternalHash) -> int:
 class HashCheck:
     """One instance's hashing, learnt from its blocks (a ``CacheListener`` of its model)."""
 
-    def __init__(self, algo: str = "auto", seed: str | None = None, block_size: int | None = None,
-                 max_digests: int = 200_000) -> None:
+    def __init__(
+        self, algo: str = "auto", seed: str | None = None, block_size: int | None = None, max_digests: int = 200_000
+    ) -> None:
         self.seed = seed if seed is not None else VLLM_DEFAULT_SEED
         self.seed_given = seed is not None
         self.block_size = block_size  # expected; None: the events' own
         self.algo = algo
         self.fatal = not_reproducible(algo) if algo != "auto" else None
-        self.candidates = [] if self.fatal else [VllmBlockHasher(a, self.seed)
-                                                 for a in (REPRODUCIBLE if algo == "auto" else (algo,))]
+        self.candidates = (
+            [] if self.fatal else [VllmBlockHasher(a, self.seed) for a in (REPRODUCIBLE if algo == "auto" else (algo,))]
+        )
         self.scheme: VllmBlockHasher | None = None  # the hashing its blocks confirmed
         self.event_block_size: int | None = None  # what its events say
         self.reproduced = 0
@@ -51,8 +54,10 @@ class HashCheck:
         if self.event_block_size is None:
             self.event_block_size = node.num_tokens
         if self.block_size is not None and node.num_tokens != self.block_size:
-            self.fatal = (f"its blocks hold {node.num_tokens} tokens, not the block size {self.block_size} it was "
-                          f"given: give block_size {node.num_tokens}")
+            self.fatal = (
+                f"its blocks hold {node.num_tokens} tokens, not the block size {self.block_size} it was "
+                f"given: give block_size {node.num_tokens}"
+            )
             return
         parent = None
         if node.parent is not None:
@@ -91,8 +96,10 @@ class HashCheck:
         if self.failed:
             tried = " or ".join(c.algo for c in self.candidates)
             seed = f"seed {self.seed!r}" if self.seed_given else f"seed {self.seed!r} (PYTHONHASHSEED unset)"
-            return (f"its hashes are not vLLM's {tried} with {seed}: give its hash_seed (its PYTHONHASHSEED), or "
-                    f"start it with --prefix-caching-hash-algo sha256_cbor (kvscope: --hash-algo sha256_cbor)")
+            return (
+                f"its hashes are not vLLM's {tried} with {seed}: give its hash_seed (its PYTHONHASHSEED), or "
+                f"start it with --prefix-caching-hash-algo sha256_cbor (kvscope: --hash-algo sha256_cbor)"
+            )
         return "no first block of a prompt seen yet: its hashing is not known"
 
     def describe(self) -> str:
@@ -104,8 +111,13 @@ class HashCheck:
         return text + (f", {self.failed} not (extra keys: LoRA, images or a cache salt)" if self.failed else "")
 
     def as_dict(self) -> dict:
-        return {"reproducible": self.scheme is not None and not self.fatal,
-                "algo": self.scheme.algo if self.scheme else self.algo,
-                "seed": self.scheme.seed if self.scheme else self.seed, "block_size": self.effective_block_size,
-                "blocks_reproduced": self.reproduced, "blocks_not_reproduced": self.failed,
-                "blocks_unchecked": self.unchecked, "why_not": self.why_not()}
+        return {
+            "reproducible": self.scheme is not None and not self.fatal,
+            "algo": self.scheme.algo if self.scheme else self.algo,
+            "seed": self.scheme.seed if self.scheme else self.seed,
+            "block_size": self.effective_block_size,
+            "blocks_reproduced": self.reproduced,
+            "blocks_not_reproduced": self.failed,
+            "blocks_unchecked": self.unchecked,
+            "why_not": self.why_not(),
+        }

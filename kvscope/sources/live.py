@@ -1,4 +1,5 @@
 """``LiveSource``: one engine in this process, driven step by step (the window's engine side and ``--headless``)."""
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,14 @@ class StepHook(Protocol):
 class LiveSource:
     """Drives one engine: step hooks (a scenario, a server), optional audit after every step, optional trace."""
 
-    def __init__(self, engine: LLMEngine, scenario: ScenarioRunner | None = None, trace_path: str | None = None,
-                 audit: bool = False, hooks: list[StepHook] | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        scenario: ScenarioRunner | None = None,
+        trace_path: str | None = None,
+        audit: bool = False,
+        hooks: list[StepHook] | None = None,
+    ) -> None:
         self.engine = engine
         self.scenario = scenario
         self.hooks: list[StepHook] = ([scenario] if scenario else []) + list(hooks or [])
@@ -48,27 +55,46 @@ class LiveSource:
         self.trace = None
         if trace_path:
             c = engine.config
-            self.trace = TraceWriter(trace_path, {
-                "model": engine.model_name, "num_blocks": engine.pool.num_blocks, "block_size": c.block_size,
-                "num_cpu_blocks": engine.kv.cpu_pool.num_blocks, "block_bytes": engine.runner.block_bytes,
-                "max_model_len": engine.max_model_len,
-                "config": {k: getattr(c, k) for k in c.__slots__},
-                "scenario": scenario.scenario.name if scenario else None})
+            self.trace = TraceWriter(
+                trace_path,
+                {
+                    "model": engine.model_name,
+                    "num_blocks": engine.pool.num_blocks,
+                    "block_size": c.block_size,
+                    "num_cpu_blocks": engine.kv.cpu_pool.num_blocks,
+                    "block_bytes": engine.runner.block_bytes,
+                    "max_model_len": engine.max_model_len,
+                    "config": {k: getattr(c, k) for k in c.__slots__},
+                    "scenario": scenario.scenario.name if scenario else None,
+                },
+            )
         self.info = self._info()
 
     def _info(self) -> SourceInfo:
         e = self.engine
         sc = self.scenario.scenario if self.scenario else None
         return SourceInfo(
-            model_name=e.model_name, device=str(e.device), dtype=str(e.runner.dtype).split(".")[-1],
-            num_blocks=e.pool.num_blocks, block_size=e.config.block_size, block_bytes=e.runner.block_bytes,
-            max_model_len=e.max_model_len, load_seconds=e.load_seconds, num_cpu_blocks=e.kv.cpu_pool.num_blocks,
-            scenario=sc.title if sc else None, scenario_name=sc.name if sc else None,
-            kv_cache_dtype=e.config.kv_cache_dtype, capabilities=LIVE_CAPABILITIES,
-            has_tokenizer=e.tokenizer is not None, watch=getattr(sc, "watch", "") or (sc.description if sc else ""),
-            notes=tuple(getattr(sc, "notes", ()) or ()), view=getattr(sc, "view", "") or "",
+            model_name=e.model_name,
+            device=str(e.device),
+            dtype=str(e.runner.dtype).split(".")[-1],
+            num_blocks=e.pool.num_blocks,
+            block_size=e.config.block_size,
+            block_bytes=e.runner.block_bytes,
+            max_model_len=e.max_model_len,
+            load_seconds=e.load_seconds,
+            num_cpu_blocks=e.kv.cpu_pool.num_blocks,
+            scenario=sc.title if sc else None,
+            scenario_name=sc.name if sc else None,
+            kv_cache_dtype=e.config.kv_cache_dtype,
+            capabilities=LIVE_CAPABILITIES,
+            has_tokenizer=e.tokenizer is not None,
+            watch=getattr(sc, "watch", "") or (sc.description if sc else ""),
+            notes=tuple(getattr(sc, "notes", ()) or ()),
+            view=getattr(sc, "view", "") or "",
             plot=getattr(sc, "plot", "") or "",
-            kv_layout=e.config.kv_layout, prefix_caching=e.pool.enable_caching)
+            kv_layout=e.config.kv_layout,
+            prefix_caching=e.pool.enable_caching,
+        )
 
     @property
     def step_count(self) -> int:
@@ -135,12 +161,14 @@ class LiveSource:
 
         from engine import LLMEngine
         from engine.inspect.compare import compare_caching
+
         engine = self.engine
         if engine.weights is None:
             raise ValueError("comparing caching on and off needs an engine that loaded its model by name")
 
         def make(caching: bool) -> LLMEngine:
             return LLMEngine(dataclasses.replace(engine.config, enable_prefix_caching=caching), weights=engine.weights)
+
         tok = engine.tokenizer
         decode = (lambda ids: tok.decode(ids, skip_special_tokens=False)) if tok is not None else None
         return compare_caching(make, prompts, max_tokens, decode)

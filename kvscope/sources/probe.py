@@ -11,6 +11,7 @@ yet is waited for, a vLLM that restarts is read again from its new keyframe (kvs
 a message kvscope cannot read is skipped and the pool read again, a gap in the steps likewise. A trace
 (``--trace``) records the probe's messages as they came; ``--replay`` plays them through the same mirror.
 """
+
 from __future__ import annotations
 
 import base64
@@ -88,28 +89,55 @@ class _Base:
         notes = list(i.notes)
         if i.num_kv_groups > 1:
             notes.append("the audit counts group 0's tables only")
-        watch = (f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
-                 "free queue, and every request's block table, as vLLM holds them, audited after every step. Pause "
-                 "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
-                 "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
-                 "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes))
+        watch = (
+            f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
+            "free queue, and every request's block table, as vLLM holds them, audited after every step. Pause "
+            "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
+            "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
+            "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes)
+        )
         if scenario is not None:  # a lab on a recorded vLLM: the lesson's own words
             return SourceInfo(
-                model_name=f"vLLM {i.vllm_version} (recorded)", device=where, dtype=i.dtype or "-",
-                num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=i.block_bytes,
-                max_model_len=i.max_model_len, load_seconds=load_seconds,
-                capabilities=REPLAY_CAPABILITIES, prefix_caching=i.enable_caching, events_rebuild_pool=False,
-                scenario=scenario.title, scenario_name=scenario.name, watch=scenario.watch,
-                notes=tuple(scenario.notes), view=scenario.view, plot=scenario.plot,
-                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault,
-                       "always_audited": True})
+                model_name=f"vLLM {i.vllm_version} (recorded)",
+                device=where,
+                dtype=i.dtype or "-",
+                num_blocks=i.num_blocks,
+                block_size=i.block_size,
+                block_bytes=i.block_bytes,
+                max_model_len=i.max_model_len,
+                load_seconds=load_seconds,
+                capabilities=REPLAY_CAPABILITIES,
+                prefix_caching=i.enable_caching,
+                events_rebuild_pool=False,
+                scenario=scenario.title,
+                scenario_name=scenario.name,
+                watch=scenario.watch,
+                notes=tuple(scenario.notes),
+                view=scenario.view,
+                plot=scenario.plot,
+                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault, "always_audited": True},
+            )
         return SourceInfo(
-            model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}", device=where, dtype=i.dtype or "-",
-            num_blocks=i.num_blocks, block_size=i.block_size, block_bytes=i.block_bytes, max_model_len=i.max_model_len,
-            load_seconds=load_seconds, capabilities=PROBE_CAPABILITIES, prefix_caching=i.enable_caching, watch=watch,
-            events_rebuild_pool=False, extra={"vllm_version": i.vllm_version, "probe_notes": notes,
-                                              "fault": i.fault, "async_scheduling": i.async_scheduling,
-                                              "always_audited": True})
+            model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}",
+            device=where,
+            dtype=i.dtype or "-",
+            num_blocks=i.num_blocks,
+            block_size=i.block_size,
+            block_bytes=i.block_bytes,
+            max_model_len=i.max_model_len,
+            load_seconds=load_seconds,
+            capabilities=PROBE_CAPABILITIES,
+            prefix_caching=i.enable_caching,
+            watch=watch,
+            events_rebuild_pool=False,
+            extra={
+                "vllm_version": i.vllm_version,
+                "probe_notes": notes,
+                "fault": i.fault,
+                "async_scheduling": i.async_scheduling,
+                "always_audited": True,
+            },
+        )
 
     def _load(self, kf: Keyframe) -> None:
         if getattr(self, "mirror", None) is None:
@@ -134,8 +162,7 @@ class _Base:
         return self._record([], 0.0, False)
 
     def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), "
-                            "not from kvscope")
+        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope")
 
     inject = abort = fork = reset_prefix_cache = _refuse
 
@@ -155,8 +182,9 @@ class _Base:
 
 
 class ProbeSource(_Base):
-    def __init__(self, endpoint: str, wait_s: float = 60.0, progress=None, trace: str | None = None,
-                 client: str = "kvscope") -> None:
+    def __init__(
+        self, endpoint: str, wait_s: float = 60.0, progress=None, trace: str | None = None, client: str = "kvscope"
+    ) -> None:
         super().__init__()
         self.endpoint = endpoint
         self.running = True  # the host's Run: vLLM runs on; paused, a step asks vLLM for one schedule
@@ -192,8 +220,10 @@ class ProbeSource(_Base):
                 progress(f"waiting for vLLM's probe at {self.endpoint}…")
                 said = True
         self.client.close()
-        raise ValueError(f"no probe answered at {self.endpoint} in {wait_s:.0f} s: start vLLM with "
-                         f"KVSCOPE_PROBE_ENDPOINT={self.endpoint} and kvscope's probe installed (pip install ./probe)")
+        raise ValueError(
+            f"no probe answered at {self.endpoint} in {wait_s:.0f} s: start vLLM with "
+            f"KVSCOPE_PROBE_ENDPOINT={self.endpoint} and kvscope's probe installed (pip install ./probe)"
+        )
 
     # -- the host's pace ----------------------------------------------------------------------------------
     ended: str | None = None  # why this source has nothing more to show (a vLLM restarted with another pool)
@@ -238,8 +268,12 @@ class ProbeSource(_Base):
                 return rec
             if rec is not None:
                 self._pending.append(rec)  # between steps (an abort, a new request): shown before the step
-        return self._record([], 0.0, False, notice=f"vLLM did not schedule within {STEP_WAIT_S:.0f} s: "
-                                                   "it has no request to run (Step waits for one)")
+        return self._record(
+            [],
+            0.0,
+            False,
+            notice=f"vLLM did not schedule within {STEP_WAIT_S:.0f} s: it has no request to run (Step waits for one)",
+        )
 
     def _next(self, timeout: float) -> StepRecord | None:
         """Apply what arrives until one record is made (or ``timeout`` passes with nothing)."""
@@ -267,9 +301,11 @@ class ProbeSource(_Base):
         if isinstance(msg, Keyframe):
             i = msg.info
             if (i.num_blocks, i.block_size) != (self.info.num_blocks, self.info.block_size):
-                self.ended = (f"vLLM at {self.endpoint} restarted with a pool of {i.num_blocks} blocks of "
-                              f"{i.block_size} tokens (it had {self.info.num_blocks} of {self.info.block_size}): "
-                              f"open kvscope --probe {self.endpoint} again to read it")
+                self.ended = (
+                    f"vLLM at {self.endpoint} restarted with a pool of {i.num_blocks} blocks of "
+                    f"{i.block_size} tokens (it had {self.info.num_blocks} of {self.info.block_size}): "
+                    f"open kvscope --probe {self.endpoint} again to read it"
+                )
                 return self._record([], 0.0, False, notice=self.ended)
             self._load(msg)
             return self._record([], 0.0, False)
@@ -314,8 +350,9 @@ class ProbeReplay(_Base):
             raise ValueError(f"cannot read trace {path}: {e}") from None
         header = json.loads(lines[0])
         if header.get("version") != TRACE_VERSION:
-            raise ValueError(f"{path}: probe trace version {header.get('version')!r}; this kvscope reads "
-                             f"version {TRACE_VERSION}")
+            raise ValueError(
+                f"{path}: probe trace version {header.get('version')!r}; this kvscope reads version {TRACE_VERSION}"
+            )
         self._messages = []
         for n, line in enumerate(lines[1:], start=2):
             try:
@@ -361,6 +398,7 @@ def _tokenizer(model: str):
         return None
     try:
         from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(model, local_files_only=True)
     except Exception:  # noqa: BLE001 - no tokenizer: rows show token ids
         return None

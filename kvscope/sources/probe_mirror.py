@@ -8,6 +8,7 @@ every view draws (``assemble_snapshot``, as for kvscope's own engine) and the au
 against the tables that hold it plus vLLM's deferred frees, the free queue against ref count 0, and the hash
 map's size against the hashed blocks.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -49,11 +50,20 @@ from kvscope_vllm_probe.wire import (
 KEEP_FINISHED = 64  # finished requests kept in the snapshot, as kvscope's engine keeps them
 
 # vLLM's RequestStatus names as kvscope's rows say them
-STATUS = {"WAITING": "WAITING", "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "WAITING",
-          "WAITING_FOR_REMOTE_KVS": "WAITING", "WAITING_FOR_STREAMING_REQ": "WAITING", "RUNNING": "RUNNING",
-          "PREEMPTED": "PREEMPTED", "FINISHED_STOPPED": "FINISHED_STOPPED", "FINISHED_REPETITION": "FINISHED_STOPPED",
-          "FINISHED_LENGTH_CAPPED": "FINISHED_LENGTH", "FINISHED_ABORTED": "FINISHED_ABORTED",
-          "FINISHED_IGNORED": "FINISHED_ERROR", "FINISHED_ERROR": "FINISHED_ERROR"}
+STATUS = {
+    "WAITING": "WAITING",
+    "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "WAITING",
+    "WAITING_FOR_REMOTE_KVS": "WAITING",
+    "WAITING_FOR_STREAMING_REQ": "WAITING",
+    "RUNNING": "RUNNING",
+    "PREEMPTED": "PREEMPTED",
+    "FINISHED_STOPPED": "FINISHED_STOPPED",
+    "FINISHED_REPETITION": "FINISHED_STOPPED",
+    "FINISHED_LENGTH_CAPPED": "FINISHED_LENGTH",
+    "FINISHED_ABORTED": "FINISHED_ABORTED",
+    "FINISHED_IGNORED": "FINISHED_ERROR",
+    "FINISHED_ERROR": "FINISHED_ERROR",
+}
 _REASON = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length", "FINISHED_ERROR": "error"}
 
 
@@ -141,9 +151,19 @@ class _Request:
         self.arrival = 0.0
 
     def info(self, decode) -> RequestInfo:
-        out = self.tokens[self.prompt:]
-        return RequestInfo(self.rid, self.index, self.status, self.prompt, len(out), self.cached, self.computed,
-                           tuple(self.table), (decode(out) or "") if decode and out else "", tuple(self.tokens))
+        out = self.tokens[self.prompt :]
+        return RequestInfo(
+            self.rid,
+            self.index,
+            self.status,
+            self.prompt,
+            len(out),
+            self.cached,
+            self.computed,
+            tuple(self.table),
+            (decode(out) or "") if decode and out else "",
+            tuple(self.tokens),
+        )
 
 
 class VllmPoolMirror:
@@ -194,8 +214,9 @@ class VllmPoolMirror:
         self.deferred = [list(d) for d in kf.deferred]
         # requests vLLM admitted before kvscope saw its pool: said once, with the next record, so that the miss
         # explainer and the block story know them as admitted (with the hit vLLM measured then)
-        self.pending: list[Event] = [RequestAdmitted(r.rid, r.prompt, max(r.cached, 0))
-                                     for r in self.requests.values() if r.status == "RUNNING"]
+        self.pending: list[Event] = [
+            RequestAdmitted(r.rid, r.prompt, max(r.cached, 0)) for r in self.requests.values() if r.status == "RUNNING"
+        ]
         self.seq, self.vllm_step = kf.seq, kf.step
         self.counters = dict(kf.counters)
         self.paused, self.holder = kf.paused, kf.holder
@@ -246,10 +267,10 @@ class VllmPoolMirror:
                 continue
             r = self.requests.get(row.request_id)
             old = r.table if r is not None else []
-            new = old[:row.blocks_from] + list(row.block_ids)
+            new = old[: row.blocks_from] + list(row.block_ids)
             if new == old:
                 continue
-            for b in new[row.blocks_from:] if old[:row.blocks_from] == new[:row.blocks_from] else new:
+            for b in new[row.blocks_from :] if old[: row.blocks_from] == new[: row.blocks_from] else new:
                 if b not in old:
                     gained.setdefault(b, []).append(row.request_id)
             for b in old:
@@ -261,8 +282,9 @@ class VllmPoolMirror:
                 lost.setdefault(b, []).append(rid)
         return gained, lost
 
-    def _apply_ops(self, ops: list[list], step: int, events: list[Event], gained: dict[int, list[str]],
-                   lost: dict[int, list[str]]) -> None:
+    def _apply_ops(
+        self, ops: list[list], step: int, events: list[Event], gained: dict[int, list[str]], lost: dict[int, list[str]]
+    ) -> None:
         ref, access, free, null = self._ref, self._access, self.free, self.null
         n = self.n
         request = ""
@@ -368,14 +390,14 @@ class VllmPoolMirror:
         status = STATUS.get(row.status, "WAITING")
         r.prompt = row.num_prompt_tokens
         old_out = max(0, len(r.tokens) - r.prompt)
-        del r.tokens[row.tokens_from:]
+        del r.tokens[row.tokens_from :]
         r.tokens.extend(row.tokens)
         self.generated += max(0, len(r.tokens) - r.prompt - old_out)
         r.computed = row.num_computed_tokens
         if row.num_cached_tokens >= 0:
             r.cached = row.num_cached_tokens
         if row.block_ids is not None:
-            del r.table[row.blocks_from:]
+            del r.table[row.blocks_from :]
             r.table.extend(row.block_ids)
             for b in row.block_ids:
                 self._check(b)
@@ -390,8 +412,9 @@ class VllmPoolMirror:
         if r is None:
             return
         r.status, r.table = status, []
-        events.append(RequestAborted(rid) if status == "FINISHED_ABORTED"
-                      else RequestFinished(rid, _REASON.get(status, "stop")))
+        events.append(
+            RequestAborted(rid) if status == "FINISHED_ABORTED" else RequestFinished(rid, _REASON.get(status, "stop"))
+        )
         self.finished.append(r.info(self.decode))
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -401,9 +424,20 @@ class VllmPoolMirror:
     def counters_now(self) -> dict[str, float]:
         c = dict(self.counters)
         n_free = self.free.size
-        c.update(num_blocks=self.n, num_free_blocks=n_free, num_cached_blocks=len(self.hashes),
-                 evictions=self.evictions, generation_tokens=self.generated, cow_copies=0, swap_outs=0, swap_ins=0,
-                 num_requests_swapped=0, num_cpu_blocks=0, num_free_cpu_blocks=0, step=self.vllm_step)
+        c.update(
+            num_blocks=self.n,
+            num_free_blocks=n_free,
+            num_cached_blocks=len(self.hashes),
+            evictions=self.evictions,
+            generation_tokens=self.generated,
+            cow_copies=0,
+            swap_outs=0,
+            swap_ins=0,
+            num_requests_swapped=0,
+            num_cpu_blocks=0,
+            num_free_cpu_blocks=0,
+            step=self.vllm_step,
+        )
         c.setdefault("kv_cache_usage_perc", 0.0)
         c.setdefault("prefix_cache_queries", 0)
         c.setdefault("prefix_cache_hits", 0)
@@ -423,9 +457,20 @@ class VllmPoolMirror:
         ref = self.ref.copy()
         if 0 <= self.null < self.n:
             ref[self.null] = 1  # vLLM's null block: never free, held by vLLM itself (it keeps no count of it)
-        return assemble_snapshot(step, self.block_size, ref, has_hash, self.last_access.copy(),
-                                 self.free.order(), rows, self.tokens.freeze(), self.hashes.freeze(),
-                                 self.counters_now(), 0, model_name=self.info.model)
+        return assemble_snapshot(
+            step,
+            self.block_size,
+            ref,
+            has_hash,
+            self.last_access.copy(),
+            self.free.order(),
+            rows,
+            self.tokens.freeze(),
+            self.hashes.freeze(),
+            self.counters_now(),
+            0,
+            model_name=self.info.model,
+        )
 
     def audit(self) -> AuditReport:
         """vLLM's pool against its tables: ref counts against the tables plus the deferred frees (blocks out

@@ -5,6 +5,7 @@ forest: one tree per distinct first block, per medium (GPU, CPU, disk tiers) and
 data-parallel rank. What the events do not carry (block ids, ref counts, owners, the free
 list) is not here and cannot be.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,11 @@ def hash_text(h: ExternalHash | None) -> str:
 
 # --- events the event log can show (kinds shared with kvscope's own, so its filters apply) -----
 
+
 @dataclass(frozen=True, slots=True)
 class RemoteStored(Event):
     """(Its tokens stay in the forest, where hovering a block shows them.)"""
+
     block_hash: str
     parent_hash: str
     dp_rank: int
@@ -76,8 +79,13 @@ class TierSummary:
     roots: int
 
     def as_dict(self) -> dict:
-        return {"dp_rank": self.dp_rank, "medium": self.medium, "blocks": self.blocks, "tokens": self.tokens,
-                "roots": self.roots}
+        return {
+            "dp_rank": self.dp_rank,
+            "medium": self.medium,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "roots": self.roots,
+        }
 
 
 @dataclass(frozen=True)
@@ -88,8 +96,12 @@ class ForestSummary:
     tiers: tuple[TierSummary, ...]
 
     def as_dict(self) -> dict:
-        return {"blocks": self.blocks, "tokens": self.tokens, "roots": self.roots,
-                "tiers": [t.as_dict() for t in self.tiers]}
+        return {
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "roots": self.roots,
+            "tiers": [t.as_dict() for t in self.tiers],
+        }
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class DrawNode:
 @dataclass(frozen=True)
 class ForestSnapshot:
     """A bounded, immutable copy for drawing: nodes breadth-first from the roots, per tier."""
+
     tiers: dict[Tier, tuple[DrawNode, ...]]
     total_blocks: int
     shown: int
@@ -126,6 +139,7 @@ class CacheListener(Protocol):
 @dataclass
 class RemoteCacheModel:
     """The prefix forest. ``max_nodes`` caps memory: stores past it are dropped and counted."""
+
     max_nodes: int = 200_000
     nodes: dict[NodeKey, ForestNode] = field(default_factory=dict)
     children: dict[NodeKey, set[ExternalHash]] = field(default_factory=dict)  # parent key -> cached children
@@ -156,7 +170,7 @@ class RemoteCacheModel:
         if n == 1:
             chunks = [ev.token_ids]
         elif len(ev.token_ids) == n * bs:
-            chunks = [ev.token_ids[i * bs:(i + 1) * bs] for i in range(n)]
+            chunks = [ev.token_ids[i * bs : (i + 1) * bs] for i in range(n)]
         else:
             self.token_mismatches += 1
             chunks = [()] * n
@@ -168,8 +182,16 @@ class RemoteCacheModel:
             parent = h
         return out
 
-    def add_block(self, rank: int, medium: str, h: ExternalHash, parent: ExternalHash | None,
-                  token_ids: tuple[int, ...], num_tokens: int, tick: int = 0) -> bool:
+    def add_block(
+        self,
+        rank: int,
+        medium: str,
+        h: ExternalHash,
+        parent: ExternalHash | None,
+        token_ids: tuple[int, ...],
+        num_tokens: int,
+        tick: int = 0,
+    ) -> bool:
         """One stored block; True when it is a new node (not another copy of a cached hash, nor past the cap)."""
         key = (rank, medium, h)
         node = self.nodes.get(key)
@@ -183,8 +205,9 @@ class RemoteCacheModel:
         self._insert(key, parent, token_ids, num_tokens, tick)
         return True
 
-    def _insert(self, key: NodeKey, parent: ExternalHash | None, toks: tuple[int, ...], num_tokens: int,
-                tick: int) -> None:
+    def _insert(
+        self, key: NodeKey, parent: ExternalHash | None, toks: tuple[int, ...], num_tokens: int, tick: int
+    ) -> None:
         rank, medium, h = key
         tier = (rank, medium)
         if parent == h:
@@ -264,11 +287,15 @@ class RemoteCacheModel:
         return {k[2] for k in self.nodes if k[0] == dp_rank and k[1] == medium}
 
     def summary(self) -> ForestSummary:
-        tiers = tuple(TierSummary(r, m, self.tier_blocks.get((r, m), 0), self.tier_tokens.get((r, m), 0),
-                                  len(self.roots.get((r, m), ())))
-                      for r, m in sorted(set(self.tier_blocks) | set(self.roots)))
-        return ForestSummary(sum(t.blocks for t in tiers), sum(t.tokens for t in tiers), sum(t.roots for t in tiers),
-                             tiers)
+        tiers = tuple(
+            TierSummary(
+                r, m, self.tier_blocks.get((r, m), 0), self.tier_tokens.get((r, m), 0), len(self.roots.get((r, m), ()))
+            )
+            for r, m in sorted(set(self.tier_blocks) | set(self.roots))
+        )
+        return ForestSummary(
+            sum(t.blocks for t in tiers), sum(t.tokens for t in tiers), sum(t.roots for t in tiers), tiers
+        )
 
     def snapshot(self, limit: int = 4000) -> ForestSnapshot:
         """Up to ``limit`` nodes, breadth-first from the roots, split fairly across the tiers."""

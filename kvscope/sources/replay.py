@@ -1,4 +1,5 @@
 """``ReplaySource``: plays a recorded trace back step by step; no model, no GPU; commands are refused."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from kvscope.sources.base import REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo,
 @dataclass(frozen=True)
 class RecordedAudit:
     """Stands in for an AuditReport in replays: the bad blocks the run's audit flagged."""
+
     bad_blocks: list[int]
 
     @property
@@ -30,12 +32,20 @@ class ReplaySource:
         self.step_count = 0
         h = self.header
         self.info = SourceInfo(
-            model_name=f"replay of {h.get('model', '?')}", device="trace", dtype="-", num_blocks=h["num_blocks"],
-            block_size=h["block_size"], block_bytes=int(h.get("block_bytes", 0)),
-            max_model_len=int(h.get("max_model_len", 0)), load_seconds=0.0,
-            num_cpu_blocks=int(h.get("num_cpu_blocks", 0)), scenario=h.get("scenario"),
-            scenario_name=h.get("scenario"), kv_cache_dtype=h.get("config", {}).get("kv_cache_dtype", "auto"),
-            capabilities=REPLAY_CAPABILITIES)
+            model_name=f"replay of {h.get('model', '?')}",
+            device="trace",
+            dtype="-",
+            num_blocks=h["num_blocks"],
+            block_size=h["block_size"],
+            block_bytes=int(h.get("block_bytes", 0)),
+            max_model_len=int(h.get("max_model_len", 0)),
+            load_seconds=0.0,
+            num_cpu_blocks=int(h.get("num_cpu_blocks", 0)),
+            scenario=h.get("scenario"),
+            scenario_name=h.get("scenario"),
+            kv_cache_dtype=h.get("config", {}).get("kv_cache_dtype", "auto"),
+            capabilities=REPLAY_CAPABILITIES,
+        )
 
     def has_work(self) -> bool:
         return self._next is not None

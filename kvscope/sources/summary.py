@@ -1,4 +1,5 @@
 """``Summary``: what a run did, the same from a live run and from its trace (``--headless``)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,8 +40,11 @@ class Summary:
         if self.fragmentation is not None and held <= self.fragmentation["blocks_held"]:
             return
         contiguous, paged = layouts(rec.snapshot, self.max_model_len or rec.snapshot.block_size)
-        self.fragmentation = {**pool_counts(rec.snapshot), "step": rec.step, "layouts": {
-            lay.name: lay.counts() for lay in (contiguous, paged)}}
+        self.fragmentation = {
+            **pool_counts(rec.snapshot),
+            "step": rec.step,
+            "layouts": {lay.name: lay.counts() for lay in (contiguous, paged)},
+        }
 
     def add(self, rec: StepRecord) -> None:
         self.last = rec
@@ -55,23 +59,38 @@ class Summary:
         self.peak_blocks_used = max(self.peak_blocks_used, int(c["num_blocks"] - c["num_free_blocks"]))
         for r in rec.snapshot.requests:
             self.requests[r.request_id] = {
-                "request_id": r.request_id, "status": r.status.lower(), "prompt_tokens": r.num_prompt_tokens,
-                "output_tokens": r.num_output_tokens, "cached_tokens": r.num_cached_tokens, "text": r.text}
+                "request_id": r.request_id,
+                "status": r.status.lower(),
+                "prompt_tokens": r.num_prompt_tokens,
+                "output_tokens": r.num_output_tokens,
+                "cached_tokens": r.num_cached_tokens,
+                "text": r.text,
+            }
 
     def as_dict(self) -> dict:
         snap = self.last.snapshot
         c = snap.counters
         return {
-            "model": snap.model_name, "steps": snap.step, "num_blocks": snap.num_blocks,
-            "block_size": snap.block_size, "requests": [self._with_miss(r) for r in self.requests.values()],
-            "kv_cache_usage_perc": c["kv_cache_usage_perc"], "kv_cache_usage_perc_peak": self.peak_usage,
+            "model": snap.model_name,
+            "steps": snap.step,
+            "num_blocks": snap.num_blocks,
+            "block_size": snap.block_size,
+            "requests": [self._with_miss(r) for r in self.requests.values()],
+            "kv_cache_usage_perc": c["kv_cache_usage_perc"],
+            "kv_cache_usage_perc_peak": self.peak_usage,
             "blocks_used_peak": self.peak_blocks_used,
-            "prefix_cache_queries": c["prefix_cache_queries"], "prefix_cache_hits": c["prefix_cache_hits"],
-            "num_preemptions": c["num_preemptions"], "cow_copies": c["cow_copies"], "evictions": c["evictions"],
-            "swap_outs": c["swap_outs"], "swap_ins": c["swap_ins"], **self._audit_counts(),
+            "prefix_cache_queries": c["prefix_cache_queries"],
+            "prefix_cache_hits": c["prefix_cache_hits"],
+            "num_preemptions": c["num_preemptions"],
+            "cow_copies": c["cow_copies"],
+            "evictions": c["evictions"],
+            "swap_outs": c["swap_outs"],
+            "swap_ins": c["swap_ins"],
+            **self._audit_counts(),
             "generation_tokens": c["generation_tokens"],
             "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
-            "fragmentation": self.fragmentation, "prefix_caching": self.prefix_caching,
+            "fragmentation": self.fragmentation,
+            "prefix_caching": self.prefix_caching,
         }
 
     def _audit_counts(self) -> dict:
@@ -89,5 +108,9 @@ class Summary:
         arrived, first, last, n = self.timing.get(r["request_id"], (0.0, -1.0, -1.0, 0))
         ttft = first - arrived if first >= 0 else None
         decode = (n - 1) / (last - first) if n > 1 and last > first else None
-        return {**r, "prefix_cache_miss": miss.to_dict() if miss else None, "ttft_s": ttft,
-                "decode_tokens_per_s": decode}
+        return {
+            **r,
+            "prefix_cache_miss": miss.to_dict() if miss else None,
+            "ttft_s": ttft,
+            "decode_tokens_per_s": decode,
+        }

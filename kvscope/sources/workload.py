@@ -5,6 +5,7 @@ The engine is ``engine.workload``'s: the real scheduler, block pool, prefix cach
 The ``WorkloadFeeder`` is one more step hook: before each step it adds the requests whose arrival the
 virtual clock has reached, so the request table fills as the trace's traffic arrives.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +17,7 @@ from kvscope.sources.live import LiveSource
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     """Which trace, on which simulated machine (picklable: the engine process builds the source)."""
+
     path: str
     sim: object  # engine.workload.sim_config.SimConfig
     limit: int | None = None
@@ -25,9 +27,11 @@ def build_workload_source(spec: WorkloadSpec, config, audit: bool = False, hooks
     """Raises ``ValueError`` (a ``WorkloadError`` is one) with one line for a bad trace or option."""
     from engine.workload.driver import build_engine
     from engine.workload.reader import read_workload
+
     tokenizer = None
     if config.tokenizer:
         from engine.runner.models.loader import load_tokenizer
+
         tokenizer = load_tokenizer(config.tokenizer)
     workload = read_workload(spec.path, tokenizer=tokenizer, limit=spec.limit)
     engine, feeder = build_engine(workload, config, spec.sim)
@@ -54,13 +58,21 @@ class WorkloadSource(LiveSource):
         w, r = f.workload, f.result
         sim = r.sim
         title = f"workload {w.name}: {len(w.requests):,} requests"
-        watch = (f"{w.name} ({w.format} trace, {len(w.requests):,} requests) played at its arrival times"
-                 + (f" x {sim.get('time_scale'):g}" if sim.get("time_scale", 1.0) != 1.0 else "")
-                 + f" on {sim.get('model')} over {sim.get('tp', 1)} x simulated {sim.get('gpu')}: no weights, a cost "
-                 "model's step time stands in for the forward pass, and times (TTFT, tokens/s) are the simulated "
-                 f"card's. Pool: {r.num_gpu_blocks:,} blocks of {r.block_size} tokens ({r.pool_why}), eviction "
-                 f"{r.eviction_policy}. Watch the hit rate and "
-                 "evictions in Plots, and the request table as requests arrive.")
-        return dataclasses.replace(info, device=f"simulated {sim.get('gpu')}", scenario=title, scenario_name=None,
-                                   watch=watch, view="plots",
-                                   extra={**info.extra, "workload": w.name})
+        watch = (
+            f"{w.name} ({w.format} trace, {len(w.requests):,} requests) played at its arrival times"
+            + (f" x {sim.get('time_scale'):g}" if sim.get("time_scale", 1.0) != 1.0 else "")
+            + f" on {sim.get('model')} over {sim.get('tp', 1)} x simulated {sim.get('gpu')}: no weights, a cost "
+            "model's step time stands in for the forward pass, and times (TTFT, tokens/s) are the simulated "
+            f"card's. Pool: {r.num_gpu_blocks:,} blocks of {r.block_size} tokens ({r.pool_why}), eviction "
+            f"{r.eviction_policy}. Watch the hit rate and "
+            "evictions in Plots, and the request table as requests arrive."
+        )
+        return dataclasses.replace(
+            info,
+            device=f"simulated {sim.get('gpu')}",
+            scenario=title,
+            scenario_name=None,
+            watch=watch,
+            view="plots",
+            extra={**info.extra, "workload": w.name},
+        )

@@ -1,4 +1,5 @@
 """Start the Qt application around ``MainWindow`` (and the ``--screenshot`` mode)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a t
 @dataclass(frozen=True, slots=True)
 class WindowOptions:
     """What the window is started with (``kvscope.cli.window`` reads them from the command line)."""
+
     spec: SourceSpec
     serve: ServeOptions | None = None  # an HTTP server beside the engine
     engine_thread: bool = False  # the engine on a thread of this process, not in its own
@@ -56,9 +58,19 @@ class StartupDriver(QObject):
     window as it stands and exits non-zero; a save that fails says so and exits non-zero.
     """
 
-    def __init__(self, win: MainWindow, path: str | None, steps: int, prompts: list, max_tokens: int,
-                 replay_steps: int | None = None, select: list[str] | None = None,
-                 select_block: int | None = None, compare: bool = False, view: str | None = None) -> None:
+    def __init__(
+        self,
+        win: MainWindow,
+        path: str | None,
+        steps: int,
+        prompts: list,
+        max_tokens: int,
+        replay_steps: int | None = None,
+        select: list[str] | None = None,
+        select_block: int | None = None,
+        compare: bool = False,
+        view: str | None = None,
+    ) -> None:
         super().__init__(win)
         self.view = view
         self.select = select or []
@@ -205,6 +217,7 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
     server = None
     if opts.serve is not None:
         from kvscope.serve.server import check_port, start_server
+
         try:
             if opts.engine_thread:  # the server beside the engine: in this process
                 server = start_server(opts.serve)
@@ -223,6 +236,7 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         interrupted.append(signum)
         for w in shown:
             QTimer.singleShot(0, w.close)  # runs once the event loop does, even if it has not started yet
+
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         return _run_window(app, opts, early, server, interrupted, shown)
@@ -230,23 +244,34 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | None, server,
-                interrupted: list[int], shown: list[MainWindow]) -> int:
+def _run_window(
+    app: QApplication,
+    opts: WindowOptions,
+    early: SpawnedEngine | None,
+    server,
+    interrupted: list[int],
+    shown: list[MainWindow],
+) -> int:
     app.setApplicationName("kvscope")
     app.setOrganizationName("kvscope")
     apply_style(app)
     spec = opts.spec
     from engine.gc_policy import tune_gc
+
     tune_gc()  # the window's timeline grows by thousands of objects a second: fewer, cheaper collections
     from kvscope.malloc_policy import tune_malloc
+
     tune_malloc()  # per-frame copies of long series mapped, not left as holes in the heap
     if opts.engine_thread:
         backend = ThreadBackend(spec.factory, server.bridge if server else None)
     else:
         backend = ProcessBackend(dataclasses.replace(spec, serve=opts.serve), early=early)
     # A screenshot shows the default layout, never the user's saved one (nor does it change it).
-    settings = QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat) \
-        if opts.screenshot else None
+    settings = (
+        QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat)
+        if opts.screenshot
+        else None
+    )
     win = MainWindow(backend, settings, limits=opts.limits)
     if opts.window_size or opts.screenshot:
         win.resize(*(opts.window_size or (1600, 1000)))
@@ -256,8 +281,18 @@ def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | N
         win.set_presentation(True)
     if opts.audit:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
-    driver = StartupDriver(win, opts.screenshot, opts.steps, list(opts.prompts), opts.max_tokens, opts.replay_steps,
-                           list(opts.select), opts.select_block, opts.compare, opts.view)
+    driver = StartupDriver(
+        win,
+        opts.screenshot,
+        opts.steps,
+        list(opts.prompts),
+        opts.max_tokens,
+        opts.replay_steps,
+        list(opts.select),
+        opts.select_block,
+        opts.compare,
+        opts.view,
+    )
     shown.append(win)
     if interrupted:  # Ctrl+C came while the window was being built
         QTimer.singleShot(0, win.close)
@@ -278,4 +313,3 @@ def _run_window(app: QApplication, opts: WindowOptions, early: SpawnedEngine | N
         print("kvscope: interrupted", file=sys.stderr)
         return 130
     return driver.exit_code or code
-

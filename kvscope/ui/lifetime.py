@@ -1,4 +1,5 @@
 """Ending a window's life at a moment of our choosing, not the garbage collector's."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QCoreApplication, QEvent

@@ -1,6 +1,7 @@
 """The main window: only wiring. Views live in ``views/``, the engine behind a backend (its own
 process, or a thread), the view state (selection, timeline position, redraw pacing) in ``state``.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -58,7 +59,6 @@ LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is no
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
 PRESENT_MIN_TEXT_PX = 12.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
-
 
 
 class MainWindow(QMainWindow):
@@ -152,16 +152,26 @@ class MainWindow(QMainWindow):
         # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
         right, bottom = Qt.DockWidgetArea.RightDockWidgetArea, Qt.DockWidgetArea.BottomDockWidgetArea
         for title, tip, widget, area, name in (
-                ("Scenario", "the scenario's note for this step", self.notes, right, "scenario"),
-                ("Requests", "every request: its prompt, cached tokens, blocks and state", self.requests, right,
-                 "requests"),
-                ("Figure", "the paper's figure, live: the selected requests' logical blocks, block table and the "
-                 "physical blocks", self.figure, bottom, "figure"),
-                ("Events", "every event of every step", self.events, bottom, "events"),
-                ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
-                ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom,
-                 "fragmentation"),
-                ("Plots", "the run's series against the step", self.plots, bottom, "plots")):
+            ("Scenario", "the scenario's note for this step", self.notes, right, "scenario"),
+            (
+                "Requests",
+                "every request: its prompt, cached tokens, blocks and state",
+                self.requests,
+                right,
+                "requests",
+            ),
+            (
+                "Figure",
+                "the paper's figure, live: the selected requests' logical blocks, block table and the physical blocks",
+                self.figure,
+                bottom,
+                "figure",
+            ),
+            ("Events", "every event of every step", self.events, bottom, "events"),
+            ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
+            ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom, "fragmentation"),
+            ("Plots", "the run's series against the step", self.plots, bottom, "plots"),
+        ):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
             if widget is self.fragmentation:  # it scrolls where the panel is smaller than its rows need
@@ -205,8 +215,9 @@ class MainWindow(QMainWindow):
         self.step_n = QSpinBox()
         self.step_n.setRange(1, 100_000)
         self.step_n.setValue(10)
-        self.act_step_n = self._action(bar, "Step N", lambda: self.step(self.step_n.value()),
-                                       tip="run the scheduler N steps")
+        self.act_step_n = self._action(
+            bar, "Step N", lambda: self.step(self.step_n.value()), tip="run the scheduler N steps"
+        )
         bar.addWidget(self.step_n)
         self.act_run = self._action(bar, "Run", self.toggle_run, "F5", "step continuously / pause")
         self.speed = QComboBox()
@@ -217,19 +228,37 @@ class MainWindow(QMainWindow):
         bar.addSeparator()
         self.act_inject = self._action(bar, "Inject…", self.open_inject, "Ctrl+I", "add a request")
         self.act_abort = self._action(bar, "Abort", self.abort_selected, "Del", "abort the selected requests")
-        self.act_fork = self._action(bar, "Fork", self.fork_selected, "Ctrl+F",
-                                     "fork the selected running request: the copy shares its blocks (CoW)")
-        self.act_reset = self._action(bar, "Reset cache", lambda: self.worker.send(cmd.ResetPrefixCache()),
-                                      tip="drop every cached hash (refused while blocks are in use)")
+        self.act_fork = self._action(
+            bar,
+            "Fork",
+            self.fork_selected,
+            "Ctrl+F",
+            "fork the selected running request: the copy shares its blocks (CoW)",
+        )
+        self.act_reset = self._action(
+            bar,
+            "Reset cache",
+            lambda: self.worker.send(cmd.ResetPrefixCache()),
+            tip="drop every cached hash (refused while blocks are in use)",
+        )
         bar.addSeparator()
         self.audit_box = QCheckBox("Audit")
-        self.audit_box.setToolTip("after every step, recompute every ref count from the block tables: "
-                                  "wrong ones turn red and a banner names them")
+        self.audit_box.setToolTip(
+            "after every step, recompute every ref count from the block tables: "
+            "wrong ones turn red and a banner names them"
+        )
         self.audit_chosen = False  # the user's choice (a probed vLLM's box shows its own audit, always on)
         self.audit_box.toggled.connect(self._audit_toggled)
         bar.addWidget(self.audit_box)
-        self.controls = [self.act_step, self.act_step_n, self.act_run, self.act_inject, self.act_abort,
-                         self.act_fork, self.act_reset]
+        self.controls = [
+            self.act_step,
+            self.act_step_n,
+            self.act_run,
+            self.act_inject,
+            self.act_abort,
+            self.act_fork,
+            self.act_reset,
+        ]
         self.write_controls = [self.act_inject, self.act_abort, self.act_fork, self.act_reset]
 
     def _audit_toggled(self, on: bool) -> None:
@@ -453,8 +482,12 @@ class MainWindow(QMainWindow):
         self.events.set_decode(decode)
         self.busy.hide()
         # a pool kvscope's rules do not rebuild from events (a probed vLLM's): a keyframe every step
-        self.history = RunHistory(self.limits.timeline_bytes, keyframe_every=None if info.events_rebuild_pool else 1,
-                                  decode=decode, max_requests=self.limits.timeline_requests)
+        self.history = RunHistory(
+            self.limits.timeline_bytes,
+            keyframe_every=None if info.events_rebuild_pool else 1,
+            decode=decode,
+            max_requests=self.limits.timeline_requests,
+        )
         self.diagnosis = Diagnosis(decode, info.prefix_caching, self.limits)
         self.diagnosis_panel.clear_story()
         self.diagnosis_panel.reset_compare(not info.read_only)
@@ -491,8 +524,10 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(title)
         kv = "" if info.kv_cache_dtype == "auto" else f" · KV cache {info.kv_cache_dtype}"
         tok = "" if info.has_tokenizer or info.read_only else " · no tokenizer: prompts are token ids"
-        self.grid.set_title(f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
-                                f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}{kv}{tok}")
+        self.grid.set_title(
+            f"{info.model_name} · {info.num_blocks:,} blocks × {info.block_size} tokens "
+            f"· {info.block_bytes / 1024:.1f} KiB/block · {info.device} {info.dtype}{kv}{tok}"
+        )
         if info.scenario or info.watch or info.notes:
             self.notes.set_scenario(info.watch, list(info.notes), info.scenario or "")
             self.show_welcome(False)
@@ -562,8 +597,10 @@ class MainWindow(QMainWindow):
         for a in self.controls:
             a.setEnabled(False)
         self.act_restart.setEnabled(True)
-        self.banner.show_message(f"{message}. The last state and the trace so far are kept; "
-                                 "Engine ▸ Restart starts a new engine process.", "error")
+        self.banner.show_message(
+            f"{message}. The last state and the trace so far are kept; Engine ▸ Restart starts a new engine process.",
+            "error",
+        )
         self.errors.append(message)
 
     def restart_engine(self) -> None:
@@ -598,7 +635,8 @@ class MainWindow(QMainWindow):
             self.timeline.setToolTip(
                 f"the timeline reaches back to step {h.reach[0]}"
                 + (f" ({h.dropped_steps} older steps dropped)" if h.dropped_steps else "")
-                + f"; history {h.nbytes / 2**20:.0f} of {h.budget_bytes / 2**20:.0f} MiB")
+                + f"; history {h.nbytes / 2**20:.0f} of {h.budget_bytes / 2**20:.0f} MiB"
+            )
         if self.state.live:
             self._show(self.latest.snapshot, self.latest.audit, self.latest.events)
         self.plots.update_from(self.history, self.latest.memory)
@@ -612,8 +650,9 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None, events=()) -> None:
         """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
-        self.grid.set_snapshot(snap, leaked, *((audit.kinds_names(), audit.block_kinds()) if leaked is not None
-                                                 else (None, None)))
+        self.grid.set_snapshot(
+            snap, leaked, *((audit.kinds_names(), audit.block_kinds()) if leaked is not None else (None, None))
+        )
         if self.cpu_grid.isVisible():
             self.cpu_grid.set_snapshot(snap)
         if leaked is not None:
@@ -645,8 +684,11 @@ class MainWindow(QMainWindow):
         self.plots.set_cursor(None if live else step)
         if snap is not None:
             latest = self.latest
-            self._show(snap, latest.audit if live and latest else None,
-                       latest.events if live and latest else self.history.events_at(step))
+            self._show(
+                snap,
+                latest.audit if live and latest else None,
+                latest.events if live and latest else self.history.events_at(step),
+            )
 
     def show_step(self, step: int) -> None:
         """Move the timeline to ``step`` (a story row clicked)."""
@@ -683,8 +725,9 @@ class MainWindow(QMainWindow):
         self.requests.select(owners)
         self.grid.set_highlight([block_id], logical=False)
         up_to = None if self.state.live or snap is None else snap.step
-        self.diagnosis_panel.show_story(block_id, self.diagnosis.story(block_id, self.history, up_to),
-                                        self.history.reach)
+        self.diagnosis_panel.show_story(
+            block_id, self.diagnosis.story(block_id, self.history, up_to), self.history.reach
+        )
 
     def on_request_selected(self, request_id: str) -> None:
         self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
@@ -714,8 +757,9 @@ class MainWindow(QMainWindow):
         w, h = self.width(), self.height()
         self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
-        self.resizeDocks([self.docks["scenario"], self.docks["requests"]], [int(h * 0.46), int(h * 0.54)],
-                         Qt.Orientation.Vertical)
+        self.resizeDocks(
+            [self.docks["scenario"], self.docks["requests"]], [int(h * 0.46), int(h * 0.54)], Qt.Orientation.Vertical
+        )
 
     def _restore_settings(self) -> None:
         s = self.settings

@@ -5,6 +5,7 @@ view, and higher ref counts are lighter oranges, never the red that only "leaked
 always means a free block that still holds its hash: reusable by a prefix hit until it is evicted.
 No Qt here, so the headless side and tests may use it too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,15 +33,19 @@ class ColourClass:
 
 STATES: dict[BlockState, ColourClass] = {
     BlockState.FREE: ColourClass("free", (62, 68, 80), "empty, on the free queue", line=(160, 166, 178)),
-    BlockState.CACHED: ColourClass("cached", (66, 133, 244),
-                                   "free but still hashed: reusable by a prefix hit until evicted"),
+    BlockState.CACHED: ColourClass(
+        "cached", (66, 133, 244), "free but still hashed: reusable by a prefix hit until evicted"
+    ),
     BlockState.USED: ColourClass("used", (52, 168, 83), "held by one request (ref count 1)"),
     BlockState.SHARED: ColourClass("shared", (251, 140, 0), "held by several requests (ref count > 1)"),
-    BlockState.SWAPPED: ColourClass("swapped", (156, 39, 176), "a CPU block holding a swapped-out request's KV",
-                                    line=(186, 104, 200)),
-    BlockState.LEAKED: ColourClass("audit problem", (229, 57, 53),
-                                   "found wrong by the audit: leaked, a wrong ref count, written while shared... "
-                                   "(the banner says which)"),
+    BlockState.SWAPPED: ColourClass(
+        "swapped", (156, 39, 176), "a CPU block holding a swapped-out request's KV", line=(186, 104, 200)
+    ),
+    BlockState.LEAKED: ColourClass(
+        "audit problem",
+        (229, 57, 53),
+        "found wrong by the audit: leaked, a wrong ref count, written while shared... (the banner says which)",
+    ),
 }
 STATE_COLOURS: dict[BlockState, RGB] = {s: c.colour for s, c in STATES.items()}
 
@@ -49,10 +54,14 @@ STATE_COLOURS: dict[BlockState, RGB] = {s: c.colour for s, c in STATES.items()}
 # No orange (the grid's "shared") and no grey (the grid's "free"): a slot held by a request is neither.
 FRAGMENTS: dict[str, ColourClass] = {
     "used": ColourClass("used", (52, 168, 83), "holds the KV of a computed token"),
-    "wasted": ColourClass("wasted inside a block", (24, 92, 46),
-                          "the rest of a request's last block: internal fragmentation, under one block a request"),
-    "reserved": ColourClass("reserved, empty", (168, 218, 176),
-                            "held for tokens the request may still produce: the max-length reservation"),
+    "wasted": ColourClass(
+        "wasted inside a block",
+        (24, 92, 46),
+        "the rest of a request's last block: internal fragmentation, under one block a request",
+    ),
+    "reserved": ColourClass(
+        "reserved, empty", (168, 218, 176), "held for tokens the request may still produce: the max-length reservation"
+    ),
 }
 
 # The fleet window outlines the instance that got the latest request: white, a colour no block state has.
@@ -72,9 +81,20 @@ REF_NAMES = ["ref 0 (free or cached)", "ref 1", "ref 2", "ref 3", "ref ≥ 4"]
 
 # One colour per request (by its index, modulo the palette). No reds (leaked), and the first ones
 # keep clear of the state hues, so that request A and B in the figure view are not read as states.
-OWNER_PALETTE: list[RGB] = [(38, 198, 218), (244, 143, 177), (212, 225, 87), (161, 136, 127), (255, 241, 118),
-                            (0, 150, 136), (197, 202, 233), (255, 204, 128), (158, 157, 36), (141, 110, 99),
-                            (129, 212, 250), (206, 147, 216)]
+OWNER_PALETTE: list[RGB] = [
+    (38, 198, 218),
+    (244, 143, 177),
+    (212, 225, 87),
+    (161, 136, 127),
+    (255, 241, 118),
+    (0, 150, 136),
+    (197, 202, 233),
+    (255, 204, 128),
+    (158, 157, 36),
+    (141, 110, 99),
+    (129, 212, 250),
+    (206, 147, 216),
+]
 
 
 def owner_colour(index: int) -> RGB:
@@ -93,8 +113,16 @@ DOWN: RGB = LEAKED  # an instance that went away, lost batches or cannot be scor
 
 # Age = steps since a block was last allocated, touched or freed, in doubling bins.
 AGE_BINS: list[tuple[int, int | None]] = [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, None)]
-AGE_COLOURS: list[RGB] = [(255, 241, 118), (255, 213, 79), (255, 167, 38), (239, 124, 60), (196, 92, 72),
-                          (141, 72, 82), (95, 58, 82), (62, 52, 72)]
+AGE_COLOURS: list[RGB] = [
+    (255, 241, 118),
+    (255, 213, 79),
+    (255, 167, 38),
+    (239, 124, 60),
+    (196, 92, 72),
+    (141, 72, 82),
+    (95, 58, 82),
+    (62, 52, 72),
+]
 
 
 def age_name(i: int) -> str:
@@ -173,8 +201,9 @@ def state_codes(snap: KVSnapshot, leaked: np.ndarray | None = None) -> np.ndarra
     return codes
 
 
-def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None,
-                   cpu: bool = False, flag_name: str | None = None) -> list[LegendEntry]:
+def legend_entries(
+    snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None, cpu: bool = False, flag_name: str | None = None
+) -> list[LegendEntry]:
     """Every class of ``mode`` with its colour(s) and its count of blocks in ``snap``. ``flag_name``: what the
     audit's flagged blocks are (its kinds, e.g. "written while shared"), the red class's name when there are any."""
     state, owner = (snap.cpu_state, snap.cpu_owner) if cpu else (snap.state, snap.owner)
@@ -184,10 +213,15 @@ def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None
             ids = np.unique(np.asarray(leaked, np.int64))
             counts -= np.bincount(state[ids], minlength=len(BlockState))
             counts[BlockState.LEAKED] += len(ids)
-        shown = [BlockState.FREE, BlockState.SWAPPED] if cpu else \
-            [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED]
+        shown = (
+            [BlockState.FREE, BlockState.SWAPPED]
+            if cpu
+            else [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED]
+        )
+
         def name(s: BlockState) -> str:
             return flag_name if s is BlockState.LEAKED and flag_name and counts[s] else STATES[s].name
+
         return [LegendEntry(name(s), (STATES[s].colour,), int(counts[s]), STATES[s].meaning) for s in shown]
     if mode == "owner":
         by_index = {r.index: r.request_id for r in snap.requests}
@@ -196,8 +230,14 @@ def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None
         order = sorted(zip(cnt.tolist(), idx.tolist()), key=lambda t: (-t[0], t[1]))
         entries = [LegendEntry("no owner", (FREE,), int((owner < 0).sum()), "free or cached: no request holds it")]
         for c, i in order[:MAX_OWNERS_LISTED]:
-            entries.append(LegendEntry(f"request {by_index.get(i, f'#{i}')}", (owner_colour(i),), int(c),
-                                       "blocks whose first holder is this request (shared ones too)"))
+            entries.append(
+                LegendEntry(
+                    f"request {by_index.get(i, f'#{i}')}",
+                    (owner_colour(i),),
+                    int(c),
+                    "blocks whose first holder is this request (shared ones too)",
+                )
+            )
         rest = order[MAX_OWNERS_LISTED:]
         if rest:
             colours = tuple(dict.fromkeys(owner_colour(i) for _, i in rest))[:4]
@@ -212,6 +252,8 @@ def legend_entries(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None
         if cpu:
             return legend_entries(snap, "state", cpu=True)
         counts = np.bincount(age_codes(snap.step - snap.last_access), minlength=len(AGE_BINS))
-        return [LegendEntry(age_name(i), (AGE_COLOURS[i],), int(counts[i]),
-                            "since last allocated, hit or freed") for i in range(len(AGE_BINS))]
+        return [
+            LegendEntry(age_name(i), (AGE_COLOURS[i],), int(counts[i]), "since last allocated, hit or freed")
+            for i in range(len(AGE_BINS))
+        ]
     raise ValueError(f"unknown colour mode {mode!r}")

@@ -1,4 +1,5 @@
 """Qt item models over snapshots and events (no widgets here)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,10 +13,10 @@ from kvscope.limits import LIMITS
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
 
 
-
 # A preempted request says how it comes back: recompute (its KV dropped, the prompt prefilled again) or swap
 # (its KV copied to the CPU pool and back): the difference the scheduling lesson is about.
 STATE_WORDS = {"preempted": "preempted: recompute", "swapped": "preempted: swapped out"}
+
 
 class _FlatTableModel(QAbstractTableModel):
     """A flat table over ``self.rows`` with fixed ``HEADERS``."""
@@ -74,9 +75,18 @@ class RequestTableModel(_FlatTableModel):
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
             state = STATE_WORDS.get(r.status.lower(), r.status.lower()) + (
-                " (kept: selected)" if r.request_id in self.kept else "")
-            return (r.request_id, r.num_prompt_tokens, r.num_cached_tokens, r.num_output_tokens, len(r.block_ids),
-                    state, r.client, r.text.replace("\n", " ⏎ ")[-200:])[index.column()]
+                " (kept: selected)" if r.request_id in self.kept else ""
+            )
+            return (
+                r.request_id,
+                r.num_prompt_tokens,
+                r.num_cached_tokens,
+                r.num_output_tokens,
+                len(r.block_ids),
+                state,
+                r.client,
+                r.text.replace("\n", " ⏎ ")[-200:],
+            )[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
             return r.error or r.text
         if role == Qt.ItemDataRole.UserRole:
@@ -145,7 +155,7 @@ class EventLogModel(_FlatTableModel):
             return 0
         if len(rows) > self.max_rows:  # more at once than the log holds: the newest of them
             self.dropped += len(rows) - self.max_rows
-            rows = rows[-self.max_rows:]
+            rows = rows[-self.max_rows :]
         total = len(self.rows) + len(rows)
         drop = max(0, total - self.max_rows)
         if keep_from is not None and drop > keep_from:

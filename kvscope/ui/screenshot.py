@@ -1,4 +1,5 @@
 """Saving a window as a PNG (``--screenshot``): one way for the main, attach and fleet windows."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """A dark theme that keeps the grid's colours readable."""
+
 from __future__ import annotations
 
 import pyqtgraph as pg

@@ -5,6 +5,7 @@ factories that close over models already in memory); ``ProcessBackend`` runs it 
 process, so the engine never shares a GIL with the window and a crash of the engine (a
 segfault, a CUDA error, the OOM killer) leaves the window alive. Both emit the same signals.
 """
+
 from __future__ import annotations
 
 import logging
@@ -151,8 +152,12 @@ def describe_exit(code: int | None) -> str:
         return "stopped responding"
     if code < 0:
         name = _signal.Signals(-code).name if -code in _signal.Signals._value2member_map_ else f"signal {-code}"
-        why = {"SIGKILL": " (killed: perhaps by the out-of-memory killer)", "SIGSEGV": " (a segmentation fault)",
-               "SIGABRT": " (aborted)", "SIGBUS": " (a bus error)"}.get(name, "")
+        why = {
+            "SIGKILL": " (killed: perhaps by the out-of-memory killer)",
+            "SIGSEGV": " (a segmentation fault)",
+            "SIGABRT": " (aborted)",
+            "SIGBUS": " (a bus error)",
+        }.get(name, "")
         return f"was killed by {name}{why}"
     return f"exited with code {code}"
 
@@ -160,8 +165,9 @@ def describe_exit(code: int | None) -> str:
 class ProcessBackend(EngineBackend):
     """The engine in a spawned process: commands through a pipe, snapshot arrays through shared memory."""
 
-    def __init__(self, spec: SourceSpec, hang_timeout_s: float = HANG_TIMEOUT_S,
-                 early: SpawnedEngine | None = None) -> None:
+    def __init__(
+        self, spec: SourceSpec, hang_timeout_s: float = HANG_TIMEOUT_S, early: SpawnedEngine | None = None
+    ) -> None:
         """``early``: an engine process spawned (and loading) before the window was built."""
         super().__init__()
         self.spec = spec
@@ -305,8 +311,13 @@ class ProcessBackend(EngineBackend):
         # command's, or WHOLE_EVERY steps after the last one kept whole, so that the timeline's keyframes
         # stay close.
         last = batch.last
-        whole = batch.has_arrays and (newest or last.cache is not None or not last.has_output
-                                      or last.step - self._whole_step >= WHOLE_EVERY or last.step < self._whole_step)
+        whole = batch.has_arrays and (
+            newest
+            or last.cache is not None
+            or not last.has_output
+            or last.step - self._whole_step >= WHOLE_EVERY
+            or last.step < self._whole_step
+        )
         results = self._decoder.decode(batch, whole)
         if whole:
             self._whole_step = last.step

@@ -5,6 +5,7 @@ connection (``Link`` notices: silent, answering again, an unreadable message). T
 keyframes and steps; when it sees a gap in ``seq`` it calls ``resync()``. A probe that stops answering is
 greeted again every ``HELLO_EVERY_S`` until one answers: a restarted vLLM answers with a new ``instance``.
 """
+
 from __future__ import annotations
 
 import queue
@@ -38,6 +39,7 @@ MAX_MESSAGE_BYTES = 512 * 2**20  # a keyframe of a million blocks is a few tens 
 @dataclass(frozen=True, slots=True)
 class Link:
     """What happened to the connection: ``kind`` is "silent", "answering" or "unreadable"."""
+
     kind: str
     text: str
 
@@ -122,8 +124,12 @@ class ProbeClient:
                             msg = decode_from_probe(data)
                         except ValueError as e:
                             self.unreadable += 1
-                            self.inbox.put(Link("unreadable", f"a message kvscope cannot read was skipped "
-                                                              f"({str(e).splitlines()[0]})"))
+                            self.inbox.put(
+                                Link(
+                                    "unreadable",
+                                    f"a message kvscope cannot read was skipped ({str(e).splitlines()[0]})",
+                                )
+                            )
                             continue
                         if isinstance(msg, Welcome):
                             self.instance = msg.instance
@@ -136,8 +142,9 @@ class ProbeClient:
                 if now - last_heard > SILENCE_S:
                     if not silent:
                         silent = True
-                        self.inbox.put(Link("silent", f"the probe at {self.endpoint} has not answered for "
-                                                      f"{SILENCE_S:.0f} s"))
+                        self.inbox.put(
+                            Link("silent", f"the probe at {self.endpoint} has not answered for {SILENCE_S:.0f} s")
+                        )
                     subscribed = False
                 if not subscribed and now - last_hello >= HELLO_EVERY_S:
                     send(hello)  # a restarted probe does not know us: greet it again

@@ -14,6 +14,7 @@ In all three: ``SchedulerConfig.get_scheduler_cls``, ``Scheduler.schedule``/``up
 ``_cache``), ``cache_full_blocks``, ``reset_prefix_cache``, and
 ``kv_cache_manager.coordinator.single_type_managers[i].req_to_blocks`` (a defaultdict: only ``.get``).
 """
+
 from __future__ import annotations
 
 KNOWN_RELEASES = ("0.20", "0.32", "0.33")
@@ -21,19 +22,52 @@ KNOWN_RELEASES = ("0.20", "0.32", "0.33")
 # what the probe reads or wraps, by vLLM's class name: checked on the live objects before anything is patched,
 # and against each known release's files (tests/probe/test_compat.py)
 REQUIRED = {
-    "Scheduler": ("schedule", "update_from_output", "finish_requests", "add_request", "kv_cache_manager",
-                  "running", "requests"),
+    "Scheduler": (
+        "schedule",
+        "update_from_output",
+        "finish_requests",
+        "add_request",
+        "kv_cache_manager",
+        "running",
+        "requests",
+    ),
     "KVCacheManager": ("block_pool", "coordinator", "allocate_slots", "free", "get_computed_blocks"),
-    "BlockPool": ("blocks", "free_block_queue", "null_block", "cached_block_hash_to_block", "cache_full_blocks",
-                  "get_new_blocks", "touch", "free_blocks", "reset_prefix_cache"),
+    "BlockPool": (
+        "blocks",
+        "free_block_queue",
+        "null_block",
+        "cached_block_hash_to_block",
+        "cache_full_blocks",
+        "get_new_blocks",
+        "touch",
+        "free_blocks",
+        "reset_prefix_cache",
+    ),
     "BlockHashToBlockMap": ("_cache", "insert", "pop"),
-    "FreeKVCacheBlockQueue": ("popleft", "popleft_n", "remove", "append", "append_n", "num_free_blocks",
-                              "fake_free_list_head"),
+    "FreeKVCacheBlockQueue": (
+        "popleft",
+        "popleft_n",
+        "remove",
+        "append",
+        "append_n",
+        "num_free_blocks",
+        "fake_free_list_head",
+    ),
     "KVCacheCoordinator": ("single_type_managers", "block_pool"),
     "SingleTypeKVCacheManager": ("req_to_blocks",),
     "KVCacheBlock": ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null"),
-    "Request": ("request_id", "status", "num_prompt_tokens", "num_tokens", "all_token_ids", "_all_token_ids",
-                "num_computed_tokens", "block_hashes", "arrival_time", "is_finished"),
+    "Request": (
+        "request_id",
+        "status",
+        "num_prompt_tokens",
+        "num_tokens",
+        "all_token_ids",
+        "_all_token_ids",
+        "num_computed_tokens",
+        "block_hashes",
+        "arrival_time",
+        "is_finished",
+    ),
     "SchedulerConfig": ("get_scheduler_cls",),
 }
 SLOTS = ("ref_cnt", "_block_hash")  # KVCacheBlock's slots the recorder puts its descriptors over
@@ -57,14 +91,22 @@ def missing(scheduler) -> list[str]:
     coordinator = getattr(manager, "coordinator", None)
     managers = getattr(coordinator, "single_type_managers", None) or (None,)
     blocks = getattr(pool, "blocks", None) or (None,)
-    objects = {"Scheduler": scheduler, "KVCacheManager": manager, "BlockPool": pool,
-               "BlockHashToBlockMap": getattr(pool, "cached_block_hash_to_block", None),
-               "FreeKVCacheBlockQueue": getattr(pool, "free_block_queue", None), "KVCacheCoordinator": coordinator,
-               "SingleTypeKVCacheManager": managers[0], "KVCacheBlock": blocks[0]}
-    out = [f"{what}.{n}" for what, obj in objects.items() for n in REQUIRED[what]
-           if obj is None or not hasattr(obj, n)]
+    objects = {
+        "Scheduler": scheduler,
+        "KVCacheManager": manager,
+        "BlockPool": pool,
+        "BlockHashToBlockMap": getattr(pool, "cached_block_hash_to_block", None),
+        "FreeKVCacheBlockQueue": getattr(pool, "free_block_queue", None),
+        "KVCacheCoordinator": coordinator,
+        "SingleTypeKVCacheManager": managers[0],
+        "KVCacheBlock": blocks[0],
+    }
+    out = [f"{what}.{n}" for what, obj in objects.items() for n in REQUIRED[what] if obj is None or not hasattr(obj, n)]
     if blocks[0] is not None:
         cls = type(blocks[0])
-        out += [f"KVCacheBlock.{n} (a slot)" for n in SLOTS
-                if type(cls.__dict__.get(n)).__name__ not in ("member_descriptor", "property")]
+        out += [
+            f"KVCacheBlock.{n} (a slot)"
+            for n in SLOTS
+            if type(cls.__dict__.get(n)).__name__ not in ("member_descriptor", "property")
+        ]
     return out

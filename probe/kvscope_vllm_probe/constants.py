@@ -1,4 +1,5 @@
 """The probe wire's constants, importable without msgspec or ZeroMQ (``kvscope --help`` lists the faults)."""
+
 PROTOCOL = 1
 ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
 ENV_FAULT = "KVSCOPE_PROBE_FAULT"

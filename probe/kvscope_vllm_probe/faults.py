@@ -5,6 +5,7 @@ the table, so its free never happens: the block keeps ref count 1 and no table h
 what an abort or disconnect path that forgets one block leaves behind. It fires once each time it is
 switched on (``KVSCOPE_PROBE_FAULT=leak-last-block`` at start, or a ``SetFault`` from a subscriber).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,5 +40,8 @@ class Faults:
         block = table.pop()  # vLLM frees what the table holds: this one is now held by nobody
         self.armed.discard("leak-last-block")
         self.fired.append((request.request_id, block.block_id))
-        logger.warning("kvscope probe: fault leak-last-block: block %d of request %s will not be freed",
-                       block.block_id, request.request_id)
+        logger.warning(
+            "kvscope probe: fault leak-last-block: block %d of request %s will not be freed",
+            block.block_id,
+            request.request_id,
+        )

@@ -4,6 +4,7 @@ Waiting there keeps vLLM's front end answering (``/health``, new requests queue 
 queue) and leaves the pool between two steps, where every table and ref count agree. A pause belongs to the
 subscriber that asked for it; when that subscriber says goodbye or goes silent, vLLM runs on.
 """
+
 from __future__ import annotations
 
 import threading

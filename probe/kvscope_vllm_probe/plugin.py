@@ -5,6 +5,7 @@ and that subclass starts the probe once, where the scheduler is built (the engin
 unless ``KVSCOPE_PROBE_ENDPOINT`` is set; a vLLM release the probe was not checked against, or one whose
 internals differ from what it reads, is refused in one line in vLLM's log and vLLM runs untouched.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,13 +31,19 @@ def register() -> None:
         return
     version = getattr(vllm, "__version__", "unknown")
     if release_of(version) is None and os.environ.get(ENV_ANY_RELEASE) != "1":
-        logger.warning("kvscope probe: vLLM %s is not a release the probe was checked against (%s); not probing, "
-                       "vLLM runs untouched (%s=1 tries anyway)", version, ", ".join(KNOWN_RELEASES), ENV_ANY_RELEASE)
+        logger.warning(
+            "kvscope probe: vLLM %s is not a release the probe was checked against (%s); not probing, "
+            "vLLM runs untouched (%s=1 tries anyway)",
+            version,
+            ", ".join(KNOWN_RELEASES),
+            ENV_ANY_RELEASE,
+        )
         return
     fault = os.environ.get(ENV_FAULT, "").strip()
     if fault and fault not in FAULTS:
-        logger.warning("kvscope probe: unknown fault %r (%s); not probing, vLLM runs untouched", fault,
-                       ", ".join(FAULTS))
+        logger.warning(
+            "kvscope probe: unknown fault %r (%s); not probing, vLLM runs untouched", fault, ", ".join(FAULTS)
+        )
         return
     if getattr(SchedulerConfig, _PATCHED, False):
         return
@@ -59,6 +66,7 @@ def _say_to_vllms_log() -> None:
         return
     try:
         from vllm.logger import init_logger
+
         parent = init_logger("vllm")
         for h in parent.handlers:
             logger.addHandler(h)
@@ -78,16 +86,25 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
             super().__init__(*args, **kwargs)
             lacking = missing(self)
             if lacking:
-                logger.warning("kvscope probe: vLLM %s's scheduler lacks what the probe reads (%s); not probing, "
-                               "vLLM runs untouched", version, ", ".join(lacking))
+                logger.warning(
+                    "kvscope probe: vLLM %s's scheduler lacks what the probe reads (%s); not probing, "
+                    "vLLM runs untouched",
+                    version,
+                    ", ".join(lacking),
+                )
                 return
             from .probe import Probe
+
             try:
                 self._kvscope_probe = Probe(self, endpoint, version, fault)
             except Exception as e:  # noqa: BLE001 - e.g. the endpoint's port is taken
-                logger.warning("kvscope probe: could not start at %s (%s); vLLM runs untouched", endpoint,
-                               str(e).splitlines()[0] if str(e) else type(e).__name__)
+                logger.warning(
+                    "kvscope probe: could not start at %s (%s); vLLM runs untouched",
+                    endpoint,
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                )
                 from .recorder import _active
+
                 if _active is not None:
                     _active.uninstall()
 

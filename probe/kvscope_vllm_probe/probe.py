@@ -6,6 +6,7 @@ runs under the probe's lock, so the probe's own I/O thread (which answers subscr
 flushes what changed between two steps, an abort say) always reads the pool between two operations, never
 in the middle of one. The engine core waits in ``schedule()`` while a subscriber holds a pause.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,9 +71,15 @@ class Probe:
         self.recorder.install()
         self.io = ProbeIO(self)
         self.io.start()
-        logger.info("kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s",
-                    __version__, vllm_version, len(pool.blocks), self.block_size, endpoint,
-                    f"; fault {fault} on" if fault else "")
+        logger.info(
+            "kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s",
+            __version__,
+            vllm_version,
+            len(pool.blocks),
+            self.block_size,
+            endpoint,
+            f"; fault {fault} on" if fault else "",
+        )
         for note in self.notes:
             logger.warning("kvscope probe: %s", note)
 
@@ -106,18 +113,35 @@ class Probe:
         deferred = self.rows.deferred_if_changed()
         self.seq += 1
         seconds = 0.0 if between else time.perf_counter() - self._t0
-        return Step(self.seq, self.step, seconds, ops, rows, gone, deferred, self.counters(), self.gate.paused,
-                    between, advanced)
+        return Step(
+            self.seq,
+            self.step,
+            seconds,
+            ops,
+            rows,
+            gone,
+            deferred,
+            self.counters(),
+            self.gate.paused,
+            between,
+            advanced,
+        )
 
     def counters(self) -> dict[str, float]:
         s, pool = self.scheduler, self.pool
         free = pool.free_block_queue.num_free_blocks
         total = len(pool.blocks) - 1  # vLLM does not count the null block
-        return {"num_requests_running": len(s.running), "num_requests_waiting": len(s.requests) - len(s.running),
-                "num_free_blocks": free, "kv_cache_usage_perc": 1.0 - free / total if total else 0.0,
-                "prefix_cache_queries": self.rows.queries, "prefix_cache_hits": self.rows.hits,
-                "num_preemptions": self.recorder.preemptions, "hash_map_size": len(pool.cached_block_hash_to_block),
-                "vllm_step": self.step}
+        return {
+            "num_requests_running": len(s.running),
+            "num_requests_waiting": len(s.requests) - len(s.running),
+            "num_free_blocks": free,
+            "kv_cache_usage_perc": 1.0 - free / total if total else 0.0,
+            "prefix_cache_queries": self.rows.queries,
+            "prefix_cache_hits": self.rows.hits,
+            "num_preemptions": self.recorder.preemptions,
+            "hash_map_size": len(pool.cached_block_hash_to_block),
+            "vllm_step": self.step,
+        }
 
     # -- the I/O thread (under the lock) ----------------------------------------------------------------
     def flush_between(self) -> bytes | None:
@@ -142,19 +166,36 @@ class Probe:
         s = self.scheduler
         cfg = getattr(s, "vllm_config", None)
         info = PoolInfo(
-            model=str(getattr(getattr(cfg, "model_config", None), "model", "")), vllm_version=self.vllm_version,
-            block_size=self.block_size, num_blocks=len(blocks),
+            model=str(getattr(getattr(cfg, "model_config", None), "model", "")),
+            vllm_version=self.vllm_version,
+            block_size=self.block_size,
+            num_blocks=len(blocks),
             null_block=pool.null_block.block_id if getattr(pool, "null_block", None) is not None else -1,
             enable_caching=bool(pool.enable_caching),
             hash_algo=str(getattr(getattr(cfg, "cache_config", None), "prefix_caching_hash_algo", "")),
             num_kv_groups=len(self.managers),
             async_scheduling=bool(getattr(getattr(cfg, "scheduler_config", None), "async_scheduling", False)),
             max_model_len=int(getattr(getattr(cfg, "model_config", None), "max_model_len", 0) or 0),
-            fault=self.faults.name, notes=list(self.notes), block_bytes=_block_bytes(s),
-            dtype=str(getattr(getattr(cfg, "model_config", None), "dtype", "")).replace("torch.", ""))
+            fault=self.faults.name,
+            notes=list(self.notes),
+            block_bytes=_block_bytes(s),
+            dtype=str(getattr(getattr(cfg, "model_config", None), "dtype", "")).replace("torch.", ""),
+        )
         rows = self.rows.all_rows(rec)
-        return Keyframe(self.seq, self.step, info, [b.ref_cnt for b in blocks], hashes, _map_entries(pool), free, rows,
-                        self.rows.deferred(), self.gate.paused, self.gate.holder, self.counters())
+        return Keyframe(
+            self.seq,
+            self.step,
+            info,
+            [b.ref_cnt for b in blocks],
+            hashes,
+            _map_entries(pool),
+            free,
+            rows,
+            self.rows.deferred(),
+            self.gate.paused,
+            self.gate.holder,
+            self.counters(),
+        )
 
     def close(self) -> None:
         self.gate.close()
@@ -165,8 +206,9 @@ class Probe:
 def _block_bytes(scheduler) -> int:
     """A block's KV in bytes: each KV cache group's page size times its layers (0 when vLLM does not say)."""
     try:
-        return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes
-                   for g in scheduler.kv_cache_config.kv_cache_groups)
+        return sum(
+            len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in scheduler.kv_cache_config.kv_cache_groups
+        )
     except (AttributeError, TypeError, NotImplementedError):
         return 0
 
@@ -206,8 +248,10 @@ def _notes(scheduler) -> list[str]:
         notes.append("partial-block prefix hits are on: their copy-on-write retentions are not in the audit's count")
     cfg = getattr(scheduler, "vllm_config", None)
     if getattr(getattr(cfg, "scheduler_config", None), "async_scheduling", False):
-        notes.append("asynchronous scheduling is on: a step schedules one batch ahead, so Step is only exact with "
-                     "--no-async-scheduling")
+        notes.append(
+            "asynchronous scheduling is on: a step schedules one batch ahead, so Step is only exact with "
+            "--no-async-scheduling"
+        )
     return notes
 
 
@@ -310,9 +354,17 @@ class ProbeIO:
         match msg:
             case Hello(protocol, client):
                 if protocol != PROTOCOL:
-                    self._send(ident, encode(Refused(
-                        f"the probe in vLLM speaks probe protocol {PROTOCOL} (kvscope-vllm-probe {__version__}), "
-                        f"{client or 'the subscriber'} speaks {protocol}: install the probe from the same kvscope")))
+                    self._send(
+                        ident,
+                        encode(
+                            Refused(
+                                f"the probe in vLLM speaks probe protocol {PROTOCOL} "
+                                f"(kvscope-vllm-probe {__version__}), "
+                                f"{client or 'the subscriber'} speaks {protocol}: "
+                                "install the probe from the same kvscope"
+                            )
+                        ),
+                    )
                     return
                 self._send(ident, encode(Welcome(PROTOCOL, __version__, probe.vllm_version, probe.instance)))
                 self.subs[ident] = _Subscriber(client or ident.hex())

@@ -15,6 +15,7 @@ the pool's size (a full dump costs 54 ms at 65,536 blocks):
   ``BlockPool.cache_full_blocks`` to say which tokens a newly hashed block holds (vLLM keeps no tokens in a
   block; its KV events read them from the request, and so does this).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,8 +35,14 @@ from .constants import (
 )
 from .wire import hash64
 
-QUEUE_OPS = {"popleft": OP_POP, "popleft_n": OP_POP, "remove": OP_REMOVE, "append": OP_APPEND,
-             "append_n": OP_APPEND, "prepend_n": OP_PREPEND}
+QUEUE_OPS = {
+    "popleft": OP_POP,
+    "popleft_n": OP_POP,
+    "remove": OP_REMOVE,
+    "append": OP_APPEND,
+    "append_n": OP_APPEND,
+    "prepend_n": OP_PREPEND,
+}
 # the KV cache manager's methods whose first argument is the request the pool's ops are done for. Not
 # allocate_slots: it runs for every scheduled request every step (256 a decode step at GPU size), and a wrapper
 # that forwards its keyword arguments cost ~0.7 us a call here, 0.18 ms a step. The blocks it hands out are
@@ -80,8 +87,7 @@ class Recorder:
             if hasattr(self.manager, name):
                 self._wrap(self.manager, name, self._for_request(getattr(self.manager, name), name))
         if hasattr(self.manager, "remove_skipped_blocks"):
-            self._wrap(self.manager, "remove_skipped_blocks",
-                       self._table_rewritten(self.manager.remove_skipped_blocks))
+            self._wrap(self.manager, "remove_skipped_blocks", self._table_rewritten(self.manager.remove_skipped_blocks))
         _active = self
 
     def uninstall(self) -> None:
@@ -125,6 +131,7 @@ class Recorder:
                 self.admissions.append((rid, request.num_tokens, hit))
                 self.touched.add(rid)
             return result
+
         return wrapper
 
     def _cache_full_blocks(self, fn):
@@ -142,6 +149,7 @@ class Recorder:
             finally:
                 self.request = outer
                 store.clear()
+
         return wrapper
 
     def _reset(self, fn):
@@ -151,6 +159,7 @@ class Recorder:
             if ok:
                 self.ops.append([OP_MAP_CLEAR])
             return ok
+
         return wrapper
 
     def _table_rewritten(self, fn):
@@ -161,6 +170,7 @@ class Recorder:
             if self._table_len(request_id) == before:  # blocks replaced by the null block, not added
                 self.whole_table.add(request_id)
             return result
+
         return wrapper
 
     def _table_len(self, request_id: str) -> int:
@@ -192,7 +202,7 @@ class Recorder:
         if where is not None:
             request, i = where
             bs = self.block_size
-            tokens = list(request.all_token_ids[i * bs:(i + 1) * bs])
+            tokens = list(request.all_token_ids[i * bs : (i + 1) * bs])
             if i > 0 and i - 1 < len(request.block_hashes):
                 parent = hash64_of_request_hash(request.block_hashes[i - 1])
         self.tokens_of[b] = tokens
@@ -227,11 +237,13 @@ def hash64_of_request_hash(block_hash: bytes) -> int:
 
 def _queue_wrapper(rec: Recorder, fn, code: int):
     if code == OP_POP:
+
         @functools.wraps(fn)
         def pop(*args, **kwargs):
             out = fn(*args, **kwargs)
             rec.on_queue(OP_POP, out if isinstance(out, list) else [out])
             return out
+
         return pop
 
     @functools.wraps(fn)
@@ -244,6 +256,7 @@ def _queue_wrapper(rec: Recorder, fn, code: int):
                 rec.on_queue(code, arg)
         else:
             rec.on_queue(code, [arg])  # append(block)
+
     return put
 
 

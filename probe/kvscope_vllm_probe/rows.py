@@ -6,14 +6,14 @@ gone from the scheduler. A running request that only went on sends its new token
 request the pool worked for sends its row as a delta (its table's new blocks, or the whole table when it
 changed other than by growing: a sliding window's null blocks).
 """
+
 from __future__ import annotations
 
 from .wire import RequestRow
 
 
 class _Sent:
-    __slots__ = ("status", "num_tokens", "num_blocks", "last_block", "computed", "cached", "request", "table",
-                 "tokens")
+    __slots__ = ("status", "num_tokens", "num_blocks", "last_block", "computed", "cached", "request", "table", "tokens")
 
     def __init__(self, request) -> None:
         self.request = request
@@ -72,8 +72,14 @@ class RowTracker:
         last = table[-1].block_id if nb else -1
         computed = r.num_computed_tokens
         cached = recorder.cached_tokens.get(rid, -1)
-        if not whole and (status == sent.status and n == sent.num_tokens and nb == sent.num_blocks
-                          and last == sent.last_block and computed == sent.computed and cached == sent.cached):
+        if not whole and (
+            status == sent.status
+            and n == sent.num_tokens
+            and nb == sent.num_blocks
+            and last == sent.last_block
+            and computed == sent.computed
+            and cached == sent.cached
+        ):
             return None, sent
         k = sent.num_blocks
         blocks_from = 0
@@ -88,8 +94,18 @@ class RowTracker:
         if start > n:
             start = 0
         tokens = list(r.all_token_ids[start:n]) if n > start else []
-        row = RequestRow(rid, status, r.num_prompt_tokens, start, tokens, computed, cached, blocks_from, block_ids,
-                         float(getattr(r, "arrival_time", 0.0)))
+        row = RequestRow(
+            rid,
+            status,
+            r.num_prompt_tokens,
+            start,
+            tokens,
+            computed,
+            cached,
+            blocks_from,
+            block_ids,
+            float(getattr(r, "arrival_time", 0.0)),
+        )
         sent.status, sent.num_tokens, sent.num_blocks, sent.last_block = status, n, nb, last
         sent.computed, sent.cached = computed, cached
         return row, sent

@@ -13,6 +13,7 @@ each step's events and request rows as deltas), in msgpack instead of pickle: th
 which has msgspec and pyzmq but not kvscope. ``PROTOCOL`` changes whenever a message changes shape; the two
 ends refuse each other's in one line when it differs.
 """
+
 from __future__ import annotations
 
 from typing import Union
@@ -146,6 +147,7 @@ class Step(Message):
 
 class Held(Message):
     """The pause changed: vLLM is paused (at ``step``, by ``holder``) or running again."""
+
     paused: bool
     step: int
     holder: str

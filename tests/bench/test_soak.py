@@ -1,4 +1,5 @@
 """A short soak (the full one is ``python bench/soak.py``, 5,000 requests): see bench/soak.py."""
+
 from __future__ import annotations
 
 import sys

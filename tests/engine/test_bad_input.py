@@ -1,4 +1,5 @@
 """Bad input gets a clear error, changes nothing, and the engine keeps serving."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,15 +15,18 @@ def serves(engine) -> bool:
     return len(out.outputs[0].token_ids) == 3
 
 
-@pytest.mark.parametrize("prompt,message", [
-    ("", "empty"),
-    ([], "empty"),
-    ("hello", "no tokenizer"),
-    ([1, 2, 99999], "outside the vocabulary"),
-    ([1, -1], "outside the vocabulary"),
-    (3.5, "must be a string"),
-    ([{"role": "user", "content": "hi"}], "chat template"),
-])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ("", "empty"),
+        ([], "empty"),
+        ("hello", "no tokenizer"),
+        ([1, 2, 99999], "outside the vocabulary"),
+        ([1, -1], "outside the vocabulary"),
+        (3.5, "must be a string"),
+        ([{"role": "user", "content": "hi"}], "chat template"),
+    ],
+)
 def test_bad_prompts(tiny_engine, prompt, message):
     engine = tiny_engine()
     keep = engine.add_request([1, 2, 3], OK)
@@ -46,26 +50,32 @@ def test_prompt_longer_than_the_context(tiny_engine):
     assert serves(engine)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": -3}, "max_tokens"),
-    ({"n": 0}, "n must be"),
-    ({"temperature": -0.5}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": 0}, "top_k"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"n": 0}, "n must be"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+    ],
+)
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"block_size": 0}, "block_size"),
-    ({"num_gpu_blocks": 0}, "num_gpu_blocks"),
-    ({"dtype": "float8"}, "dtype"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"num_gpu_blocks": 0}, "num_gpu_blocks"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ],
+)
 def test_bad_engine_config(tiny_hf, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLMEngine.from_hf_model(tiny_hf, None, **kwargs)
@@ -92,6 +102,7 @@ def test_alias_resolves_to_hub_id_even_offline():
 
 def test_cuda_without_cuda_is_one_clear_line(monkeypatch):
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         LLMEngine(EngineConfig(model="no-such-model", device="cuda"))
@@ -134,6 +145,7 @@ def test_a_kv_budget_smaller_than_one_block_is_refused(tiny_hf):
 
 def test_cached_kv_is_never_shared_across_models_or_tokenizers(tiny_hf):
     from engine.core.request import Request
+
     prompt = list(range(1, 17))
     hashes = []
     for name, tok in (("model-a", None), ("model-b", None)):
@@ -150,6 +162,7 @@ def test_gated_model_without_credentials_says_how_to_get_access(monkeypatch):
 
     def gated(name, *a, **k):
         raise OSError(f"You are trying to access a gated repo. Access to model {name} is restricted (401).")
+
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", gated)
     with pytest.raises(ModelNotFoundError, match="is gated.*hf auth login") as e:
         resolve_model("llama-2-7b")

@@ -1,4 +1,5 @@
 """Beam search on fork + copy-on-write, against transformers' own beam search."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,12 +15,20 @@ PROMPTS = [[5, 9, 17, 33, 2, 8, 100], [1, 2, 3, 4, 5, 6, 7, 8], [200, 13]]
 def hf_beams(model, prompt, k, max_new, eos=None, early_stopping=False):
     ids = torch.tensor([prompt])
     kw = dict(eos_token_id=eos, pad_token_id=0) if eos is not None else {}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, num_beams=k,
-                         num_return_sequences=k, do_sample=False, early_stopping=early_stopping, **kw)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        num_beams=k,
+        num_return_sequences=k,
+        do_sample=False,
+        early_stopping=early_stopping,
+        **kw,
+    )
     beams = []
-    for row in out[:, len(prompt):].tolist():
+    for row in out[:, len(prompt) :].tolist():
         if eos is not None and eos in row:  # transformers pads a finished beam with more EOS
-            row = row[:row.index(eos) + 1]
+            row = row[: row.index(eos) + 1]
         beams.append(row)
     return beams
 
@@ -41,8 +50,9 @@ def run_checked(engine, prompt, params):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_beams_equal_transformers(tiny_engine, tiny_hf, k, prompt):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64)
-    out, events = run_checked(engine, prompt, SamplingParams(use_beam_search=True, beam_width=k, n=k,
-                                                             max_tokens=8, ignore_eos=True))
+    out, events = run_checked(
+        engine, prompt, SamplingParams(use_beam_search=True, beam_width=k, n=k, max_tokens=8, ignore_eos=True)
+    )
     assert [c.token_ids for c in out.outputs] == hf_beams(tiny_hf, prompt, k, 8)
     scores = [c.cumulative_logprob for c in out.outputs]
     assert scores == sorted(scores, reverse=True)
@@ -60,8 +70,13 @@ def test_beams_equal_transformers(tiny_engine, tiny_hf, k, prompt):
 def test_beams_with_a_stop_token_equal_transformers(tiny_engine, tiny_hf, eos, early_stopping):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64)
     prompt = PROMPTS[0]
-    out, _ = run_checked(engine, prompt, SamplingParams(use_beam_search=True, beam_width=3, n=3, max_tokens=10,
-                                                        stop_token_ids=[eos], early_stopping=early_stopping))
+    out, _ = run_checked(
+        engine,
+        prompt,
+        SamplingParams(
+            use_beam_search=True, beam_width=3, n=3, max_tokens=10, stop_token_ids=[eos], early_stopping=early_stopping
+        ),
+    )
     assert [c.token_ids for c in out.outputs] == hf_beams(tiny_hf, prompt, 3, 10, eos, early_stopping)
     for c in out.outputs:
         assert c.finish_reason == ("stop" if c.token_ids[-1] == eos else "length")
@@ -70,8 +85,9 @@ def test_beams_with_a_stop_token_equal_transformers(tiny_engine, tiny_hf, eos, e
 
 def test_pruned_beams_free_their_own_blocks(tiny_engine):
     engine = tiny_engine(block_size=2, num_gpu_blocks=64)
-    rid = engine.add_request(PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=4, max_tokens=12,
-                                                        ignore_eos=True))
+    rid = engine.add_request(
+        PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=4, max_tokens=12, ignore_eos=True)
+    )
     seen_prune = False
     while engine.has_unfinished():
         step = engine.step()
@@ -109,8 +125,9 @@ def test_beams_survive_preemption(tiny_engine, tiny_hf, mode):
 
 def test_abort_a_beam_search_frees_every_beam(tiny_engine):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64)
-    rid = engine.add_request(PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=3, max_tokens=20,
-                                                        ignore_eos=True))
+    rid = engine.add_request(
+        PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=3, max_tokens=20, ignore_eos=True)
+    )
     for _ in range(4):
         engine.step()
     beams = [r.request_id for r in engine.groups[rid] if not r.is_finished]
@@ -128,8 +145,9 @@ def test_beam_search_bad_input(tiny_engine):
     engine = tiny_engine(block_size=4, num_gpu_blocks=8)
     with pytest.raises(ValueError, match="in 4 beams"):
         engine.add_request(PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=4, max_tokens=16))
-    rid = engine.add_request(PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=2, max_tokens=4,
-                                                        ignore_eos=True))
+    rid = engine.add_request(
+        PROMPTS[0], SamplingParams(use_beam_search=True, beam_width=2, max_tokens=4, ignore_eos=True)
+    )
     engine.step()
     engine.step()
     with pytest.raises(ValueError, match="is a beam"):

@@ -1,4 +1,5 @@
 """A long run keeps the engine's own containers bounded: the last 64 finished requests, plus counters."""
+
 from __future__ import annotations
 
 import random
@@ -16,14 +17,26 @@ from common import install_fake_runner  # noqa: E402
 
 def containers(engine) -> dict[str, int]:
     g, kv, pool = engine.request_groups, engine.kv, engine.pool
-    return {"requests": len(g.requests), "groups": len(g.groups), "beam_groups": len(g.beam_groups),
-            "finished_log": len(g.finished_log), "ended": len(g._ended), "maybe_ended": len(g._maybe_ended),
-            "created": len(g.created), "req_to_blocks": len(kv.req_to_blocks),
-            "req_to_block_ids": len(kv.req_to_block_ids),
-            "num_cached_blocks": len(kv.num_cached_blocks), "tentative": len(pool.tentative),
-            "events": len(pool.events), "cached": len(pool.cached), "waiting": len(engine.scheduler.waiting),
-            "running": len(engine.scheduler.running), "swapped": len(engine.scheduler.swapped),
-            "cpu_owner": len(kv.cpu_pool.owner), "reported_problems": len(engine.reported_problems)}
+    return {
+        "requests": len(g.requests),
+        "groups": len(g.groups),
+        "beam_groups": len(g.beam_groups),
+        "finished_log": len(g.finished_log),
+        "ended": len(g._ended),
+        "maybe_ended": len(g._maybe_ended),
+        "created": len(g.created),
+        "req_to_blocks": len(kv.req_to_blocks),
+        "req_to_block_ids": len(kv.req_to_block_ids),
+        "num_cached_blocks": len(kv.num_cached_blocks),
+        "tentative": len(pool.tentative),
+        "events": len(pool.events),
+        "cached": len(pool.cached),
+        "waiting": len(engine.scheduler.waiting),
+        "running": len(engine.scheduler.running),
+        "swapped": len(engine.scheduler.swapped),
+        "cpu_owner": len(kv.cpu_pool.owner),
+        "reported_problems": len(engine.reported_problems),
+    }
 
 
 def test_100k_finished_requests_keep_every_container_bounded(tiny_engine):
@@ -65,13 +78,20 @@ def test_samples_forks_and_beams_leave_when_they_end(tiny_engine):
     seen_groups = set()
     for i in range(150):
         kind = i % 3
-        params = (SamplingParams(n=2, max_tokens=3, temperature=1.0, seed=i) if kind == 0 else
-                  SamplingParams(use_beam_search=True, beam_width=2, max_tokens=3, ignore_eos=True) if kind == 1
-                  else SamplingParams(max_tokens=4, temperature=0.0))
+        params = (
+            SamplingParams(n=2, max_tokens=3, temperature=1.0, seed=i)
+            if kind == 0
+            else SamplingParams(use_beam_search=True, beam_width=2, max_tokens=3, ignore_eos=True)
+            if kind == 1
+            else SamplingParams(max_tokens=4, temperature=0.0)
+        )
         seen_groups.add(engine.add_request([rng.randrange(1, 256) for _ in range(5)], params))
         engine.step()
-        running = [r for r in engine.scheduler.running if r.num_computed_tokens >= r.num_prompt_tokens
-                   and r.group_id not in engine.beam_groups]
+        running = [
+            r
+            for r in engine.scheduler.running
+            if r.num_computed_tokens >= r.num_prompt_tokens and r.group_id not in engine.beam_groups
+        ]
         if running and rng.random() < 0.3:
             seen_groups.add(engine.fork(running[0].request_id))
         assert len(engine.groups) <= MAX_FINISHED + len(engine.requests)

@@ -1,4 +1,5 @@
 """Parallel sampling with copy-on-write, on-demand forks, swap preemption, and deliberate faults."""
+
 from __future__ import annotations
 
 import random
@@ -41,7 +42,7 @@ def test_parallel_sampling_shares_the_prompt_and_copies_on_write(tiny_engine, ti
         assert {c.src_block_id for c in copies} == {table[-1]}
         assert all(c.num_slots == prompt_len % bs for c in copies)
         assert engine.pool.blocks[table[-1]].ref_cnt == 1
-    for b in table[:prompt_len // bs]:
+    for b in table[: prompt_len // bs]:
         assert engine.pool.blocks[b].ref_cnt == k  # full prompt blocks stay shared
     events = first.events + second.events + drain(engine)
     outs = engine.finished_log
@@ -55,13 +56,15 @@ def test_parallel_sampling_shares_the_prompt_and_copies_on_write(tiny_engine, ti
 
 def test_n_samples_through_generate(tiny_engine):
     llm = LLM.from_engine(tiny_engine(num_gpu_blocks=128))
-    out = llm.generate([[3, 1, 4, 1, 5]], SamplingParams(n=4, max_tokens=10, temperature=1.0, seed=9,
-                                                         ignore_eos=True))[0]
+    out = llm.generate([[3, 1, 4, 1, 5]], SamplingParams(n=4, max_tokens=10, temperature=1.0, seed=9, ignore_eos=True))[
+        0
+    ]
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     samples = [tuple(c.token_ids) for c in out.outputs]
     assert len(set(samples)) > 1 and all(len(s) == 10 for s in samples)
-    again = llm.generate([[3, 1, 4, 1, 5]], SamplingParams(n=4, max_tokens=10, temperature=1.0, seed=9,
-                                                           ignore_eos=True))[0]
+    again = llm.generate(
+        [[3, 1, 4, 1, 5]], SamplingParams(n=4, max_tokens=10, temperature=1.0, seed=9, ignore_eos=True)
+    )[0]
     assert [tuple(c.token_ids) for c in again.outputs] == samples
     assert llm.llm_engine.metrics()["cow_copies"] > 0
 
@@ -94,8 +97,9 @@ def pressure_prompts(seed=3, n=8):
 def test_swap_preemption_keeps_outputs_identical(tiny_engine, tiny_hf, caching):
     prompts = pressure_prompts()
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    engine = tiny_engine(block_size=4, num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=64,
-                         enable_prefix_caching=caching)
+    engine = tiny_engine(
+        block_size=4, num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=64, enable_prefix_caching=caching
+    )
     outs = LLM.from_engine(engine).generate(prompts, params)
     m = engine.metrics()
     assert m["swap_outs"] > 0 and m["swap_ins"] == m["swap_outs"]
@@ -138,14 +142,14 @@ def test_snapshot_shows_the_swapped_request_in_the_cpu_pool(tiny_engine):
     assert seen
 
 
-@pytest.mark.parametrize("fault,problem", [
-    ("abort-leak", "leaked"), ("cow-leak", "leaked"), ("double-free", "use_after_free")])
+@pytest.mark.parametrize(
+    "fault,problem", [("abort-leak", "leaked"), ("cow-leak", "leaked"), ("double-free", "use_after_free")]
+)
 def test_each_fault_is_found_by_audit(tiny_engine, fault, problem):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64, fault=fault)
     shared = list(range(1, 11))  # 2 full blocks + a partial one; b's prompt ends mid-block too
     a = engine.add_request(shared + [20], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    engine.add_request(shared + [21, 22, 23], SamplingParams(n=2, max_tokens=8, temperature=0.0,
-                                                             ignore_eos=True))
+    engine.add_request(shared + [21, 22, 23], SamplingParams(n=2, max_tokens=8, temperature=0.0, ignore_eos=True))
     engine.step()
     engine.step()
     if fault == "abort-leak":
@@ -176,16 +180,25 @@ def test_each_fault_is_found_by_audit(tiny_engine, fault, problem):
 
 def test_long_random_run_without_faults_is_clean(tiny_engine):
     rng = random.Random(11)
-    engine = tiny_engine(block_size=4, num_gpu_blocks=24, preemption_mode="swap", num_cpu_blocks=12,
-                         max_num_batched_tokens=48)
+    engine = tiny_engine(
+        block_size=4, num_gpu_blocks=24, preemption_mode="swap", num_cpu_blocks=12, max_num_batched_tokens=48
+    )
     shared = [rng.randrange(TINY_VOCAB) for _ in range(9)]
     events = []
     for step in range(300):
         if rng.random() < 0.35:
-            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(TINY_VOCAB)
-                                                               for _ in range(rng.randrange(1, 14))]
-            engine.add_request(prompt, SamplingParams(n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1, 14),
-                                                      temperature=rng.choice([0.0, 1.0]), ignore_eos=True))
+            prompt = (shared if rng.random() < 0.5 else []) + [
+                rng.randrange(TINY_VOCAB) for _ in range(rng.randrange(1, 14))
+            ]
+            engine.add_request(
+                prompt,
+                SamplingParams(
+                    n=rng.choice([1, 1, 2, 3]),
+                    max_tokens=rng.randrange(1, 14),
+                    temperature=rng.choice([0.0, 1.0]),
+                    ignore_eos=True,
+                ),
+            )
         running = [r for r in engine.scheduler.running if r.num_computed_tokens >= r.num_prompt_tokens]
         if running and rng.random() < 0.05:
             engine.fork(rng.choice(running).request_id)

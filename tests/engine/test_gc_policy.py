@@ -1,4 +1,5 @@
 """The garbage collector's settings for an engine process (engine.gc_policy)."""
+
 from __future__ import annotations
 
 import gc
@@ -10,8 +11,10 @@ from engine.gc_policy import GEN0_THRESHOLD, tune_gc
 def test_tune_gc_freezes_what_is_alive_and_collects_the_young_less_often():
     before = gc.get_threshold()
     try:
+
         class Cycle:
             pass
+
         a = Cycle()
         a.me = a  # a cycle made before: frozen with the rest
         alive = weakref.ref(a)

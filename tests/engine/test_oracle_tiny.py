@@ -1,4 +1,5 @@
 """Greedy output must equal transformers' generate, token for token, on a tiny random model."""
+
 from __future__ import annotations
 
 import random
@@ -32,6 +33,7 @@ def references(tiny_hf):
         if key not in cache:
             cache[key] = hf_greedy(tiny_hf, prompt, n)
         return cache[key]
+
     return ref
 
 
@@ -97,15 +99,28 @@ def test_max_num_seqs_bounds_the_batch(tiny_engine):
     assert engine.metrics()["num_requests_waiting"] == 3
 
 
-@pytest.mark.parametrize("kind,extra", [
-    ("qwen2", {}),  # q/k/v biases
-    ("mistral", {}),
-    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
-    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-    ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
-    ("llama", {"num_key_value_heads": 4, "head_dim": 32}),
-])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [
+        ("qwen2", {}),  # q/k/v biases
+        ("mistral", {}),
+        (
+            "llama",
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1}),
+        ("llama", {"num_key_value_heads": 4, "head_dim": 32}),
+    ],
+)
 def test_architecture_variants(kind, extra):
     model = make_tiny_hf(kind, seed=11, **extra)
     engine = LLMEngine.from_hf_model(model, None, name=f"tiny-{kind}", num_gpu_blocks=128, block_size=4)

@@ -1,5 +1,6 @@
 """``SamplingParams.output_kind``: every step's cumulative output, or the final one only (what
 ``LLM.generate`` asks for), with the same tokens either way."""
+
 from __future__ import annotations
 
 import pytest

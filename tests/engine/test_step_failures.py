@@ -3,6 +3,7 @@
 After each one: the audit is clean and the replayed event stream equals the live pool after
 every step (``Checked``), and the greedy output of later requests equals a fresh engine's.
 """
+
 from __future__ import annotations
 
 import random
@@ -149,6 +150,7 @@ def test_a_failure_while_spawning_the_samples_of_n_fails_the_group(tiny_engine, 
         if len(calls) == 2:
             raise Boom("fork")
         real(parent, child)
+
     monkeypatch.setattr(engine.kv, "fork", fork)
     rid = engine.add_request(list(range(1, 11)), SamplingParams(n=3, max_tokens=5, **GREEDY))
     out = run.step()  # the first child took its references, the second raised
@@ -181,9 +183,11 @@ def test_a_failing_beam_round_fails_the_whole_search(tiny_engine, monkeypatch):
         if len(rounds) == 3:
             raise Boom("beam round")
         return real(self, limit)
+
     monkeypatch.setattr(BeamGroup, "advance", advance)
-    rid = engine.add_request([9, 8, 7, 6, 5], SamplingParams(use_beam_search=True, beam_width=3, max_tokens=8,
-                                                              ignore_eos=True))
+    rid = engine.add_request(
+        [9, 8, 7, 6, 5], SamplingParams(use_beam_search=True, beam_width=3, max_tokens=8, ignore_eos=True)
+    )
     other = engine.add_request([1, 2, 3], SamplingParams(max_tokens=12, **GREEDY))
     while rid not in run.outputs:
         run.step()
@@ -213,6 +217,7 @@ def test_a_stop_rule_that_raises_fails_the_step(tiny_engine):
 
 class FlakyTokenizer:
     """Encodes characters as token ids; its decode raises once, on the call it is told."""
+
     eos_token_id = None
     name_or_path = "flaky"
     chat_template = None
@@ -235,8 +240,8 @@ class FlakyTokenizer:
 
 def test_a_detokenizer_that_raises_fails_the_step(tiny_hf):
     from engine import LLMEngine
-    engine = LLMEngine.from_hf_model(tiny_hf, FlakyTokenizer(fail_at=3), name="tiny", block_size=4,
-                                     num_gpu_blocks=32)
+
+    engine = LLMEngine.from_hf_model(tiny_hf, FlakyTokenizer(fail_at=3), name="tiny", block_size=4, num_gpu_blocks=32)
     run = Checked(engine)
     rid = engine.add_request("hello", SamplingParams(max_tokens=6, **GREEDY))
     for _ in range(3):
@@ -257,6 +262,7 @@ def test_a_failure_while_scheduling_frees_what_the_step_had_taken(tiny_engine, m
         if len(calls) == 2:  # the first request is admitted (blocks taken) when the second raises
             raise Boom("lookup")
         return real(req)
+
     monkeypatch.setattr(engine.kv, "get_computed_blocks", lookup)
     a = engine.add_request(list(range(1, 10)), SamplingParams(max_tokens=6, **GREEDY))
     b = engine.add_request(list(range(1, 7)), SamplingParams(max_tokens=6, **GREEDY))
@@ -282,6 +288,7 @@ def test_a_scheduling_failure_after_a_swap_out_recomputes_the_swapped_request(ti
             swapped.append("raised")
             raise Boom("late in scheduling")
         return real_work()
+
     monkeypatch.setattr(engine.kv, "swap_out", swap_out)
     monkeypatch.setattr(engine.kv, "take_device_work", device_work)  # the scheduler's last call of a step
     prompts = pressure(3)
@@ -310,6 +317,7 @@ def test_a_failing_device_work_call_of_any_kind_is_contained(tiny_engine, monkey
             if len(n) == 1:
                 raise Boom("device")
         return real(sched)
+
     monkeypatch.setattr(engine.runner, "apply_device_work", work)
     prompts = pressure(5)
     ids = [engine.add_request(p, SamplingParams(max_tokens=24, **GREEDY)) for p in prompts]
@@ -326,8 +334,10 @@ def test_a_trace_of_failed_steps_replays_to_the_live_snapshots(tiny_hf, tmp_path
     from engine.inspect.trace import replay_trace
     from kvscope.sources.live import LiveSource
     from tests.kvscope.sources.test_scenarios_traces import assert_same_snapshot
-    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16,
-                                     preemption_mode="swap", num_cpu_blocks=32)
+
+    engine = LLMEngine.from_hf_model(
+        tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=32
+    )
     failing_copy(engine.runner, "swap_out")
     session = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     real = engine.runner.execute

@@ -1,4 +1,5 @@
 """What a step could trip over later is refused at add_request, with one line, changing nothing."""
+
 from __future__ import annotations
 
 import math
@@ -11,28 +12,31 @@ from engine.config import MAX_SEED, derive_seed
 OK = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"seed": MAX_SEED + 1}, "seed must be None or an integer in 0..18446744073709551615"),
-    ({"seed": -1}, "seed must be"),
-    ({"seed": True}, "seed must be"),
-    ({"seed": 1.5}, "seed must be"),
-    ({"seed": "3"}, "seed must be"),
-    ({"temperature": math.nan}, "temperature must be a finite number"),
-    ({"temperature": math.inf}, "temperature must be a finite number"),
-    ({"temperature": "hot"}, "temperature"),
-    ({"top_p": math.nan}, "top_p"),
-    ({"top_k": 2.5}, "top_k"),
-    ({"stop": [""]}, "stop must be a list of non-empty strings"),
-    ({"stop": ""}, "stop must be"),
-    ({"stop": ["ok", ""]}, "stop must be"),
-    ({"stop": [3]}, "stop must be"),
-    ({"stop": [None]}, "stop must be"),
-    ({"stop_token_ids": ["a"]}, "stop_token_ids"),
-    ({"max_tokens": True}, "max_tokens"),
-    ({"n": 2.0}, "n must be"),
-    ({"ignore_eos": "yes"}, "ignore_eos"),
-    ({"use_beam_search": True, "length_penalty": math.nan}, "length_penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"seed": MAX_SEED + 1}, "seed must be None or an integer in 0..18446744073709551615"),
+        ({"seed": -1}, "seed must be"),
+        ({"seed": True}, "seed must be"),
+        ({"seed": 1.5}, "seed must be"),
+        ({"seed": "3"}, "seed must be"),
+        ({"temperature": math.nan}, "temperature must be a finite number"),
+        ({"temperature": math.inf}, "temperature must be a finite number"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"stop": [""]}, "stop must be a list of non-empty strings"),
+        ({"stop": ""}, "stop must be"),
+        ({"stop": ["ok", ""]}, "stop must be"),
+        ({"stop": [3]}, "stop must be"),
+        ({"stop": [None]}, "stop must be"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"n": 2.0}, "n must be"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"use_beam_search": True, "length_penalty": math.nan}, "length_penalty"),
+    ],
+)
 def test_bad_sampling_params_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -65,21 +69,24 @@ def test_other_add_request_arguments(tiny_engine):
     assert not engine.requests
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"block_size": "16"}, "block_size must be an integer, got '16'"),
-    ({"block_size": True}, "block_size must be an integer"),
-    ({"seed": -1}, r"seed must be in 0\.\.18446744073709551615"),
-    ({"swap_space": math.inf}, "swap_space must be a finite number"),
-    ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false"),
-    ({"preemption_mode": "drop"}, "preemption_mode must be one of recompute, swap, got 'drop'"),
-    ({"fault": "segfault"}, "fault must be one of abort-leak, cow-leak, double-free, shared-write or None"),
-    ({"hash_algo": "md5"}, "hash_algo must be one of sha256, builtin"),
-    ({"kv_layout": "ring"}, "kv_layout must be one of paged, contiguous"),
-    ({"attention_backend": "cuda"}, "attention_backend must be one of auto, torch, triton"),
-    ({"max_model_len": 1}, "max_model_len must be >= 2"),
-    ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization must be in \(0, 1\]"),
-    ({"num_cpu_blocks": -1}, "num_cpu_blocks must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"block_size": "16"}, "block_size must be an integer, got '16'"),
+        ({"block_size": True}, "block_size must be an integer"),
+        ({"seed": -1}, r"seed must be in 0\.\.18446744073709551615"),
+        ({"swap_space": math.inf}, "swap_space must be a finite number"),
+        ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false"),
+        ({"preemption_mode": "drop"}, "preemption_mode must be one of recompute, swap, got 'drop'"),
+        ({"fault": "segfault"}, "fault must be one of abort-leak, cow-leak, double-free, shared-write or None"),
+        ({"hash_algo": "md5"}, "hash_algo must be one of sha256, builtin"),
+        ({"kv_layout": "ring"}, "kv_layout must be one of paged, contiguous"),
+        ({"attention_backend": "cuda"}, "attention_backend must be one of auto, torch, triton"),
+        ({"max_model_len": 1}, "max_model_len must be >= 2"),
+        ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ({"num_cpu_blocks": -1}, "num_cpu_blocks must be >= 0"),
+    ],
+)
 def test_engine_config_checks_every_field_from_its_metadata(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**kwargs).validate()

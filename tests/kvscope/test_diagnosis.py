@@ -1,5 +1,6 @@
 """The window's diagnosis state (Qt-free): the miss text, a block's story over the history, the
 fragmentation accounting, and the timing series the labs read."""
+
 from __future__ import annotations
 
 from engine import SamplingParams
@@ -29,8 +30,7 @@ def run(engine, prompts: dict[str, list[int]], at: dict[str, int] | None = None,
 
 def test_the_miss_text_names_the_first_missed_block_and_its_reason(tiny_engine):
     engine = tiny_engine()
-    h, d, _ = run(engine, {"a": SHARED + [1, 2, 3, 4, 5, 6, 7, 8], "b": SHARED + [1, 2, 9, 9, 5, 6, 7, 8]},
-                  at={"b": 3})
+    h, d, _ = run(engine, {"a": SHARED + [1, 2, 3, 4, 5, 6, 7, 8], "b": SHARED + [1, 2, 9, 9, 5, 6, 7, 8]}, at={"b": 3})
     snap = h.latest
     text_a, text_b = d.miss_text(snap, "a"), d.miss_text(snap, "b")
     assert "0 of 16 prompt tokens hit" in text_a and "nothing cached" in text_a
@@ -79,6 +79,7 @@ def test_fragmentation_accounting_of_both_layouts(tiny_engine):
 
 def test_split_slots_is_the_one_rule_of_rows_and_pool():
     from engine.inspect.fragmentation import held_slots, split_slots
+
     assert split_slots(10, 12, 4) == (10, 2, 0) and split_slots(10, 64, 4) == (10, 2, 52)
     assert split_slots(0, 4, 4) == (0, 0, 4) and split_slots(8, 8, 4) == (8, 0, 0)
     assert held_slots("contiguous", 10, 62, 4) == 64 and held_slots("paged", 10, 62, 4) == 12
@@ -90,6 +91,7 @@ def test_a_contiguous_runs_figure_header_caption_and_json_agree(tiny_engine):
     from engine.inspect.fragmentation import pool_caption
     from kvscope.sources.base import StepRecord
     from kvscope.sources.summary import Summary
+
     engine = tiny_engine(kv_layout="contiguous", max_model_len=32, enable_prefix_caching=False)
     engine.add_request(list(range(1, 11)), GREEDY, request_id="x")
     engine.add_request(list(range(20, 25)), GREEDY, request_id="y")
@@ -123,6 +125,7 @@ def test_the_comparison_replays_the_runs_own_prompts_not_engine_made_children(ti
 def test_an_engine_made_request_is_said_to_be_its_parents_not_unadmitted(tiny_engine):
     from engine import SamplingParams
     from kvscope.diagnosis import Diagnosis
+
     e = tiny_engine(num_gpu_blocks=64, block_size=4)
     e.add_request([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=1), request_id="0")
     d = Diagnosis()
@@ -141,12 +144,18 @@ def test_leaked_blocks_counts_leaks_only_and_a_replay_that_cannot_tell_says_so(t
     from kvscope.sources.base import StepRecord
     from kvscope.sources.replay import RecordedAudit
     from kvscope.sources.summary import Summary
+
     engine = tiny_engine()
     engine.add_request([1, 2, 3], GREEDY, request_id="x")
     engine.step()
     snap = engine.snapshot()
-    report = AuditReport((AuditProblem(3, "shared_write", 1, 2, "1, step 4: write into a block with ref count 2"),
-                          AuditProblem(5, "leaked", 0, 1, "2"), AuditProblem(6, "leaked", 0, 1, "2")))
+    report = AuditReport(
+        (
+            AuditProblem(3, "shared_write", 1, 2, "1, step 4: write into a block with ref count 2"),
+            AuditProblem(5, "leaked", 0, 1, "2"),
+            AuditProblem(6, "leaked", 0, 1, "2"),
+        )
+    )
     summary = Summary()
     summary.add(StepRecord(snap.step, snap, [], None, 0.0, report))
     out = summary.as_dict()

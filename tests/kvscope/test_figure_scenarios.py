@@ -1,5 +1,6 @@
 """The four-score and parallel-sampling scenarios on the embedded SmolLM2 do what their step notes say,
 and the figure view draws them as the PagedAttention paper's figures 4, 5 and 6."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,7 @@ def test_four_score_follows_its_notes(four_score, smollm2):
     tok = smollm2[1]
     s1 = four_score[1].snapshot
     a = s1.request("0")
-    assert [tok.decode([t]) for t in a.token_ids[:7]] == ["Four", " score", " and", " seven", " years", " ago",
-                                                           " our"]
+    assert [tok.decode([t]) for t in a.token_ids[:7]] == ["Four", " score", " and", " seven", " years", " ago", " our"]
     assert tables(four_score[1]) == {"0": (0, 1)} and list(s1.filled[:2]) == [4, 3]
     assert tables(four_score[2]) == {"0": (0, 1), "1": (2, 3)} and four_score[2].snapshot.filled[1] == 4
     assert tables(four_score[3])["0"] == (0, 1, 4)  # the new block comes after B's: interleaved

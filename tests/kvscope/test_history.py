@@ -1,4 +1,5 @@
 """The timeline's history rebuilds every step's snapshot exactly, from keyframes and events, within a budget."""
+
 from __future__ import annotations
 
 import random
@@ -31,9 +32,10 @@ def busy_run(engine, steps: int, seed: int = 0):
     for i in range(steps):
         if rng.random() < 0.5:
             n = rng.choice([1, 1, 2])
-            prompt = prefix[:rng.randint(0, 12)] + [rng.randrange(1, 255) for _ in range(rng.randint(1, 9))]
-            src.inject(prompt, SamplingParams(max_tokens=rng.randint(2, 12), n=n, temperature=0.0 if n == 1 else 1.0,
-                                              seed=i))
+            prompt = prefix[: rng.randint(0, 12)] + [rng.randrange(1, 255) for _ in range(rng.randint(1, 9))]
+            src.inject(
+                prompt, SamplingParams(max_tokens=rng.randint(2, 12), n=n, temperature=0.0 if n == 1 else 1.0, seed=i)
+            )
             yield src.current()
         if rng.random() < 0.1 and engine.requests:
             src.abort(rng.choice(sorted(engine.requests)))
@@ -58,6 +60,7 @@ def test_steps_kept_as_digests_rebuild_exactly_and_plot_the_same(tiny_engine):
     """The window digests a record a newer one came with (no arrays): the timeline keeps the same
     series and still rebuilds every step exactly, from keyframes taken at the whole ones."""
     from engine.inspect.snapshot import StepDigest, block_counts, state_counts
+
     engine = tiny_engine(num_gpu_blocks=24, preemption_mode="swap", num_cpu_blocks=8)
     whole, mixed = RunHistory(keyframe_every=7), RunHistory(keyframe_every=7)
     truth = {}
@@ -67,8 +70,17 @@ def test_steps_kept_as_digests_rebuild_exactly_and_plot_the_same(tiny_engine):
         assert counts == block_counts(snap)  # the digest counts what the assembled state shows
         whole.record(snap, rec.seconds, None, rec.events)
         if i and i % 5:
-            snap = StepDigest(snap.step, snap.block_size, snap.num_blocks, snap.requests, snap.counters, counts,
-                              snap.num_cpu_blocks, snap.block_bytes, snap.model_name)
+            snap = StepDigest(
+                snap.step,
+                snap.block_size,
+                snap.num_blocks,
+                snap.requests,
+                snap.counters,
+                counts,
+                snap.num_cpu_blocks,
+                snap.block_bytes,
+                snap.model_name,
+            )
         mixed.record(snap, rec.seconds, None, rec.events)
         truth[rec.step] = rec.snapshot
     assert mixed.steps == whole.steps
@@ -103,6 +115,7 @@ def test_the_cache_index_follows_evictions_and_a_reset(tiny_engine):
     def record(rec):
         hist.record(rec.snapshot, rec.seconds, None, rec.events)
         truth[rec.step] = rec.snapshot
+
     record(src.current())
     for round_ in range(3):
         for j in range(4):  # more distinct prompts than the pool holds: cached blocks are evicted
@@ -123,6 +136,7 @@ def test_a_digest_cannot_open_a_pool_it_has_no_arrays_for():
     import pytest
 
     from engine.inspect.snapshot import StepDigest
+
     hist = RunHistory()
     digest = StepDigest(1, 16, 8, (), {}, (8, 0, 0, 0, 0, 0))
     with pytest.raises(ValueError, match="first record must carry its whole snapshot"):

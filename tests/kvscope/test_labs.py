@@ -1,4 +1,5 @@
 """The diagnosis labs (issue 15) run headless on the embedded model and their JSON shows the cause."""
+
 from __future__ import annotations
 
 import json
@@ -86,7 +87,9 @@ def test_plain_headless_prints_the_fragmentation_numbers_and_no_miss_with_cachin
     text = capsys.readouterr().out
     assert "prefix cache: off in this engine" in text and "first miss" not in text and "hit rate" not in text
     f = headless_json(capsys, "--scenario", "fragmentation", "--steps", "3")["fragmentation"]
-    assert (f"fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
-            f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
-            f"{f['reserved_slots']:,} reserved and not written") in text
+    assert (
+        f"fragmentation at step {f['step']} (the most blocks held): {f['blocks_held']} blocks = "
+        f"{f['used_slots']:,} slots used, {f['wasted_slots']:,} wasted inside blocks, "
+        f"{f['reserved_slots']:,} reserved and not written"
+    ) in text
     assert "    contiguous (this run), each request alone: " in text and "    paged, each request alone: " in text

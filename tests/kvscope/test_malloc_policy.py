@@ -1,5 +1,6 @@
 """The window's malloc policy (kvscope.malloc_policy): on glibc the mmap threshold is fixed, so a large
 temporary is mapped and unmapped and leaves no hole in the heap; freed pages go back to the system."""
+
 from __future__ import annotations
 
 import platform

@@ -1,5 +1,6 @@
 """Issue 34: a lesson's note quotes the pool as the engine reports it at that step (the pool-exhausted lab's
 "100% used" beside a status bar at 85%). Each number a note quotes about the pool is read back from the run."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """The internals the probe reads, against vLLM 0.20, 0.32 and 0.33 as their released wheels define them
 (``tests/probe/vllm_surfaces.json``, read from the wheels' files by ``scripts/vllm_surface.py``)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ def test_every_internal_the_probe_reads_is_in_the_release(release):
 
 
 def test_what_differs_between_releases_is_what_the_probe_handles():
-    has = {r: (set(SURFACES[r]["classes"]["FreeKVCacheBlockQueue"]["methods"]),
-               set(SURFACES[r]["classes"]["Scheduler"]["attributes"])) for r in KNOWN_RELEASES}
+    has = {
+        r: (
+            set(SURFACES[r]["classes"]["FreeKVCacheBlockQueue"]["methods"]),
+            set(SURFACES[r]["classes"]["Scheduler"]["attributes"]),
+        )
+        for r in KNOWN_RELEASES
+    }
     assert "prepend_n" not in has["0.20"][0] and "deferred_frees" not in has["0.20"][1]  # every free to the tail
     for r in ("0.32", "0.33"):
         assert set(OPTIONAL["FreeKVCacheBlockQueue"]) <= has[r][0] and set(OPTIONAL["Scheduler"]) <= has[r][1]

@@ -15,6 +15,7 @@ The probe is started exactly as in a server: ``kvscope_vllm_probe.plugin.registe
     {"op": "quit"}
 Used by the probe's tests (tests/kvscope/sources/test_probe_*.py) and its benchmark (bench/probe_cost.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,16 +34,23 @@ def model_folder() -> str:
     if folder:
         return folder
     import glob
+
     base = os.environ.get("KVSCOPE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvscope"
+    )
     found = sorted(glob.glob(os.path.join(base, "gguf", "SmolLM2-135M-Instruct*", "config.json")))
     if not found:
         sys.exit("no model config: set KVSCOPE_VLLM_MODEL to a folder with a config.json")
     return os.path.dirname(found[-1])
 
 
-def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                   enable_caching: bool = True):
+def make_scheduler(
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    enable_caching: bool = True,
+):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -51,19 +59,35 @@ def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 256, ma
     from vllm.v1.structured_output import StructuredOutputManager
 
     mc = ModelConfig(model=model_folder(), dtype="float32", max_model_len=4096, seed=0)
-    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                         max_model_len=4096, is_encoder_decoder=False)
+    sc = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=4096,
+        is_encoder_decoder=False,
+    )
     cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=enable_caching)
     cc.num_gpu_blocks = num_blocks
     cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
-    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64,
-                                                      dtype=torch.float32))])
+    kvc = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+            )
+        ],
+    )
     hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     cls = sc.get_scheduler_cls()  # the probe's subclass when the plugin registered
-    s = cls(vllm_config=cfg, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(cfg),
-            log_stats=False, block_size=block_size, hash_block_size=block_size)
+    s = cls(
+        vllm_config=cfg,
+        kv_cache_config=kvc,
+        structured_output_manager=StructuredOutputManager(cfg),
+        log_stats=False,
+        block_size=block_size,
+        hash_block_size=block_size,
+    )
     s._harness_hasher = get_request_block_hasher(block_size, hash_fn)
     return s
 
@@ -71,6 +95,7 @@ def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 256, ma
 def add(s, rid: str, prompt: list[int], max_tokens: int) -> None:
     from vllm import SamplingParams
     from vllm.v1.request import Request
+
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     s.add_request(Request(rid, prompt, params, None, block_hasher=s._harness_hasher))
 
@@ -78,6 +103,7 @@ def add(s, rid: str, prompt: list[int], max_tokens: int) -> None:
 def step(s, token: int = 7) -> bool:
     """One schedule and update, every scheduled request sampling ``token`` when its prefill is done."""
     from vllm.v1.outputs import ModelRunnerOutput
+
     if not s.has_requests():
         return False
     out = s.schedule()
@@ -100,13 +126,21 @@ def dump(s) -> dict:
     while node is not None and node.block_id >= 0:
         free.append(node.block_id)
         node = node.next_free_block
-    tables = {rid: [b.block_id for b in blocks]
-              for rid, blocks in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.items()}
-    return {"ref_cnt": [b.ref_cnt for b in pool.blocks],
-            "hashes": {str(b.block_id): int.from_bytes(b.block_hash[-12:-4], "big")
-                       for b in pool.blocks if b.block_hash is not None},
-            "free_queue": free, "tables": tables,
-            "step": getattr(getattr(s, "_kvscope_probe", None), "step", None)}
+    tables = {
+        rid: [b.block_id for b in blocks]
+        for rid, blocks in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.items()
+    }
+    return {
+        "ref_cnt": [b.ref_cnt for b in pool.blocks],
+        "hashes": {
+            str(b.block_id): int.from_bytes(b.block_hash[-12:-4], "big")
+            for b in pool.blocks
+            if b.block_hash is not None
+        },
+        "free_queue": free,
+        "tables": tables,
+        "step": getattr(getattr(s, "_kvscope_probe", None), "step", None),
+    }
 
 
 def main() -> None:
@@ -118,14 +152,17 @@ def main() -> None:
     args = ap.parse_args()
     if args.pretend_version:
         import vllm
+
         vllm.__version__ = args.pretend_version
     from kvscope_vllm_probe.plugin import register
+
     register()  # as vLLM's plugin loader would (inert without KVSCOPE_PROBE_ENDPOINT)
     s = make_scheduler(args.num_blocks, args.block_size, args.max_num_seqs)
     probed = getattr(s, "_kvscope_probe", None) is not None
     print(json.dumps({"ready": True, "probed": probed, "scheduler": type(s).__name__}), flush=True)
     import contextlib
     import threading
+
     # A probed scheduler serializes its entries itself (and its pause waits outside that lock); a bare one here.
     lock = contextlib.nullcontext() if probed else threading.Lock()
     spinning = threading.Event()
@@ -169,6 +206,7 @@ def main() -> None:
                 ans = {"requests": len(s.requests)}
         elif op == "abort":
             from vllm.v1.request import RequestStatus
+
             with lock:
                 s.finish_requests(cmd["id"], RequestStatus.FINISHED_ABORTED)
             ans = {"ok": True}

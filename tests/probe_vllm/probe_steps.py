@@ -3,6 +3,7 @@ starts it): a pool of ``--num-blocks`` blocks, ``--running`` requests decoding, 
 the probe on and a subscriber attached, or with no probe. Prints one JSON object: the step times (schedule to the
 end of update_from_output, the probe's end-of-step work included) and, with the probe, its end-of-step time alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,11 @@ def main() -> None:
     if args.endpoint:
         os.environ["KVSCOPE_PROBE_ENDPOINT"] = args.endpoint
         from kvscope_vllm_probe.plugin import register
+
         register()
-    s = make_scheduler(args.num_blocks, args.block_size, max_num_seqs=args.running,
-                       max_num_batched_tokens=args.running * args.prompt)
+    s = make_scheduler(
+        args.num_blocks, args.block_size, max_num_seqs=args.running, max_num_batched_tokens=args.running * args.prompt
+    )
     probe = getattr(s, "_kvscope_probe", None)
     if args.endpoint and not args.no_subscriber:
         assert probe is not None, "the probe did not start"
@@ -62,6 +65,7 @@ def main() -> None:
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in s.requests.values()):
         step(s)  # the prefills, not timed
     import gc
+
     gc.collect()
     gc.freeze()  # as vLLM's engine core does once it is built (freeze_gc_heap): the pool is not scanned again
     end_step = []
@@ -72,6 +76,7 @@ def main() -> None:
             t = time.perf_counter()
             original()
             end_step.append(time.perf_counter() - t)
+
         probe.end_step = timed_end_step
     times = []
     for _ in range(args.steps):

@@ -1,4 +1,5 @@
 """What attention needs to read a step's KV through block tables."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

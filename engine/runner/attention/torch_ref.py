@@ -4,6 +4,7 @@ Runs on any device; it is the reference the Triton kernels are tested against.
 Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``, a plain tensor
 or a ``QuantizedKV`` (indexing it by block ids dequantizes just those blocks).
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,9 @@ from ..kv_quant import QuantizedKV
 from .metadata import AttentionMetadata
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write each token's K/V at its slot (block_id * block_size + offset); -1 is skipped."""
     if isinstance(k_cache, QuantizedKV):
         k_cache.store(slot_mapping, key)
@@ -36,8 +38,9 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     return cache[block_table[:nb]].flatten(0, 1)[:seq_len]
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """``q``: ``[T, H, D]`` for the step's tokens; returns ``[T, H, D]``.
 
     Each query attends to its sequence's cached prefix and, causally, to the new tokens.
@@ -53,8 +56,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v = v_cache[bt[:, :nb]].flatten(1, 2)[:, :max_len].transpose(1, 2)
         mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]
         qd = q[meta.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
-        o = F.scaled_dot_product_attention(qd, k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None, None, :],
-                                           scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            qd, k.to(q.dtype), v.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+        )
         out[meta.decode_tokens] = o.squeeze(2)
     for i in meta.prefill_seqs:
         start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]

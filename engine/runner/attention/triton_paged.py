@@ -11,6 +11,7 @@ in place: no gather into a contiguous copy. Query heads of one KV head share its
 On the CPU the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``): that
 is how the tests check them against ``torch_ref``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,18 @@ def interpreted() -> bool:
 
 # -- store (and quantize) -------------------------------------------------------------------
 @triton.jit
-def _store_values(x, h, hm, cache_ptr, scale_ptr, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                  KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _store_values(
+    x,
+    h,
+    hm,
+    cache_ptr,
+    scale_ptr,
+    slot,
+    MODE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    KVH_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """Write (and quantize) ``x``, one token's ``[KVH_PAD, HEAD_DIM]`` rows of the KV heads ``h`` (``hm``
     masks the padding), at ``slot``. The one copy of the quantization rule: ``store_kv`` and the fused
     rotary + store kernel (``fused_ops``) both call it, so both write the bytes ``QuantizedKV.store`` does.
@@ -67,15 +78,24 @@ def _store_values(x, h, hm, cache_ptr, scale_ptr, slot, MODE: tl.constexpr, NUM_
         else:  # int8: a scale per token and head
             xf = x.to(tl.float32)
             scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), axis=1), 127.0), 6.2e-5).to(tl.float16)
-            q = tl.minimum(tl.maximum(tl.floor(tl.math.div_rn(xf, scale.to(tl.float32)[:, None]) + 0.5), -127.0),
-                           127.0)
+            q = tl.minimum(tl.maximum(tl.floor(tl.math.div_rn(xf, scale.to(tl.float32)[:, None]) + 0.5), -127.0), 127.0)
             tl.store(dst, q.to(tl.int8), mask=hm[:, None])
             tl.store(scale_ptr + slot * NUM_KV_HEADS + h, scale, mask=hm)
 
 
 @triton.jit
-def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _store_part(
+    x_ptr,
+    stride_t,
+    cache_ptr,
+    scale_ptr,
+    t,
+    slot,
+    MODE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    KVH_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     h = tl.arange(0, KVH_PAD)
     hm = h < NUM_KV_HEADS
     d = tl.arange(0, HEAD_DIM)
@@ -84,15 +104,27 @@ def _store_part(x_ptr, stride_t, cache_ptr, scale_ptr, t, slot, MODE: tl.constex
 
 
 @triton.jit
-def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
-                     stride_kt, stride_vt, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
-                     NUM_KV_HEADS: tl.constexpr, KVH_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_vt,
+    K_MODE: tl.constexpr,
+    V_MODE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    KVH_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:  # -1: a padded row, nothing to store
         _store_part(key_ptr, stride_kt, k_cache_ptr, k_scale_ptr, t, slot, K_MODE, NUM_KV_HEADS, KVH_PAD, HEAD_DIM)
-        _store_part(value_ptr, stride_vt, v_cache_ptr, v_scale_ptr, t, slot, V_MODE, NUM_KV_HEADS, KVH_PAD,
-                    HEAD_DIM)
+        _store_part(value_ptr, stride_vt, v_cache_ptr, v_scale_ptr, t, slot, V_MODE, NUM_KV_HEADS, KVH_PAD, HEAD_DIM)
 
 
 def _parts(cache) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -110,14 +142,28 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache, v_cache, slot_mapp
     key, value = key.reshape(t, kvh * d), value.reshape(t, kvh * d)
     kc, ks, km = _parts(k_cache)
     vc, vs, vm = _parts(v_cache)
-    _store_kv_kernel[(t,)](key, value, kc, vc, ks, vs, slot_mapping, key.stride(0), value.stride(0),
-                           K_MODE=km, V_MODE=vm, NUM_KV_HEADS=kvh, KVH_PAD=triton.next_power_of_2(kvh),
-                           HEAD_DIM=d)
+    _store_kv_kernel[(t,)](
+        key,
+        value,
+        kc,
+        vc,
+        ks,
+        vs,
+        slot_mapping,
+        key.stride(0),
+        value.stride(0),
+        K_MODE=km,
+        V_MODE=vm,
+        NUM_KV_HEADS=kvh,
+        KVH_PAD=triton.next_power_of_2(kvh),
+        HEAD_DIM=d,
+    )
 
 
 @triton.jit
-def _load_tile(cache_ptr, scale_ptr, slot, kvh, d, nmask, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
+def _load_tile(
+    cache_ptr, scale_ptr, slot, kvh, d, nmask, MODE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr
+):
     """``[BLOCK_N, HEAD_DIM]`` fp32 K or V of one KV head at the given slots, dequantized."""
     if MODE == 3:
         off = slot[:, None] * (NUM_KV_HEADS * HEAD_DIM // 2) + kvh * (HEAD_DIM // 2) + (d // 2)[None, :]
@@ -159,12 +205,37 @@ def _decode_tile_dot(q, k, v, nmask, m_i, l_i, acc, scale, DOT_FP32: tl.constexp
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, work_ptr, tables_ptr,
-                   seq_lens_ptr, seq_idx_ptr, tok_idx_ptr, scale, num_splits, stride_qt, stride_qh, stride_ot,
-                   stride_oh, stride_tb, BLOCK_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
-                   NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, QUERIES_PER_KV: tl.constexpr,
-                   Q_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
-                   DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    out_ptr,
+    work_ptr,
+    tables_ptr,
+    seq_lens_ptr,
+    seq_idx_ptr,
+    tok_idx_ptr,
+    scale,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_MODE: tl.constexpr,
+    V_MODE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """One program: the query heads of one KV head of one decode sequence, over one split of its
     context. The split's token range comes from ``seq_len`` on the device, so the grid is fixed for
     a batch size (CUDA-graph safe) while contexts grow between replays."""
@@ -204,13 +275,25 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, ou
         tl.store(work_ptr + row + HEAD_DIM + 1, l_i, mask=hmask)
     else:
         o = acc / l_i[:, None]
-        tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(
+            out_ptr + tok * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=hmask[:, None],
+        )
 
 
 @triton.jit
-def _combine_kernel(work_ptr, out_ptr, tok_idx_ptr, num_splits, stride_ot, stride_oh, NUM_HEADS: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, SPLIT_PAD: tl.constexpr):
+def _combine_kernel(
+    work_ptr,
+    out_ptr,
+    tok_idx_ptr,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT_PAD: tl.constexpr,
+):
     """Merge one head's split partials by their log-sum-exp weights into ``out``."""
     i = tl.program_id(0)
     h = tl.program_id(1)
@@ -230,10 +313,33 @@ def _combine_kernel(work_ptr, out_ptr, tok_idx_ptr, num_splits, stride_ot, strid
 
 # -- prefill: new tokens over a cached prefix, causal among themselves --------------------
 @triton.jit
-def _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                  tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, K_MODE: tl.constexpr,
-                  V_MODE: tl.constexpr, MASKED: tl.constexpr):
+def _prefill_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    start,
+    end,
+    qpos,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    tables_ptr,
+    seq,
+    stride_tb,
+    kvh,
+    d,
+    scale,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    K_MODE: tl.constexpr,
+    V_MODE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """One ``BLOCK_N`` tile of keys: the online-softmax update. ``MASKED`` tiles straddle the causal
     diagonal or the end of the context; the others are seen whole by every query of the tile."""
     n = start + tl.arange(0, BLOCK_N)
@@ -263,11 +369,34 @@ def _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, 
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, tables_ptr, seq_idx_ptr,
-                    q_start_ptr, q_len_ptr, ctx_len_ptr, scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
-                    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    QUERIES_PER_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    out_ptr,
+    tables_ptr,
+    seq_idx_ptr,
+    q_start_ptr,
+    q_len_ptr,
+    ctx_len_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    K_MODE: tl.constexpr,
+    V_MODE: tl.constexpr,
+):
     i = tl.program_id(0)  # the i-th prefill sequence
     mt = tl.program_id(1)  # its query tile
     h = tl.program_id(2)
@@ -282,8 +411,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         mmask = m < q_len
         qpos = prefix + m  # absolute positions of the queries
         d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + (q_start + m)[:, None] * stride_qt + h * stride_qh + d[None, :],
-                    mask=mmask[:, None], other=0.0)
+        q = tl.load(
+            q_ptr + (q_start + m)[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mmask[:, None], other=0.0
+        )
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -291,16 +421,67 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, o
         # Keys before the tile's first query are seen by all its queries: whole tiles, no mask.
         full = (prefix + mt * BLOCK_M) // BLOCK_N * BLOCK_N
         for start in range(0, full, BLOCK_N):
-            m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                                          v_scale_ptr, tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE,
-                                          NUM_KV_HEADS, HEAD_DIM, BLOCK_N, DOT_FP32, K_MODE, V_MODE, False)
+            m_i, l_i, acc = _prefill_tile(
+                q,
+                m_i,
+                l_i,
+                acc,
+                start,
+                end,
+                qpos,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                tables_ptr,
+                seq,
+                stride_tb,
+                kvh,
+                d,
+                scale,
+                BLOCK_SIZE,
+                NUM_KV_HEADS,
+                HEAD_DIM,
+                BLOCK_N,
+                DOT_FP32,
+                K_MODE,
+                V_MODE,
+                False,
+            )
         for start in range(full, end, BLOCK_N):
-            m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, start, end, qpos, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                                          v_scale_ptr, tables_ptr, seq, stride_tb, kvh, d, scale, BLOCK_SIZE,
-                                          NUM_KV_HEADS, HEAD_DIM, BLOCK_N, DOT_FP32, K_MODE, V_MODE, True)
+            m_i, l_i, acc = _prefill_tile(
+                q,
+                m_i,
+                l_i,
+                acc,
+                start,
+                end,
+                qpos,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                tables_ptr,
+                seq,
+                stride_tb,
+                kvh,
+                d,
+                scale,
+                BLOCK_SIZE,
+                NUM_KV_HEADS,
+                HEAD_DIM,
+                BLOCK_N,
+                DOT_FP32,
+                K_MODE,
+                V_MODE,
+                True,
+            )
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
+        tl.store(
+            out_ptr + (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=mmask[:, None],
+        )
 
 
 def _dot_fp32(dtype: torch.dtype) -> bool:
@@ -316,8 +497,12 @@ def _prefill_tensors(meta: AttentionMetadata, device: torch.device) -> tuple[tor
     if cached is None:
         seqs = meta.prefill_seqs
         qsl = meta.query_start_loc
-        rows = [seqs, [qsl[i] for i in seqs], [qsl[i + 1] - qsl[i] for i in seqs],
-                [meta.seq_lens_host[i] for i in seqs]]
+        rows = [
+            seqs,
+            [qsl[i] for i in seqs],
+            [qsl[i + 1] - qsl[i] for i in seqs],
+            [meta.seq_lens_host[i] for i in seqs],
+        ]
         cached = tuple(torch.tensor(r, dtype=torch.int64, device=device) for r in rows)
         cached += (max(rows[2]),)
         meta.backend_state["triton_prefill"] = cached
@@ -366,8 +551,9 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     return min(want, cap)
 
 
-def _prefill_config(max_q: int, dtype: torch.dtype, bs: int, head_dim: int,
-                    device: torch.device) -> tuple[int, int, int, int]:
+def _prefill_config(
+    max_q: int, dtype: torch.dtype, bs: int, head_dim: int, device: torch.device
+) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the prefill kernel. On an H200, over a 2,048-token
     prompt: 128 x 128 tiles with 8 warps ran at 177 TFLOP/s, 64 x 64 with 4 at 175, 128 x 64 at 165."""
     if interpreted():  # small tiles keep the interpreted tests fast; the masking logic is the same
@@ -392,10 +578,12 @@ def _smem_limit(device: torch.device) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 99 * 1024))
 
 
-def _fit_smem(device: torch.device, block_m: int, block_n: int, stages: int, head_dim: int,
-              elem: int) -> tuple[int, int, int]:
+def _fit_smem(
+    device: torch.device, block_m: int, block_n: int, stages: int, head_dim: int, elem: int
+) -> tuple[int, int, int]:
     """Shrink (stages, then BLOCK_N, then BLOCK_M) until the Q tile and ``stages`` K and V tiles fit in
     the card's shared memory (with room for the compiler's scratch), so no card fails to compile."""
+
     def need() -> int:
         return (block_m + 2 * stages * block_n) * head_dim * elem + 16 * 1024
 
@@ -409,8 +597,20 @@ def _fit_smem(device: torch.device, block_m: int, block_n: int, stages: int, hea
     return block_m, block_n, stages
 
 
-def _decode(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor, meta: AttentionMetadata,
-            scale: float, max_seq_len: int | None, num_splits: int | None) -> None:
+def _decode(
+    q: torch.Tensor,
+    kc,
+    vc,
+    ks,
+    vs,
+    km: int,
+    vm: int,
+    out: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    max_seq_len: int | None,
+    num_splits: int | None,
+) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kc.shape[2]
     qpk = num_heads // num_kv_heads
@@ -421,25 +621,63 @@ def _decode(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor
     splits = num_splits or decode_splits(batch, num_kv_heads, max_seq_len, q.device)
     q_pad = max(16, triton.next_power_of_2(qpk))  # tl.dot's smallest M
     # Partials (acc, m, l) of each split: fp32, allocated per call (free inside a CUDA graph's pool).
-    work = torch.empty(batch * num_heads * splits * (head_dim + 2) if splits > 1 else 1, dtype=torch.float32,
-                       device=q.device)
+    work = torch.empty(
+        batch * num_heads * splits * (head_dim + 2) if splits > 1 else 1, dtype=torch.float32, device=q.device
+    )
     warps = TUNING["decode_warps"] * (2 if q.element_size() == 4 and not interpreted() else 1)
     block_n, stages = TUNING["decode_block_n"], TUNING["decode_stages"]
     _, block_n, stages = _fit_smem(q.device, q_pad, block_n, stages, head_dim, max(q.element_size(), 2))
     _decode_kernel[(batch, num_kv_heads, splits)](
-        q, kc, vc, ks, vs, out, work, tables, meta.seq_lens, meta.decode_seqs, meta.decode_tokens, scale, splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), BLOCK_SIZE=meta.block_size,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, QUERIES_PER_KV=qpk, Q_PAD=q_pad,
-        BLOCK_N=block_n, K_MODE=km, V_MODE=vm, DOT_FP32=_dot_fp32(q.dtype), SPLIT=splits > 1, num_warps=warps,
-        num_stages=stages)
+        q,
+        kc,
+        vc,
+        ks,
+        vs,
+        out,
+        work,
+        tables,
+        meta.seq_lens,
+        meta.decode_seqs,
+        meta.decode_tokens,
+        scale,
+        splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tables.stride(0),
+        BLOCK_SIZE=meta.block_size,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        QUERIES_PER_KV=qpk,
+        Q_PAD=q_pad,
+        BLOCK_N=block_n,
+        K_MODE=km,
+        V_MODE=vm,
+        DOT_FP32=_dot_fp32(q.dtype),
+        SPLIT=splits > 1,
+        num_warps=warps,
+        num_stages=stages,
+    )
     if splits > 1:
-        _combine_kernel[(batch, num_heads)](work, out, meta.decode_tokens, splits, out.stride(0), out.stride(1),
-                                           NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-                                           SPLIT_PAD=triton.next_power_of_2(splits), num_warps=4)
+        _combine_kernel[(batch, num_heads)](
+            work,
+            out,
+            meta.decode_tokens,
+            splits,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            SPLIT_PAD=triton.next_power_of_2(splits),
+            num_warps=4,
+        )
 
 
-def _prefill(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor, meta: AttentionMetadata,
-             scale: float) -> None:
+def _prefill(
+    q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kc.shape[2]
     tables = meta.block_tables
@@ -448,16 +686,48 @@ def _prefill(q: torch.Tensor, kc, vc, ks, vs, km: int, vm: int, out: torch.Tenso
     keys = ("prefill_block_m", "prefill_block_n", "prefill_warps", "prefill_stages")
     block_m, block_n, warps, stages = (c if TUNING[k] is None else TUNING[k] for c, k in zip(chosen, keys))
     grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)
-    _prefill_kernel[grid](q, kc, vc, ks, vs, out, tables, seq_idx, q_start, q_len, ctx_len,
-                          scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
-                          BLOCK_SIZE=meta.block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-                          QUERIES_PER_KV=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
-                          DOT_FP32=_dot_fp32(q.dtype), K_MODE=km, V_MODE=vm, num_warps=warps, num_stages=stages)
+    _prefill_kernel[grid](
+        q,
+        kc,
+        vc,
+        ks,
+        vs,
+        out,
+        tables,
+        seq_idx,
+        q_start,
+        q_len,
+        ctx_len,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tables.stride(0),
+        BLOCK_SIZE=meta.block_size,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        QUERIES_PER_KV=num_heads // num_kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_FP32=_dot_fp32(q.dtype),
+        K_MODE=km,
+        V_MODE=vm,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, *, max_seq_len: int | None = None,
-                    num_splits: int | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """``q``: ``[T, H, D]``; the same contract as ``torch_ref.paged_attention``.
 
     ``max_seq_len`` (a bound on the decode contexts; default: the block table's width in tokens) and

@@ -6,14 +6,25 @@ Importing ``transformers.models.llama.configuration_llama`` pulls in torch.distr
 ``tie_word_embeddings`` means False for Llama, True for the base class) or uses a RoPE scaling goes
 through ``AutoConfig``, so no default is ever guessed.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 # what the engine reads from a config; each must be in the file for the plain path
-STATED = ("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
-          "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "vocab_size", "eos_token_id")
+STATED = (
+    "model_type",
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "vocab_size",
+    "eos_token_id",
+)
 PLAIN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -35,6 +46,8 @@ def read_config(folder: Path):
     d = json.loads((folder / "config.json").read_text())
     if stated_plainly(d):
         from transformers.configuration_utils import PreTrainedConfig
+
         return PreTrainedConfig.from_dict(d)
     from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(str(folder))

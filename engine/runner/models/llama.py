@@ -5,6 +5,7 @@ transformers model in memory: q/k/v and gate/up are fused into one matmul each.
 RoPE is ``rotary.build_rotary``: transformers' own formulas for every scaling
 variant, without importing its modeling code.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -91,6 +92,7 @@ def hf_weights(hf_model, consume: bool = False) -> WeightSource:
         if consume and t.numel():
             p.data = t.new_empty(0)
         return t
+
     return take
 
 
@@ -105,7 +107,7 @@ class DecoderLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         attn, mlp = f"{prefix}self_attn.", f"{prefix}mlp."
@@ -114,11 +116,19 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = _fused(take, mlp, ["gate_proj", "up_proj"])
         self.down_proj = _linear(take(f"{mlp}down_proj.weight"), take(f"{mlp}down_proj.bias"))
         self.input_layernorm = RMSNorm(take(f"{prefix}input_layernorm.weight"), config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(take(f"{prefix}post_attention_layernorm.weight"),
-                                                config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(take(f"{prefix}post_attention_layernorm.weight"), config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn, store: StoreFn) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: AttentionFn,
+        store: StoreFn,
+    ) -> torch.Tensor:
         t = h.shape[0]
         x = self.input_layernorm(h)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -135,21 +145,39 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
-    def forward_fused(self, h: torch.Tensor, residual: torch.Tensor | None, ops: FusedOps, positions: torch.Tensor,
-                      k_cache, v_cache, meta: AttentionMetadata, attention: AttentionFn) -> tuple[torch.Tensor,
-                                                                                                  torch.Tensor]:
+    def forward_fused(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        ops: FusedOps,
+        positions: torch.Tensor,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        attention: AttentionFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer in 7 launches besides the matmuls' 4 (vLLM's shape): the residual travels apart and
         each add happens inside the next RMSNorm; rotary and the KV store are one kernel, SiLU-and-mul one.
         Returns (this layer's last output, the residual before it); their sum is ``forward``'s result."""
         t = h.shape[0]
         x, residual = ops.add_rms_norm(h, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = ops.rope_and_store(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim),
-                               v.view(t, self.num_kv_heads, self.head_dim), positions, k_cache, v_cache,
-                               meta.slot_mapping)
+        q = ops.rope_and_store(
+            q.view(t, self.num_heads, self.head_dim),
+            k.view(t, self.num_kv_heads, self.head_dim),
+            v.view(t, self.num_kv_heads, self.head_dim),
+            positions,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+        )
         o = attention(q, k_cache, v_cache, meta, self.scale)
-        x, residual = ops.add_rms_norm(self.o_proj(o.reshape(t, self.q_size)), residual,
-                                       self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        x, residual = ops.add_rms_norm(
+            self.o_proj(o.reshape(t, self.q_size)),
+            residual,
+            self.post_attention_layernorm.weight,
+            self.post_attention_layernorm.eps,
+        )
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
 
 
@@ -163,8 +191,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         embed = take("model.embed_tokens.weight")
         self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
-        self.layers = nn.ModuleList(DecoderLayer(config, take, f"model.layers.{i}.")
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, take, f"model.layers.{i}.") for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(take("model.norm.weight"), config.rms_norm_eps)
         head = take("lm_head.weight")
         self.lm_head = _linear(head if head is not None and head.numel() else embed)  # tied: one tensor
@@ -181,9 +210,16 @@ class LlamaForCausalLM(nn.Module):
         return cls(hf_model.config, hf_weights(hf_model, consume), hf_model.model.rotary_emb)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                attention: AttentionFn, store: StoreFn, ops: FusedOps | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        attention: AttentionFn,
+        store: StoreFn,
+        ops: FusedOps | None = None,
+    ) -> torch.Tensor:
         """``ops``: the fused kernels (``fused_ops.FusedOps``, the Triton backend's); without them, PyTorch's
         ops one by one with ``store`` (the CPU path, and the reference)."""
         h = self.embed_tokens(input_ids)

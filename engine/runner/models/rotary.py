@@ -5,6 +5,7 @@ Importing a transformers model class costs about 3 s at start-up; this module ne
 the very ``inv_freq`` and the same cos/sin arithmetic as transformers. Variants that change their
 frequencies with the sequence length (dynamic, longrope) use the checkpoint's own module instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,6 +38,7 @@ class RotaryEmbedding(nn.Module):
             inv_freq, self.attention_scaling = default_inv_freq(config), 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
             inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[kind](config, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 

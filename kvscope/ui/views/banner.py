@@ -1,4 +1,5 @@
 """An error / audit banner above the grid: says what went wrong, can be closed, clears on success."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
@@ -39,7 +40,6 @@ class Banner(QWidget):
         self._style()
         self.hide()
 
-
     def show_message(self, text: str, kind: str = "error") -> None:
         self.kind = kind if kind in KINDS else "error"
         self._style()
@@ -63,5 +63,7 @@ class Banner(QWidget):
 
     def _style(self) -> None:
         bg, fg = KINDS[self.kind]
-        self.setStyleSheet(f"Banner {{ background: {bg}; }} QLabel {{ background: {bg}; color: {fg}; "
-                           f"font-weight: bold; }} QToolButton {{ background: {bg}; color: {fg}; border: 0; }}")
+        self.setStyleSheet(
+            f"Banner {{ background: {bg}; }} QLabel {{ background: {bg}; color: {fg}; "
+            f"font-weight: bold; }} QToolButton {{ background: {bg}; color: {fg}; border: 0; }}"
+        )

@@ -14,6 +14,7 @@ Zoom and pan: mouse wheel, drag, ``+``/``-``, arrow keys; ``F`` or ``Home`` fits
 ``A`` shows the whole pool. The detail view opens framed on the blocks in use and follows them
 until the user zooms or pans. Colour modes: state, owning request, ref count, age (``kvscope.ui.palette``).
 """
+
 from __future__ import annotations
 
 import math
@@ -98,8 +99,14 @@ class BlockGridView(GridNavigation, QWidget):
     block_hovered = Signal(int)
     level_changed = Signal(int)  # DetailLevel
 
-    def __init__(self, title: str = "GPU blocks", parent: QWidget | None = None, cpu: bool = False,
-                 overview: bool | None = None, legend: bool = True) -> None:
+    def __init__(
+        self,
+        title: str = "GPU blocks",
+        parent: QWidget | None = None,
+        cpu: bool = False,
+        overview: bool | None = None,
+        legend: bool = True,
+    ) -> None:
         super().__init__(parent)
         self.cpu = cpu  # draw the CPU swap pool of the snapshot instead of the device pool
         self.snapshot: KVSnapshot | None = None
@@ -156,8 +163,9 @@ class BlockGridView(GridNavigation, QWidget):
         self.layer = _DetailLayer(self)
         self.layer.setZValue(6)
         self.plot.addItem(self.layer)
-        self.path = pg.PlotDataItem(pen=pg.mkPen((255, 255, 255, 200), width=2), symbol="o", symbolSize=5,
-                                    symbolBrush=(255, 255, 255))
+        self.path = pg.PlotDataItem(
+            pen=pg.mkPen((255, 255, 255, 200), width=2), symbol="o", symbolSize=5, symbolBrush=(255, 255, 255)
+        )
         self.path.setZValue(10)
         self.plot.addItem(self.path)
         vb = self.plot.getViewBox()
@@ -211,7 +219,6 @@ class BlockGridView(GridNavigation, QWidget):
         lay.addLayout(body, 1)
         lay.addWidget(self.hover_label)
 
-
     # -- token text --------------------------------------------------------------------
     @property
     def token_text(self):
@@ -235,8 +242,13 @@ class BlockGridView(GridNavigation, QWidget):
         """What the audit found wrong with block ``b`` (its own kind, else the legend's name for the red class)."""
         return self.flag_kinds.get(b) or self.flag_name or palette.STATES[BlockState.LEAKED].name
 
-    def set_snapshot(self, snap: KVSnapshot, leaked: np.ndarray | None = None, flag_name: str | None = None,
-                     flag_kinds: dict[int, str] | None = None) -> None:
+    def set_snapshot(
+        self,
+        snap: KVSnapshot,
+        leaked: np.ndarray | None = None,
+        flag_name: str | None = None,
+        flag_kinds: dict[int, str] | None = None,
+    ) -> None:
         """``leaked``: the blocks the audit flagged (red); ``flag_name``: what is wrong with them, for the legend;
         ``flag_kinds``: each flagged block's own problem (``AuditReport.block_kinds``), written on it."""
         self.snapshot, self.leaked, self.flag_name = snap, leaked, flag_name
@@ -345,8 +357,12 @@ class BlockGridView(GridNavigation, QWidget):
             return ""
         owners = s.owners_of(b)
         state = BlockState(int(s.state[b]))
-        parts = [f"block {b}", palette.STATES[state].name, f"ref {int(s.ref_cnt[b])}",
-                 f"filled {int(s.filled[b])}/{s.block_size}"]
+        parts = [
+            f"block {b}",
+            palette.STATES[state].name,
+            f"ref {int(s.ref_cnt[b])}",
+            f"filled {int(s.filled[b])}/{s.block_size}",
+        ]
         if b in self.leaked_set:
             parts.append(f"audit: {self.flagged_as(b)}")
         if owners:

@@ -5,6 +5,7 @@ The story is a table (step, what happened, detail, who held a reference after it
 that step. The comparison replays the run's own prompts greedily through two fresh engines on the
 same weights, prefix caching on and off, and says where their outputs part.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
@@ -50,8 +51,10 @@ class DiagnosisPanel(QWidget):
         self.table.setWordWrap(False)  # one line a row; the whole text is the row's tooltip
         self.table.cellClicked.connect(self._on_row)
         self.compare_button = QPushButton("Compare caching on / off")
-        self.compare_button.setToolTip("replay this run's prompts greedily with prefix caching on and off, on the "
-                                       "same weights, and show the first output token where they differ")
+        self.compare_button.setToolTip(
+            "replay this run's prompts greedily with prefix caching on and off, on the "
+            "same weights, and show the first output token where they differ"
+        )
         self.compare_button.clicked.connect(self.compare_requested)
         self.compare_label = QLabel("Caching on vs off: not run yet")
         self.compare_label.setWordWrap(True)
@@ -71,8 +74,11 @@ class DiagnosisPanel(QWidget):
         span = f" (steps {reach[0]}–{reach[1]}, the timeline's reach)" if reach else ""
         suspects = [ln for ln in lines if ln.kind == "suspect"]
         verdict = f" · suspect: {suspects[-1].text}" if suspects else ""
-        self.title.setText(f"Block {block_id}: {len(lines)} event(s){span}{verdict}" if lines else
-                           f"Block {block_id}: no event names it{span}; it was never allocated")
+        self.title.setText(
+            f"Block {block_id}: {len(lines)} event(s){span}{verdict}"
+            if lines
+            else f"Block {block_id}: no event names it{span}; it was never allocated"
+        )
         self.table.setRowCount(len(lines))
         self._steps = [ln.step for ln in lines]
         for i, ln in enumerate(lines):
@@ -125,5 +131,7 @@ class DiagnosisPanel(QWidget):
 def _token_ids(d: dict) -> str:
     """The parting outputs as token ids (the label says them as text; the ids are for an engineer's hover)."""
     t = d["token_index"]
-    return (f"request #{d['request_index']} ({d['request_id']}), output token {t} on, as token ids:\n"
-            f"with caching:    {d['with_caching'][t:t + 8]}\nwithout caching: {d['without_caching'][t:t + 8]}")
+    return (
+        f"request #{d['request_index']} ({d['request_id']}), output token {t} on, as token ids:\n"
+        f"with caching:    {d['with_caching'][t : t + 8]}\nwithout caching: {d['without_caching'][t : t + 8]}"
+    )

@@ -7,6 +7,7 @@ frame at a time (``append`` collects them; ``flush``, or a timer ~30 times a sec
 The log keeps the last ``kvscope.limits.LIMITS.event_log_rows`` events (the label beside the search box
 says so); the oldest go first, but never the rows on screen while the view is not following the end.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
@@ -86,7 +87,6 @@ class EventLogView(QWidget):
         self._timer.setInterval(33)
         self._timer.timeout.connect(self.flush)
 
-
     def set_decode(self, fn) -> None:
         self.model.set_decode(fn)
 
@@ -134,7 +134,8 @@ class EventLogView(QWidget):
         self.bound_label.setText(event_log_text(m.max_rows))
         self.bound_label.setToolTip(
             f"the log keeps the last {m.max_rows:,} events; older ones go first, never the rows on screen"
-            + (f" ({m.dropped:,} dropped so far)" if m.dropped else ""))
+            + (f" ({m.dropped:,} dropped so far)" if m.dropped else "")
+        )
 
     def set_kinds(self, kinds: set[str]) -> None:
         self.flush()
@@ -163,8 +164,9 @@ class EventLogView(QWidget):
 
     def _label_kinds(self) -> None:
         on = [k for k, b in self.kind_boxes.items() if b.isChecked()]
-        self.kinds_button.setText("kinds: all ▾" if not on else
-                                  f"kinds: {on[0]} ▾" if len(on) == 1 else f"kinds: {len(on)} ▾")
+        self.kinds_button.setText(
+            "kinds: all ▾" if not on else f"kinds: {on[0]} ▾" if len(on) == 1 else f"kinds: {len(on)} ▾"
+        )
         self.kinds_button.setToolTip("show only these kinds: " + (", ".join(on) if on else "all"))
 
     def _on_click(self, index) -> None:

@@ -11,6 +11,7 @@ API: ``FigureView()``; ``set_snapshot(snap)``, ``set_requests([ids])`` (one or t
 ``set_decode(fn)``, ``set_events(events)`` (optional: names the step's copy-on-write copies);
 ``cells()`` returns what is drawn (tests). The item count is bounded by ``MAX_FIGURE_BLOCKS``.
 """
+
 from __future__ import annotations
 
 import math
@@ -139,7 +140,6 @@ class FigureView(QWidget):
         lay.addWidget(self.caption)
         self._redraw()
 
-
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(900, 420)
 
@@ -177,8 +177,18 @@ class FigureView(QWidget):
         return self._cells
 
     # -- drawing --------------------------------------------------------------------------
-    def _text(self, s: str, x: float, y: float, colour: QColor = INK, size: int = 12, bold: bool = False,
-              italic: bool = False, align: str = "left", width: float = 0.0) -> QGraphicsSimpleTextItem:
+    def _text(
+        self,
+        s: str,
+        x: float,
+        y: float,
+        colour: QColor = INK,
+        size: int = 12,
+        bold: bool = False,
+        italic: bool = False,
+        align: str = "left",
+        width: float = 0.0,
+    ) -> QGraphicsSimpleTextItem:
         it = QGraphicsSimpleTextItem(s)
         f = QFont()
         if min_text_px() is not None:
@@ -197,8 +207,16 @@ class FigureView(QWidget):
         self.scene.addItem(it)
         return it
 
-    def _slot(self, x: float, y: float, label: str | None, fill: QColor, ink: QColor | None = None,
-              pending: bool = False, border: QColor | None = None) -> None:
+    def _slot(
+        self,
+        x: float,
+        y: float,
+        label: str | None,
+        fill: QColor,
+        ink: QColor | None = None,
+        pending: bool = False,
+        border: QColor | None = None,
+    ) -> None:
         ink = ink or QColor(0, 0, 0)
         pen = QPen(border or QColor(90, 96, 110))
         pen.setWidthF(1.2)
@@ -224,8 +242,13 @@ class FigureView(QWidget):
         self.scene.addPath(path, pen)
         ang = math.atan2(0.0, b.x() - mid)  # the curve arrives horizontally
         size = 8.0
-        head = QPolygonF([b, QPointF(b.x() - size * math.cos(ang - 0.45), b.y() - size * math.sin(ang - 0.45)),
-                          QPointF(b.x() - size * math.cos(ang + 0.45), b.y() - size * math.sin(ang + 0.45))])
+        head = QPolygonF(
+            [
+                b,
+                QPointF(b.x() - size * math.cos(ang - 0.45), b.y() - size * math.sin(ang - 0.45)),
+                QPointF(b.x() - size * math.cos(ang + 0.45), b.y() - size * math.sin(ang + 0.45)),
+            ]
+        )
         self.scene.addPolygon(head, QPen(colour), QBrush(colour))
 
     def _shown_logical(self, r: RequestInfo) -> list[int | None]:
@@ -271,8 +294,10 @@ class FigureView(QWidget):
         reqs = [s.request(rid) for rid in self.request_ids]
         reqs = [r for r in reqs if r is not None]
         if not reqs:
-            self._message("Select a request (or two, with Ctrl+click) to draw it as in the PagedAttention paper:\n"
-                          "its logical KV blocks, its block table, and where its blocks sit in the physical pool.")
+            self._message(
+                "Select a request (or two, with Ctrl+click) to draw it as in the PagedAttention paper:\n"
+                "its logical KV blocks, its block table, and where its blocks sit in the physical pool."
+            )
             self.caption.setText("")
             return
         bs = s.block_size
@@ -317,25 +342,36 @@ class FigureView(QWidget):
         # what to notice
         flagged = sorted(b for b in mapped if b in self.flagged)
         if flagged:
-            notes.append(f"physical block{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))}: flagged by "
-                         f"the audit (red, as in the grid): the banner above the grid says what is wrong")
+            notes.append(
+                f"physical block{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))}: flagged by "
+                f"the audit (red, as in the grid): the banner above the grid says what is wrong"
+            )
         shared = [b for b in mapped if s.ref_cnt[b] > 1 and b not in self.flagged]
         if shared:
-            notes.append(f"physical block{'s' if len(shared) > 1 else ''} {', '.join(map(str, sorted(shared)))} "
-                         f"{'are' if len(shared) > 1 else 'is'} shared (ref count > 1): one copy of the KV, "
-                         f"mapped by several block tables")
+            notes.append(
+                f"physical block{'s' if len(shared) > 1 else ''} {', '.join(map(str, sorted(shared)))} "
+                f"{'are' if len(shared) > 1 else 'is'} shared (ref count > 1): one copy of the KV, "
+                f"mapped by several block tables"
+            )
         for b in sorted(shared):
-            writers = [r.request_id for r in reqs if (p := self._pending(r)) is not None
-                       and p[0] < len(r.block_ids) and r.block_ids[p[0]] == b]
+            writers = [
+                r.request_id
+                for r in reqs
+                if (p := self._pending(r)) is not None and p[0] < len(r.block_ids) and r.block_ids[p[0]] == b
+            ]
             if writers and s.filled[b] < s.block_size:
-                notes.append(f"block {b} is shared and has a free slot that {' and '.join(writers)} "
-                             f"{'both want' if len(writers) > 1 else 'wants'} to write: the first write copies it "
-                             f"(copy-on-write), so the other tables never see the new token")
+                notes.append(
+                    f"block {b} is shared and has a free slot that {' and '.join(writers)} "
+                    f"{'both want' if len(writers) > 1 else 'wants'} to write: the first write copies it "
+                    f"(copy-on-write), so the other tables never see the new token"
+                )
         for ev in self.events:
             if getattr(ev, "kind", "") == "cow" and ev.request_id in self.request_ids:
-                notes.append(f"copy-on-write this step: request {ev.request_id} was about to write into shared "
-                             f"block {ev.src_block_id}, so it got a copy, block {ev.dst_block_id} "
-                             f"({ev.num_slots} slots copied); block {ev.src_block_id}'s ref count dropped by one")
+                notes.append(
+                    f"copy-on-write this step: request {ev.request_id} was about to write into shared "
+                    f"block {ev.src_block_id}, so it got a copy, block {ev.dst_block_id} "
+                    f"({ev.num_slots} slots copied); block {ev.src_block_id}'s ref count dropped by one"
+                )
         if two and not shared and len(mapped) > 1:
             own = {r.request_id: set(r.block_ids) for r in reqs}
             a, b = (own[r.request_id] for r in reqs)
@@ -345,8 +381,12 @@ class FigureView(QWidget):
         if any(c["pending"] for c in self._cells["requests"].values()):
             bottom = self.scene.itemsBoundingRect().bottom() + 10
             self._slot(xa_log + LABEL_W, bottom, "token", EMPTY, pending=True)
-            self._text("dashed: the token just sampled; its K and V are written into the cache at the next step",
-                       xa_log + LABEL_W + slot_w() + 10, bottom + 5, DIM)
+            self._text(
+                "dashed: the token just sampled; its K and V are written into the cache at the next step",
+                xa_log + LABEL_W + slot_w() + 10,
+                bottom + 5,
+                DIM,
+            )
         self.caption.setText("<br>".join(f"• {n}" for n in notes))
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-10, -10, 10, 10))
         self._fit()
@@ -357,11 +397,12 @@ class FigureView(QWidget):
         self.caption.setText("")
         self._fit()
 
-    def _request(self, r: RequestInfo, k: int, x_log: float, x_tab: float, y0: float, colour: QColor,
-                 notes: list[str]) -> None:
+    def _request(
+        self, r: RequestInfo, k: int, x_log: float, x_tab: float, y0: float, colour: QColor, notes: list[str]
+    ) -> None:
         s, bs = self.snapshot, self.snapshot.block_size
-        prompt = self.decoder.join(r.token_ids[:r.num_prompt_tokens])
-        out = self.decoder.join(r.token_ids[r.num_prompt_tokens:])
+        prompt = self.decoder.join(r.token_ids[: r.num_prompt_tokens])
+        out = self.decoder.join(r.token_ids[r.num_prompt_tokens :])
         status = r.status.lower().replace("_", " ")
         x_head = min(x_log, x_tab)  # the right-hand request's head starts over its table: inside the figure
         self._text(f"request {r.request_id} · {status}", x_head, 0, colour, size=14, bold=True)
@@ -369,9 +410,9 @@ class FigureView(QWidget):
         max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in table_cols())
         # elided by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character
         # at a time and measuring each try took minutes); no line wider than max_w holds more than max_w chars
-        it = self._text(line[:int(max_w) + 2], x_head, 18, DIM, size=11)
+        it = self._text(line[: int(max_w) + 2], x_head, 18, DIM, size=11)
         if it.boundingRect().width() > max_w or len(line) > max_w + 2:
-            it.setText(QFontMetricsF(it.font()).elidedText(line[:int(max_w) + 2], Qt.TextElideMode.ElideRight, max_w))
+            it.setText(QFontMetricsF(it.font()).elidedText(line[: int(max_w) + 2], Qt.TextElideMode.ElideRight, max_w))
         self._text("logical KV blocks", x_log + LABEL_W, y0 - 18, INK, bold=True)
         x = x_tab
         for name, w in table_cols():
@@ -384,10 +425,11 @@ class FigureView(QWidget):
         if pend is not None:
             cell["pending"] = (pend[0], pend[1], self.decoder.label(pend[2]))
         if not r.block_ids:
-            why = {"WAITING": "waiting: no blocks yet (it is admitted when the scheduler has room)",
-                   "SWAPPED": f"swapped out: its KV sits in CPU blocks {list(r.cpu_block_ids)}",
-                   "PREEMPTED": "preempted: its blocks were freed; it will be prefilled again"}.get(
-                r.status, "finished: its blocks went back to the pool (cached ones stay reusable)")
+            why = {
+                "WAITING": "waiting: no blocks yet (it is admitted when the scheduler has room)",
+                "SWAPPED": f"swapped out: its KV sits in CPU blocks {list(r.cpu_block_ids)}",
+                "PREEMPTED": "preempted: its blocks were freed; it will be prefilled again",
+            }.get(r.status, "finished: its blocks went back to the pool (cached ones stay reusable)")
             self._text(why, x_log, y0 + 4, DIM)
             return
         y = y0
@@ -418,8 +460,9 @@ class FigureView(QWidget):
             x = x_tab
             cols = table_cols()
             ref_fill = _qc(self._state(b).colour)  # the block's state colour, as in the grid (shared: orange)
-            for (_, w), (v, fill) in zip(cols, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY),
-                                                      (str(ref), ref_fill))):
+            for (_, w), (v, fill) in zip(
+                cols, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY), (str(ref), ref_fill))
+            ):
                 self.scene.addRect(QRectF(x, y, w, SLOT_H), QPen(QColor(90, 96, 110)), QBrush(fill))
                 ink = QColor(*palette.text_on(fill.getRgb()[:3])) if fill is not EMPTY else light
                 self._text(v, x, y + 5, ink, align="centre", width=w, bold=(w == cols[1][1]))
@@ -430,11 +473,12 @@ class FigureView(QWidget):
             self._text(f"block {pend[0]}", x_log, y + 5, DIM, italic=True)
             self._slot(x_log + LABEL_W, y, self.decoder.label(pend[2]), EMPTY, pending=True)
             self._text("new block at the next step", x_tab, y + 5, DIM, italic=True, size=11)
-            notes.append(f"request {r.request_id}'s last block is full: its next token "
-                         f"{self.decoder.label(pend[2])!r} needs a new physical block")
+            notes.append(
+                f"request {r.request_id}'s last block is full: its next token "
+                f"{self.decoder.label(pend[2])!r} needs a new physical block"
+            )
 
-    def _physical(self, x0: float, y0: float, mapped: set[int], tokens: BlockTokens,
-                  reqs: list[RequestInfo]) -> None:
+    def _physical(self, x0: float, y0: float, mapped: set[int], tokens: BlockTokens, reqs: list[RequestInfo]) -> None:
         s, bs = self.snapshot, self.snapshot.block_size
         self._phys_y: dict[int, float] = {}
         self._text("physical KV blocks (the pool)", x0 + phys_label_w(), y0 - 18, INK, bold=True)
@@ -448,8 +492,15 @@ class FigureView(QWidget):
             holders = [k for k, r in enumerate(reqs) if b in r.block_ids]
             ref = int(s.ref_cnt[b])
             self._text(f"block {b}", x0, y + 5, INK if holders else DIM, bold=bool(holders))
-            self._text(f"ref {ref}" if ref else state.name, x0, y + 6, _qc(state.line_colour) if ref else DIM,
-                       size=11, align="right", width=phys_label_w() - 8)
+            self._text(
+                f"ref {ref}" if ref else state.name,
+                x0,
+                y + 6,
+                _qc(state.line_colour) if ref else DIM,
+                size=11,
+                align="right",
+                width=phys_label_w() - 8,
+            )
             toks = tokens.of(b)
             labels = [self.decoder.label(t) for t in toks]
             self._cells["physical"][b] = labels
@@ -472,8 +523,11 @@ class FigureView(QWidget):
             # who maps it: a bar in the request's colour, on the side its arrows come from
             for k in holders:
                 bx = x0 - 8 if k == 0 else x0 + phys_label_w() + block_size_px(bs, self.per_line)[0] + 3
-                self.scene.addRect(QRectF(bx, y, 5, block_size_px(bs, self.per_line)[1]), QPen(Qt.PenStyle.NoPen),
-                                   QBrush(_qc(palette.owner_colour(reqs[k].index))))
+                self.scene.addRect(
+                    QRectF(bx, y, 5, block_size_px(bs, self.per_line)[1]),
+                    QPen(Qt.PenStyle.NoPen),
+                    QBrush(_qc(palette.owner_colour(reqs[k].index))),
+                )
             self._phys_y[b] = y
             y += block_size_px(bs, self.per_line)[1] + ROW_GAP
         if not mapped:
@@ -523,4 +577,3 @@ class FigureView(QWidget):
         s = self.scale()
         self.view.resetTransform()
         self.view.scale(s, s)
-

@@ -11,6 +11,7 @@ log below keeps the last ones.
 Like the attach window, this one steps its source (``kvscope.sources.fleet_sim.SimFleetSource``) on a timer on
 the GUI thread: the fleet is simulated, and what is drawn is read from its engines between events.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,10 +53,13 @@ LOG_LINES = 200
 def route_text(route) -> str:
     """One routing decision in words: the request, where it went, and what the router read (each pool's cached
     prefix for the prefix routers; every router's view of the queues), the chosen instance's in brackets."""
+
     def each(values) -> str:
         return " | ".join(f"[{v}]" if i == route.instance else str(v) for i, v in enumerate(values))
-    text = (f"L{route.line} ({route.prompt_tokens:,} prompt tokens) at {route.arrival_s:,.1f} s "
-            f"→ instance {route.instance}")
+
+    text = (
+        f"L{route.line} ({route.prompt_tokens:,} prompt tokens) at {route.arrival_s:,.1f} s → instance {route.instance}"
+    )
     if route.cached_blocks is not None:
         text += f" · cached prefix, blocks: {each(route.cached_blocks)}"
     return text + f" · requests queued: {each(route.loads)}"
@@ -63,8 +67,10 @@ def route_text(route) -> str:
 
 def best_columns(n: int, width: float, height: float, text_px: float = 60.0) -> int:
     """The columns that make n panels' pools (squares, with ``text_px`` of text each) largest in the area."""
+
     def side(cols: int) -> float:
         return min(width / cols, height / math.ceil(n / cols) - text_px)
+
     return max(range(1, n + 1), key=lambda c: (side(c), -c))
 
 
@@ -188,13 +194,15 @@ class SimFleetWindow(QMainWindow):
         if latest is not None:
             self.route.setText("latest route: " + route_text(latest))
         new = frame.routed - self._logged
-        for r in list(frame.routes)[-min(new, len(frame.routes)):] if new > 0 else []:
+        for r in list(frame.routes)[-min(new, len(frame.routes)) :] if new > 0 else []:
             self.log.appendPlainText(route_text(r))
         self._logged = frame.routed
         hit = "-" if frame.hit_rate is None else f"{frame.hit_rate:.1%}"
         skipped = f" ({frame.skipped} skipped: too long or too big)" if frame.skipped else ""
-        self.status.setText(f"virtual {frame.clock:,.1f} s · {frame.routed:,} of {frame.requests:,} requests routed"
-                            f"{skipped} · fleet hit rate {hit}" + (" · done" if frame.done else ""))
+        self.status.setText(
+            f"virtual {frame.clock:,.1f} s · {frame.routed:,} of {frame.requests:,} requests routed"
+            f"{skipped} · fleet hit rate {hit}" + (" · done" if frame.done else "")
+        )
 
 
 class SimFleetDriver(QObject):
@@ -243,8 +251,13 @@ class SimFleetDriver(QObject):
         self.win.close()
 
 
-def run_sim_fleet_window(source: SimFleetSource, screenshot: str | None = None, steps: int | None = None,
-                     window_size: tuple[int, int] | None = None, font_scale: float | None = None) -> int:
+def run_sim_fleet_window(
+    source: SimFleetSource,
+    screenshot: str | None = None,
+    steps: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    font_scale: float | None = None,
+) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_style(app)
     if font_scale:

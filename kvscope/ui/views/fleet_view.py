@@ -12,6 +12,7 @@ several ``--attach``);
 
 runs four kvscope engines on the embedded SmolLM2 in this process, publishing as vLLM does, and watches them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,19 @@ from kvscope.ui.views.prefix_forest import captioned, drive_window, layout_fores
 
 Tokenizer = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int]], str]
-COLUMNS = ("instance", "state", "blocks", "tokens", "usage", "running / waiting", "stored / s", "removed / s",
-           "also elsewhere", "prompt's prefix", "hashes")
+COLUMNS = (
+    "instance",
+    "state",
+    "blocks",
+    "tokens",
+    "usage",
+    "running / waiting",
+    "stored / s",
+    "removed / s",
+    "also elsewhere",
+    "prompt's prefix",
+    "hashes",
+)
 SQUARE_PX = 11  # a holder's square, and the distance between the squares of one block's holders, in pixels
 
 
@@ -82,8 +94,11 @@ class DepthAxis(pg.AxisItem):
     """Blocks of depth are whole numbers: ticks at integers only (the holders' squares sit between them)."""
 
     def tickValues(self, minVal, maxVal, size):  # noqa: N802 - pyqtgraph's name
-        levels = [(sp, [v for v in vals if float(v).is_integer()]) for sp, vals in
-                  super().tickValues(minVal, maxVal, size) if sp >= 1]
+        levels = [
+            (sp, [v for v in vals if float(v).is_integer()])
+            for sp, vals in super().tickValues(minVal, maxVal, size)
+            if sp >= 1
+        ]
         return levels or [(1.0, [float(v) for v in range(int(np.ceil(minVal)), int(maxVal) + 1)])]
 
 
@@ -95,8 +110,11 @@ class FleetForestView(QWidget):
         self.source, self.decode, self.max_nodes = source, decode, max_nodes
         self.plot = pg.PlotWidget(axisItems={"bottom": DepthAxis("bottom")})
         self.plot.hideAxis("left")
-        self.plot.setLabel("bottom", "blocks from the start of the prefix (each square: one instance holding the "
-                                     "block; white: the prompt's cached path)")
+        self.plot.setLabel(
+            "bottom",
+            "blocks from the start of the prefix (each square: one instance holding the "
+            "block; white: the prompt's cached path)",
+        )
         self.plot.setMenuEnabled(False)
         self.edges = pg.PlotDataItem([], [], connect="pairs", pen=pg.mkPen((110, 116, 128), width=1))
         self.route_edges = pg.PlotDataItem([], [], connect="pairs", pen=pg.mkPen(*ROUTE_PATH, width=4))
@@ -132,16 +150,23 @@ class FleetForestView(QWidget):
         self.route_edges.setData(route[:, 0], route[:, 1]) if len(route) else self.route_edges.setData([], [])
         dup = sum(len(h) > 1 for h in holders)
         more = f" (showing {snap.shown} of {snap.total_blocks})" if snap.truncated else ""
-        self.info.setText(f"{snap.total_blocks} distinct blocks{more}, {dup} of them held by two or more instances"
-                          + (f"; the prompt's cached path: {len(on_path)} blocks, in white" if self.path else ""))
+        self.info.setText(
+            f"{snap.total_blocks} distinct blocks{more}, {dup} of them held by two or more instances"
+            + (f"; the prompt's cached path: {len(on_path)} blocks, in white" if self.path else "")
+        )
 
     def _place_squares(self, *_args) -> None:
         lay = self._layout
         upp = self.plot.getViewBox().viewPixelSize()[0]  # data units per pixel across
         px, node, _inst = holder_squares(lay.x, self._holders, SQUARE_PX * upp)
         self._node_of = node
-        self.squares.setData(x=px, y=lay.y[node] if len(node) else [], brush=self._brushes,
-                             pen=pg.mkPen((20, 22, 26), width=1), data=list(range(len(px))))
+        self.squares.setData(
+            x=px,
+            y=lay.y[node] if len(node) else [],
+            brush=self._brushes,
+            pen=pg.mkPen((20, 22, 26), width=1),
+            data=list(range(len(px))),
+        )
 
     def node_text(self, i: int) -> str:
         n = self._layout.nodes[i]
@@ -189,15 +214,29 @@ class FleetTable(QTableWidget):
         for r, row in enumerate(rows):
             m = row.metrics or {}
             usage = f"{100 * m['kv_cache_usage_perc']:.0f}%" if "kv_cache_usage_perc" in m else "-"
-            load = (f"{m['num_requests_running']:.0f} / {m['num_requests_waiting']:.0f}"
-                    if "num_requests_running" in m else "-")
+            load = (
+                f"{m['num_requests_running']:.0f} / {m['num_requests_waiting']:.0f}"
+                if "num_requests_running" in m
+                else "-"
+            )
             state = row.state if row.state == "up" else f"{row.state} {row.state_s:.0f} s"
             if row.restarts:
                 state += f", restarted {row.restarts}x"
             if row.gaps_unrepaired:
                 state += f", {count_text(row.batches_missing, 'batch', 'batches')} lost"
-            cells = (row.name, state, f"{row.blocks:,}", f"{row.tokens:,}", usage, load, f"{row.stored_per_s:.1f}",
-                     f"{row.removed_per_s:.1f}", f"{row.shared_blocks:,}", self.route.get(row.name, ""), row.hashes)
+            cells = (
+                row.name,
+                state,
+                f"{row.blocks:,}",
+                f"{row.tokens:,}",
+                usage,
+                load,
+                f"{row.stored_per_s:.1f}",
+                f"{row.removed_per_s:.1f}",
+                f"{row.shared_blocks:,}",
+                self.route.get(row.name, ""),
+                row.hashes,
+            )
             for c, text in enumerate(cells):
                 item = self.item(r, c)
                 if item is None:
@@ -215,8 +254,14 @@ class FleetTable(QTableWidget):
 class FleetWindow(QMainWindow):
     """The fleet view; ``on_record`` after each poll, ``route_prompt`` for the prompt box."""
 
-    def __init__(self, source: FleetSource, tokenize: Tokenizer | None = None, decode: Decode | None = None,
-                 tokenizer_error: str | None = None, history: int = 3000) -> None:
+    def __init__(
+        self,
+        source: FleetSource,
+        tokenize: Tokenizer | None = None,
+        decode: Decode | None = None,
+        tokenizer_error: str | None = None,
+        history: int = 3000,
+    ) -> None:
         super().__init__()
         self.source, self.tokenize = source, tokenize
         names = [m.spec.name for m in source.members]
@@ -225,16 +270,18 @@ class FleetWindow(QMainWindow):
         self.forest = FleetForestView(source, decode)
         self.plots = pg.GraphicsLayoutWidget()
         # the legend is the title (a legend box would sit over the lines)
-        key = " ".join(f"<span style='color:{hex_colour(instance_colour(i))}'>■ {n}</span>"
-                       for i, n in enumerate(names))
+        key = " ".join(
+            f"<span style='color:{hex_colour(instance_colour(i))}'>■ {n}</span>" for i, n in enumerate(names)
+        )
         blocks = self.plots.addPlot(row=0, col=0, title=f"blocks {key} <span style='color:#d8dee9'>- - on 2+</span>")
         self.curves = [blocks.plot([], [], pen=pg.mkPen(*instance_colour(i), width=2)) for i in range(len(names))]
         self.dup_curve = blocks.plot([], [], pen=pg.mkPen((216, 222, 233), width=2, style=Qt.PenStyle.DashLine))
         blocks.setLabel("bottom", "seconds")
         self.series: dict[str, deque] = {k: deque(maxlen=history) for k in ["t", "dup", *names]}
         self.prompt = QLineEdit()
-        self.prompt.setPlaceholderText("Where would this prompt go? Type a prompt (or token ids: 1, 5, 9) and press "
-                                       "Enter")
+        self.prompt.setPlaceholderText(
+            "Where would this prompt go? Type a prompt (or token ids: 1, 5, 9) and press Enter"
+        )
         self.prompt.returnPressed.connect(self.route_box)
         self.kind = QComboBox()
         self.kind.addItems(["text", "token ids"])
@@ -243,8 +290,10 @@ class FleetWindow(QMainWindow):
             self.kind.setEnabled(False)
         go = QPushButton("Where would it go?")
         go.clicked.connect(self.route_box)
-        self.answer = QLabel(tokenizer_error or "each instance's longest cached prefix of a prompt, as a precise "
-                                                "prefix-aware router scores it")
+        self.answer = QLabel(
+            tokenizer_error
+            or "each instance's longest cached prefix of a prompt, as a precise prefix-aware router scores it"
+        )
         self.answer.setWordWrap(True)
         self.totals = QLabel("waiting for events")
         self.totals.setWordWrap(True)
@@ -300,9 +349,11 @@ class FleetWindow(QMainWindow):
         self.table.show_rows(rec.instances)
         a, d = rec.in_all(), rec.duplication
         extra = f" ({bytes_text(d.extra_bytes)} beyond one copy each)" if d.extra_bytes else ""
-        self.totals.setText(f"in all: {a['up']} of {a['instances']} instances up · {rec.blocks:,} cached blocks, "
-                            f"{rec.distinct_blocks:,} distinct · <b>{d.blocks:,} held by two or more instances</b>, "
-                            f"{d.extra_copies:,} copies more than one each{extra} · poll {rec.tick}")
+        self.totals.setText(
+            f"in all: {a['up']} of {a['instances']} instances up · {rec.blocks:,} cached blocks, "
+            f"{rec.distinct_blocks:,} distinct · <b>{d.blocks:,} held by two or more instances</b>, "
+            f"{d.extra_copies:,} copies more than one each{extra} · poll {rec.tick}"
+        )
         for n in rec.notices:
             self._notices.append(f"poll {rec.tick}: {n}")
         self.notices.setText("<br>".join(self._notices))
@@ -335,8 +386,10 @@ class FleetWindow(QMainWindow):
         ans = self.route_answer = self.source.route(ids)
         self.forest.path = ans.path
         self.answer.setText(f"<b>where would it go:</b> {ans.line()}")
-        self.table.route = {s.instance: (f"{s.blocks} of {s.prompt_blocks} blocks" if s.blocks is not None
-                                         else "not scored") for s in ans.scores}
+        self.table.route = {
+            s.instance: (f"{s.blocks} of {s.prompt_blocks} blocks" if s.blocks is not None else "not scored")
+            for s in ans.scores
+        }
 
     def fill_hover(self) -> None:
         """Offscreen there is no mouse: show what hovering the deepest block would (for a screenshot)."""
@@ -349,11 +402,18 @@ class FleetWindow(QMainWindow):
         super().closeEvent(ev)
 
 
-def run_fleet_window(source: FleetSource, interval: float = 0.1, screenshot: str | None = None,
-                     steps: int | None = None, window_size: tuple[int, int] | None = None,
-                     tokenize: Tokenizer | None = None, decode: Decode | None = None,
-                     tokenizer_error: str | None = None, route: str | list[int] | None = None,
-                     before_poll: Callable[[], None] | None = None) -> int:
+def run_fleet_window(
+    source: FleetSource,
+    interval: float = 0.1,
+    screenshot: str | None = None,
+    steps: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    tokenize: Tokenizer | None = None,
+    decode: Decode | None = None,
+    tokenizer_error: str | None = None,
+    route: str | list[int] | None = None,
+    before_poll: Callable[[], None] | None = None,
+) -> int:
     """The fleet window until it is closed (or, with ``screenshot``, until ``steps`` polls are saved); the source's
     polls must not wait (``poll_interval`` 0). ``route``: a prompt (text, or token ids) in the box from the start,
     answered as the caches change."""
@@ -372,6 +432,7 @@ def run_fleet_window(source: FleetSource, interval: float = 0.1, screenshot: str
 
 # --- the demo -----------------------------------------------------------------------------------
 
+
 def _demo(args: argparse.Namespace) -> int:
     """Four kvscope engines (one set of SmolLM2 weights, a pool each) publishing vLLM's KV events with vLLM's
     sha256_cbor hashes, watched as a fleet: chats sharing a system prompt sent round robin to a, b and c (so the
@@ -389,8 +450,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     config = EngineConfig(num_gpu_blocks=args.demo_blocks, block_size=16, max_num_seqs=2, hash_algo="sha256_cbor")
     first = LLMEngine(config)
-    engines = [first] + [LLMEngine.from_model(first.runner.model, first.tokenizer, config, name=first.model_name)
-                         for _ in range(3)]
+    engines = [first] + [
+        LLMEngine.from_model(first.runner.model, first.tokenizer, config, name=first.model_name) for _ in range(3)
+    ]
     sessions, pubs = [], []
     for e in engines:
         s = LiveSource(e)
@@ -399,21 +461,38 @@ def _demo(args: argparse.Namespace) -> int:
         sessions.append(s)
         pubs.append(pub)
     bpb = first.runner.block_bytes
-    spec = FleetSpec(tuple(InstanceSpec(name, connectable(p.endpoint), connectable(p.replay_endpoint),
-                                        bytes_per_block=bpb, hash_algo="sha256_cbor", hash_seed=seed_from_env())
-                           for name, p in zip("abcd", pubs)), "demo: four kvscope engines")
+    spec = FleetSpec(
+        tuple(
+            InstanceSpec(
+                name,
+                connectable(p.endpoint),
+                connectable(p.replay_endpoint),
+                bytes_per_block=bpb,
+                hash_algo="sha256_cbor",
+                hash_seed=seed_from_env(),
+            )
+            for name, p in zip("abcd", pubs)
+        ),
+        "demo: four kvscope engines",
+    )
     source = FleetSource(spec, poll_interval=0.0)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     asked = [0]
-    others = ["Write a haiku about a disk scheduler.", "List three uses of a bloom filter.",
-              "Explain a TCP handshake to a child.", "Why do B-trees have a high fan-out?"]
+    others = [
+        "Write a haiku about a disk scheduler.",
+        "List three uses of a bloom filter.",
+        "Explain a TCP handshake to a child.",
+        "Why do B-trees have a high fan-out?",
+    ]
     gone_at = args.steps - 25 if args.steps else 120
     polls = [0]
 
     def chat(i: int) -> str:  # the system prompt, then a question long enough to fill blocks of its own
-        return (f"{SYSTEM_PROMPT}\n\nQuestion {i}: {QUESTIONS[i % len(QUESTIONS)]} Please answer for a first-year "
-                f"student, with one small example from a real operating system, and say which textbook chapter "
-                f"covers it.")
+        return (
+            f"{SYSTEM_PROMPT}\n\nQuestion {i}: {QUESTIONS[i % len(QUESTIONS)]} Please answer for a first-year "
+            f"student, with one small example from a real operating system, and say which textbook chapter "
+            f"covers it."
+        )
 
     def step() -> None:
         poll = polls[0]
@@ -433,10 +512,17 @@ def _demo(args: argparse.Namespace) -> int:
 
     tok = first.tokenizer
     try:
-        return run_fleet_window(source, interval=0.05, screenshot=args.screenshot, steps=args.steps,
-                                window_size=args.window_size, tokenize=lambda t: list(tok.encode(t)),
-                                decode=tok.decode, route=chat(13),
-                                before_poll=step)
+        return run_fleet_window(
+            source,
+            interval=0.05,
+            screenshot=args.screenshot,
+            steps=args.steps,
+            window_size=args.window_size,
+            tokenize=lambda t: list(tok.encode(t)),
+            decode=tok.decode,
+            route=chat(13),
+            before_poll=step,
+        )
     finally:
         for s in sessions:
             s.close()
@@ -446,11 +532,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from kvscope.arg_types import positive_int, window_size
-    p = argparse.ArgumentParser(prog="python -m kvscope.ui.views.fleet_view",
-                                description="The fleet window over four kvscope engines in this process (--demo).")
+
+    p = argparse.ArgumentParser(
+        prog="python -m kvscope.ui.views.fleet_view",
+        description="The fleet window over four kvscope engines in this process (--demo).",
+    )
     p.add_argument("--demo", action="store_true", help="run four kvscope engines here and watch them as a fleet")
-    p.add_argument("--demo-blocks", type=positive_int, default=16, help="each engine's pool, in blocks (small: "
-                   "they evict)")
+    p.add_argument(
+        "--demo-blocks", type=positive_int, default=16, help="each engine's pool, in blocks (small: they evict)"
+    )
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG after --steps polls and exit")
     p.add_argument("--steps", type=positive_int, default=None)
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH", help="e.g. 1280x720")
@@ -459,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --demo (a real fleet: kvscope --fleet FILE, or several --attach)")
     if args.screenshot:
         import os
+
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     return _demo(args)
 

@@ -5,6 +5,7 @@ Each request is a row of slots: used (its tokens' KV), wasted (the rest of its l
 contiguous layout's slots past its tokens). The layout this run's engine really uses is marked, and its
 pool's own counts (physical blocks, counted once) are printed under the figure.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, Qt
@@ -34,8 +35,9 @@ class FragmentationCanvas(QWidget):
         self.running = "paged"
         self.bars_bottom = 0.0  # the lowest bar drawn, in the canvas's pixels, last paint (a test reads it)
 
-    def set_layouts(self, pair: tuple[Layout, Layout] | None, max_model_len: int, block_size: int,
-                    running: str) -> None:
+    def set_layouts(
+        self, pair: tuple[Layout, Layout] | None, max_model_len: int, block_size: int, running: str
+    ) -> None:
         self.pair, self.max_model_len, self.block_size, self.running = pair, max_model_len, block_size, running
         # tall enough for its two header lines and every row at a readable height: where the panel is smaller
         # (1.5x text at 1280x720) it scrolls, instead of the legend under it being laid over the bars
@@ -50,8 +52,11 @@ class FragmentationCanvas(QWidget):
         qp.fillRect(self.rect(), QColor(*palette.BACKGROUND))
         qp.setPen(TEXT)
         if not self.pair or not self.pair[0].rows:
-            qp.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter,
-                        "no request holds KV yet: inject a request or step the scenario")
+            qp.drawText(
+                self.rect(),
+                Qt.AlignmentFlag.AlignCenter,
+                "no request holds KV yet: inject a request or step the scenario",
+            )
             return
         gap, label_w = 16, 46
         half = (self.width() - gap) / 2
@@ -65,12 +70,14 @@ class FragmentationCanvas(QWidget):
         qp.setFont(font)
         mark = "  ← this run's engine" if layout.name == self.running else ""
         line = qp.fontMetrics().height() + 2  # the font's own height: a fixed 18 px cut larger text top and bottom
-        qp.drawText(QRectF(area.x(), area.y() + 2, area.width(), line), Qt.AlignmentFlag.AlignLeft,
-                    f"{layout.name}{mark}")
+        qp.drawText(
+            QRectF(area.x(), area.y() + 2, area.width(), line), Qt.AlignmentFlag.AlignLeft, f"{layout.name}{mark}"
+        )
         font.setBold(False)
         qp.setFont(font)
-        qp.drawText(QRectF(area.x(), area.y() + 2 + line, area.width(), line), Qt.AlignmentFlag.AlignLeft,
-                    layout.header())
+        qp.drawText(
+            QRectF(area.x(), area.y() + 2 + line, area.width(), line), Qt.AlignmentFlag.AlignLeft, layout.header()
+        )
         rows = layout.rows[:MAX_ROWS]
         top = area.y() + 6 + 2 * line
         row_h = max(6.0, min(22.0, (area.height() - top - 4) / max(len(rows), 1) - 3))
@@ -78,8 +85,11 @@ class FragmentationCanvas(QWidget):
         for i, r in enumerate(rows):
             y = top + i * (row_h + 3)
             qp.setPen(TEXT)
-            qp.drawText(QRectF(area.x(), y, label_w - 4, row_h), Qt.AlignmentFlag.AlignRight
-                        | Qt.AlignmentFlag.AlignVCenter, r.request_id[:6])
+            qp.drawText(
+                QRectF(area.x(), y, label_w - 4, row_h),
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                r.request_id[:6],
+            )
             x = area.x() + label_w
             for kind, n in (("used", r.used), ("wasted", r.wasted), ("reserved", r.reserved)):
                 if n:
@@ -96,8 +106,11 @@ class FragmentationCanvas(QWidget):
                     bx += block_w
         if len(layout.rows) > MAX_ROWS:
             qp.setPen(TEXT)
-            qp.drawText(QRectF(area.x(), top + MAX_ROWS * (row_h + 3), area.width(), 16),
-                        Qt.AlignmentFlag.AlignLeft, f"+ {len(layout.rows) - MAX_ROWS} more request(s)")
+            qp.drawText(
+                QRectF(area.x(), top + MAX_ROWS * (row_h + 3), area.width(), 16),
+                Qt.AlignmentFlag.AlignLeft,
+                f"+ {len(layout.rows) - MAX_ROWS} more request(s)",
+            )
 
 
 class FragmentationView(QWidget):
@@ -106,7 +119,9 @@ class FragmentationView(QWidget):
         self.canvas = FragmentationCanvas()
         legend = " ".join(
             f"<span style='background:{palette.hex_colour(c.colour)}'>&nbsp;&nbsp;&nbsp;&nbsp;</span> "
-            f"<b>{c.name}</b>: {c.meaning}&nbsp;&nbsp;" for c in palette.FRAGMENTS.values())
+            f"<b>{c.name}</b>: {c.meaning}&nbsp;&nbsp;"
+            for c in palette.FRAGMENTS.values()
+        )
         self.legend = QLabel(legend)
         self.legend.setWordWrap(True)
         self.pool_label = QLabel("")

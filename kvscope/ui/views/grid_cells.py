@@ -1,5 +1,6 @@
 """The block grid's arithmetic, with no Qt: a state array into colour codes and a 2-D grid, the level of detail
 for a zoom, downsampling for the overview (``block_grid`` draws what this computes; tests check it alone)."""
+
 from __future__ import annotations
 
 import enum
@@ -33,8 +34,6 @@ SLOT_MIN_WIDTH_PX = 60.0  # ... and this width
 MAX_TEXT_CELLS = 2500  # never paint text for more cells than this, however the view is sized
 OVERVIEW_TEXELS = 256  # the overview image is at most this many texels a side (downsampled by priority)
 MIN_FIT_CELLS = 4  # "fit used blocks" frames at least this many cells a side
-
-
 
 
 def slot_layout(block_size: int) -> tuple[int, int]:
@@ -108,7 +107,7 @@ def cpu_codes_for(snap: KVSnapshot, mode: str) -> tuple[np.ndarray, np.ndarray]:
 def to_grid(codes: np.ndarray, pad_code: int) -> np.ndarray:
     rows, cols = grid_shape(len(codes))
     grid = np.full(rows * cols, pad_code, dtype=np.uint8)
-    grid[:len(codes)] = codes
+    grid[: len(codes)] = codes
     grid = grid.reshape(rows, cols)
     grid.flags.writeable = False  # ImageItem reads lazily at paint time: never mutate a shown array
     return grid

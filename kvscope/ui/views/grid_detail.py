@@ -1,4 +1,5 @@
 """What the grid's detail view paints over its image for the visible cells: borders, labels, slots as text."""
+
 from __future__ import annotations
 
 import pyqtgraph as pg
@@ -137,14 +138,28 @@ class _DetailLayer(pg.GraphicsObject):
         colours = {}
         for code, c in enumerate(v.lut):
             c = tuple(int(x) for x in c)
-            colours[code] = (QColor(*c), QColor(*text_on(c)), _mix(c, (255, 255, 255), 0.35),
-                             _mix(c, (0, 0, 0), 0.55), _mix(c, (255, 255, 255), 0.6))
+            colours[code] = (
+                QColor(*c),
+                QColor(*text_on(c)),
+                _mix(c, (255, 255, 255), 0.35),
+                _mix(c, (0, 0, 0), 0.55),
+                _mix(c, (255, 255, 255), 0.6),
+            )
         width = rect.width() - 2 * pad
         readable = self._readable(font.pixelSize())
-        self._style = {"fm": fm, "pad": pad, "text": readable, "long_ref": width > fm.horizontalAdvance("ref 00"),
-                       "fill_text": width > fm.horizontalAdvance("00/00") * 1.6, "cpu_owner": cpu_owner,
-                       "colours": colours, "ids_fit": fm.horizontalAdvance(f"#{max(v.num_cells() - 1, 0)}") <= width,
-                       "ascent": fm.ascent(), "line": fm.height(), "descent": fm.descent()}
+        self._style = {
+            "fm": fm,
+            "pad": pad,
+            "text": readable,
+            "long_ref": width > fm.horizontalAdvance("ref 00"),
+            "fill_text": width > fm.horizontalAdvance("00/00") * 1.6,
+            "cpu_owner": cpu_owner,
+            "colours": colours,
+            "ids_fit": fm.horizontalAdvance(f"#{max(v.num_cells() - 1, 0)}") <= width,
+            "ascent": fm.ascent(),
+            "line": fm.height(),
+            "descent": fm.descent(),
+        }
 
     def _paint_label(self, p, rect: QRectF, b: int) -> None:
         v, s, st = self.view, self.view.snapshot, self._style
@@ -215,10 +230,11 @@ class _DetailLayer(pg.GraphicsObject):
             right = f"ref {ref}" if ref else palette.STATES[BlockState(int(s.state[b]))].name
         header = QRectF(rect.left() + 3, rect.top(), rect.width() - 6, row_h)
         p.drawText(header, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, right)
-        p.drawText(header.adjusted(0, 0, -fm.horizontalAdvance(right) - 4, 0),
-                   Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                   fm.elidedText(f"#{b}", Qt.TextElideMode.ElideRight,
-                                 int(header.width() - fm.horizontalAdvance(right) - 4)))
+        p.drawText(
+            header.adjusted(0, 0, -fm.horizontalAdvance(right) - 4, 0),
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            fm.elidedText(f"#{b}", Qt.TextElideMode.ElideRight, int(header.width() - fm.horizontalAdvance(right) - 4)),
+        )
         toks = v.block_tokens().of(b)
         labels = [v.decoder.label(t) for t in toks]
         self.texts[b] = [f"#{b}", right] + labels
@@ -227,10 +243,13 @@ class _DetailLayer(pg.GraphicsObject):
         for i in range(s.block_size):
             rr, cc = i % rows, i // rows
             sr = QRectF(rect.left() + 2 + cc * slot_w, rect.top() + row_h * (rr + 1), slot_w, row_h).adjusted(
-                1, 1, -1, -1)
+                1, 1, -1, -1
+            )
             p.fillRect(sr, full if i < len(toks) else empty)
             if i < len(toks):
                 p.setPen(QColor(0, 0, 0))
-                p.drawText(sr.adjusted(3, 0, -2, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                           fm.elidedText(labels[i], Qt.TextElideMode.ElideRight,
-                                         int(sr.width() - 5)))
+                p.drawText(
+                    sr.adjusted(3, 0, -2, 0),
+                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                    fm.elidedText(labels[i], Qt.TextElideMode.ElideRight, int(sr.width() - 5)),
+                )

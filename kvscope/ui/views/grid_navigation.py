@@ -1,5 +1,6 @@
 """The grid's navigation: zoom, pan, fit, keys, and which detail the zoom shows. A mixin of ``BlockGridView``
 (it reads the view's plot, image size and block size), kept apart from what the view draws."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,16 @@ class GridNavigation:
         vb = self.plot.getViewBox()
         rows, cols = shape
         span = max(rows, cols)
-        vb.setLimits(minXRange=1.0, minYRange=1.0, maxXRange=4 * span + 4, maxYRange=4 * span + 4,
-                     xMin=-span - 1, xMax=cols + span + 1, yMin=-span - 1, yMax=rows + span + 1)
+        vb.setLimits(
+            minXRange=1.0,
+            minYRange=1.0,
+            maxXRange=4 * span + 4,
+            maxYRange=4 * span + 4,
+            xMin=-span - 1,
+            xMax=cols + span + 1,
+            yMin=-span - 1,
+            yMax=rows + span + 1,
+        )
         if shape != self._shape:  # a new pool: open framed on the blocks in use
             self._shape = shape
             self.auto_fit = True
@@ -49,7 +58,7 @@ class GridNavigation:
             return QRectF(0, 0, cols, rows)  # the whole pool is readable at once: frame it all (nothing cut off)
         state = s.cpu_state if self.cpu else s.state
         mask = np.zeros(rows * cols, bool)
-        mask[:len(state)] = state != BlockState.FREE
+        mask[: len(state)] = state != BlockState.FREE
         if not mask.any():
             head = np.asarray(s.free_queue[:16] if not self.cpu else (), np.int64)
             mask[head if len(head) else np.arange(min(16, len(state)))] = True
@@ -107,8 +116,12 @@ class GridNavigation:
     def thresholds(self) -> dict[DetailLevel, float]:
         """Pixels per cell at which each level starts (the slot level depends on the block size)."""
         bs = self.snapshot.block_size if self.snapshot is not None else 16
-        return {DetailLevel.CELLS: 0.0, DetailLevel.BORDERS: BORDER_PX, DetailLevel.LABELS: LABEL_PX,
-                DetailLevel.SLOTS: slots_px(bs)}
+        return {
+            DetailLevel.CELLS: 0.0,
+            DetailLevel.BORDERS: BORDER_PX,
+            DetailLevel.LABELS: LABEL_PX,
+            DetailLevel.SLOTS: slots_px(bs),
+        }
 
     def zoom_to(self, px_per_cell: float, centre: QPointF | None = None) -> None:
         """Set the zoom so that one cell is ``px_per_cell`` pixels wide (centred on ``centre``, grid units)."""
@@ -116,8 +129,9 @@ class GridNavigation:
         if centre is None:
             centre = vb.viewRect().center()
         w, h = vb.width() / px_per_cell, vb.height() / px_per_cell
-        vb.setRange(xRange=(centre.x() - w / 2, centre.x() + w / 2),
-                    yRange=(centre.y() - h / 2, centre.y() + h / 2), padding=0)
+        vb.setRange(
+            xRange=(centre.x() - w / 2, centre.x() + w / 2), yRange=(centre.y() - h / 2, centre.y() + h / 2), padding=0
+        )
 
     def zoom_by(self, factor: float) -> None:
         """Zoom in (factor > 1) or out around the view's centre."""
@@ -144,8 +158,12 @@ class GridNavigation:
             return 0, 0, 0, 0
         rows, cols = self.grid.shape
         r = self.plot.getViewBox().viewRect()
-        return (max(0, math.floor(r.top())), min(rows, math.ceil(r.bottom())),
-                max(0, math.floor(r.left())), min(cols, math.ceil(r.right())))
+        return (
+            max(0, math.floor(r.top())),
+            min(rows, math.ceil(r.bottom())),
+            max(0, math.floor(r.left())),
+            min(cols, math.ceil(r.right())),
+        )
 
     def handle_key(self, key: int, text: str = "") -> bool:
         """Keyboard zoom and pan; True when the key was one of ours."""
@@ -204,10 +222,19 @@ class GridNavigation:
         if self.grid is None:
             return
         px, level = self.pixels_per_cell(), self._level
-        names = {DetailLevel.CELLS: "cells", DetailLevel.BORDERS: "borders", DetailLevel.LABELS: "ids, ref, fill",
-                 DetailLevel.SLOTS: "slots + tokens"}
-        self.zoom_label.setText(f"{px:.0f} px/block · {names[level]}" if px >= 1 else
-                                f"{1 / px:.1f} blocks/px · {names[level]}" if px > 0 else "")
+        names = {
+            DetailLevel.CELLS: "cells",
+            DetailLevel.BORDERS: "borders",
+            DetailLevel.LABELS: "ids, ref, fill",
+            DetailLevel.SLOTS: "slots + tokens",
+        }
+        self.zoom_label.setText(
+            f"{px:.0f} px/block · {names[level]}"
+            if px >= 1
+            else f"{1 / px:.1f} blocks/px · {names[level]}"
+            if px > 0
+            else ""
+        )
         self.overview.set_frame(self.plot.getViewBox().viewRect())
         self._highlight_style()
         self.layer.update()

@@ -1,4 +1,5 @@
 """The grid's overview: the whole pool downsampled into one small image, with the detail view's frame on it."""
+
 from __future__ import annotations
 
 import math

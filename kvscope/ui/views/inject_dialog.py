@@ -4,6 +4,7 @@ A preset fills the prompt box; editing the text afterwards turns it into a custo
 edited text is what is injected). ``has_tokenizer=False`` (a model without a tokenizer) starts in
 the token-ids mode and says so; token ids are integers separated by commas or spaces.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,9 @@ def parse_token_ids(text: str, vocab_size: int | None = None) -> list[int]:
 
 
 class InjectDialog(QDialog):
-    def __init__(self, parent: QWidget | None = None, settings=None, has_tokenizer: bool = True,
-                 vocab_size: int | None = None) -> None:
+    def __init__(
+        self, parent: QWidget | None = None, settings=None, has_tokenizer: bool = True, vocab_size: int | None = None
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Inject request")
         self.settings = settings
@@ -134,8 +136,9 @@ class InjectDialog(QDialog):
 
     def _on_ids_mode(self, on: bool) -> None:
         self.as_chat.setEnabled(not on and self.has_tokenizer)
-        self.prompt.setPlaceholderText("token ids, e.g. 1, 5, 9" if on else
-                                       "prompt text (or a user message when 'as chat' is on)")
+        self.prompt.setPlaceholderText(
+            "token ids, e.g. 1, 5, 9" if on else "prompt text (or a user message when 'as chat' is on)"
+        )
         if on and self._preset_prompts is not None:
             self._preset_prompts = self._preset_text = None
             self.preset.blockSignals(True)
@@ -145,9 +148,14 @@ class InjectDialog(QDialog):
     def params(self) -> SamplingParams:
         seed = self.seed.value()
         beam = self.beam_width.value()
-        return SamplingParams(max_tokens=self.max_tokens.value(), temperature=self.temperature.value(),
-                              n=self.n.value(), seed=None if seed < 0 else seed,
-                              use_beam_search=beam > 0, beam_width=max(beam, 1))
+        return SamplingParams(
+            max_tokens=self.max_tokens.value(),
+            temperature=self.temperature.value(),
+            n=self.n.value(),
+            seed=None if seed < 0 else seed,
+            use_beam_search=beam > 0,
+            beam_width=max(beam, 1),
+        )
 
     def specs(self) -> list[InjectSpec]:
         """The requests to inject (raises ValueError on bad settings)."""
@@ -170,8 +178,12 @@ class InjectDialog(QDialog):
     def _save(self) -> None:
         if self.settings is None:
             return
-        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed),
-                       ("beam_width", self.beam_width)):
+        for key, w in (
+            ("max_tokens", self.max_tokens),
+            ("n", self.n),
+            ("seed", self.seed),
+            ("beam_width", self.beam_width),
+        ):
             self.settings.setValue(f"inject/{key}", w.value())
         self.settings.setValue("inject/temperature", self.temperature.value())
         self.settings.setValue("inject/as_chat", self.as_chat.isChecked())
@@ -181,8 +193,12 @@ class InjectDialog(QDialog):
     def _restore(self) -> None:
         if self.settings is None:
             return
-        for key, w in (("max_tokens", self.max_tokens), ("n", self.n), ("seed", self.seed),
-                       ("beam_width", self.beam_width)):
+        for key, w in (
+            ("max_tokens", self.max_tokens),
+            ("n", self.n),
+            ("seed", self.seed),
+            ("beam_width", self.beam_width),
+        ):
             v = self.settings.value(f"inject/{key}")
             if v is not None:
                 w.setValue(int(v))

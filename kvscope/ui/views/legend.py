@@ -3,6 +3,7 @@
 It follows the colour mode (state, owner, ref count, age) and the snapshot; the classes and counts
 come from ``kvscope.ui.palette.legend_entries``, the same function the grid's colours agree with.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,12 @@ from engine.inspect.snapshot import KVSnapshot
 from kvscope.ui.palette import RGB, LegendEntry, legend_entries
 
 SWATCH = 14
-TITLES = {"state": "colour = block state", "owner": "colour = owning request",
-          "ref count": "colour = ref count", "age": "colour = age (steps since last use)"}
+TITLES = {
+    "state": "colour = block state",
+    "owner": "colour = owning request",
+    "ref count": "colour = ref count",
+    "age": "colour = age (steps since last use)",
+}
 
 
 def swatch(colours: tuple[RGB, ...], size: int = SWATCH) -> QPixmap:
@@ -65,7 +70,6 @@ class LegendView(QWidget):
         self._widgets: list[tuple[QLabel, QLabel, QLabel, QLabel]] = []  # one row of widgets per entry
         self._names: list[tuple] = []  # what each row shows now
 
-
     def set_meanings_shown(self, on: bool) -> None:
         """The grey line under each state (the side panel turns it off where the rows would not all fit)."""
         if on != self.show_meanings:
@@ -85,8 +89,9 @@ class LegendView(QWidget):
         self.title.setText(TITLES.get(mode, mode))
         self._refresh()
 
-    def set_snapshot(self, snap: KVSnapshot | None, leaked: np.ndarray | None = None,
-                     flag_name: str | None = None) -> None:
+    def set_snapshot(
+        self, snap: KVSnapshot | None, leaked: np.ndarray | None = None, flag_name: str | None = None
+    ) -> None:
         """``leaked``: the blocks the audit flagged; ``flag_name``: what is wrong with them (their kinds)."""
         self.snapshot, self.leaked, self.flag_name = snap, leaked, flag_name
         self._refresh()
@@ -100,8 +105,7 @@ class LegendView(QWidget):
             self.entries = []
             self.step_label.setText("")
         else:
-            self.entries = legend_entries(self.snapshot, self.mode, self.leaked, cpu=self.cpu,
-                                          flag_name=self.flag_name)
+            self.entries = legend_entries(self.snapshot, self.mode, self.leaked, cpu=self.cpu, flag_name=self.flag_name)
             n = len(self.snapshot.cpu_state) if self.cpu else self.snapshot.num_blocks
             self.step_label.setText(f"step {self.snapshot.step} · {n:,} blocks")
         self._show_rows()
@@ -127,7 +131,7 @@ class LegendView(QWidget):
         for i, e in enumerate(self.entries):
             sw, name, count, meaning = self._row(i)
             key = (e.name, e.colours, e.meaning, meanings)
-            if self._names[i:i + 1] != [key]:
+            if self._names[i : i + 1] != [key]:
                 sw.setPixmap(swatch(e.colours))
                 name.setText(e.name)
                 meaning.setText(f"<small style='color:#8a93a5'>{e.meaning}</small>")
@@ -141,6 +145,6 @@ class LegendView(QWidget):
             for w in (sw, name, count):
                 w.setVisible(True)
             meaning.setVisible(meanings and bool(e.meaning))
-        for sw, name, count, meaning in self._widgets[len(self.entries):]:
+        for sw, name, count, meaning in self._widgets[len(self.entries) :]:
             for w in (sw, name, count, meaning):
                 w.setVisible(False)

@@ -14,6 +14,7 @@ split into all output and decode, so a prefix-cache hit that shortens the first 
 shows as what it is; and "memory vs pool" on a log axis, the pool's fixed size and its use against
 what the device (or, on a CPU, the machine) still has free.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,17 +36,33 @@ CURVES = {  # plot title -> series, four plots a row
     "requests": ["running", "waiting", "swapped"],
     "tokens / s": ["tokens_per_s", "decode_tokens_per_s"],
     "time to first token (ms)": ["ttft"],
-    "memory vs pool (MiB, log)": ["pool_bytes", "pool_used", "device_free", "process_rss", "nvml_used",
-                                        "torch_allocated", "torch_reserved"],
+    "memory vs pool (MiB, log)": [
+        "pool_bytes",
+        "pool_used",
+        "device_free",
+        "process_rss",
+        "nvml_used",
+        "torch_allocated",
+        "torch_reserved",
+    ],
 }
 MEMORY_PLOT = "memory vs pool (MiB, log)"
 MIB = {"process_rss", "nvml_used", "torch_allocated", "torch_reserved", "device_free"}
 COLUMNS = 4
 MIN_PLOT_H = 100  # px at text scale 1: below it tick labels overlap; the panel scrolls instead (1280x720)
-LABELS = {"cached": "cached", "hit_rate": "hit rate", "tokens_per_s": "all output",
-          "decode_tokens_per_s": "decode only", "pool_bytes": "KV pool",
-          "pool_used": "in use", "device_free": "device free", "process_rss": "process",
-          "nvml_used": "GPU used (nvml)", "torch_allocated": "torch allocated", "torch_reserved": "torch reserved"}
+LABELS = {
+    "cached": "cached",
+    "hit_rate": "hit rate",
+    "tokens_per_s": "all output",
+    "decode_tokens_per_s": "decode only",
+    "pool_bytes": "KV pool",
+    "pool_used": "in use",
+    "device_free": "device free",
+    "process_rss": "process",
+    "nvml_used": "GPU used (nvml)",
+    "torch_allocated": "torch allocated",
+    "torch_reserved": "torch reserved",
+}
 HIDDEN_EVERY_S = 1.0  # plots behind another tab are redrawn at most this often once their series are long
 LONG = 5_000  # steps: a redraw copies every series (a long served run: megabytes a frame)
 FULL = 0.95  # a pool this full (at some step of the last RECENT), with requests preempted or waiting, is exhausted
@@ -57,16 +74,20 @@ def pool_story(usage: float, waiting: int, preemptions: int, pool_bytes: int, de
     pool = f"KV pool {pool_bytes / 2**20:,.1f} MiB, {usage:.0%} in use at its fullest of the last {RECENT} steps"
     free = f" · device free {device_free / 2**30:,.1f} GiB" if device_free else ""
     if usage >= FULL and (waiting or preemptions) and device_free and device_free > pool_bytes:
-        return (f"{pool}{free}: the pool is exhausted while the device has memory free. Its size was fixed at "
-                f"start-up: raise --num-gpu-blocks or --gpu-memory-utilization, or hold less in the prefix cache")
+        return (
+            f"{pool}{free}: the pool is exhausted while the device has memory free. Its size was fixed at "
+            f"start-up: raise --num-gpu-blocks or --gpu-memory-utilization, or hold less in the prefix cache"
+        )
     return pool + free
 
 
 def reach_text(history: RunHistory) -> str:
     """Where the plots (the timeline's series) begin, once the timeline's bounds have dropped older steps."""
     first = history.reach[0] if history.reach else 0
-    return (f"plots from step {first:,} ({history.dropped_steps:,} older steps dropped: "
-            f"{timeline_text(history.budget_bytes, history.max_requests)})")
+    return (
+        f"plots from step {first:,} ({history.dropped_steps:,} older steps dropped: "
+        f"{timeline_text(history.budget_bytes, history.max_requests)})"
+    )
 
 
 class PlotsPanel(QWidget):
@@ -100,16 +121,18 @@ class PlotsPanel(QWidget):
             for name in series:
                 colour = SERIES_COLOURS[name]
                 if name == "ttft":  # one point a request, not a line
-                    item = p.plot([], [], pen=None, symbol="o", symbolSize=7, symbolBrush=colour,
-                                  symbolPen=None)
+                    item = p.plot([], [], pen=None, symbol="o", symbolSize=7, symbolBrush=colour, symbolPen=None)
                 else:
                     width = 3 if name == "pool_bytes" else 2
                     item = p.plot([], [], pen=pg.mkPen(colour, width=width))
                 if len(series) > 1:
                     self.in_legend.add(name)
                 self.curves[name] = item
-            line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen((255, 255, 255, 150), width=1,
-                                                                           style=pg.QtCore.Qt.PenStyle.DashLine))
+            line = pg.InfiniteLine(
+                angle=90,
+                movable=False,
+                pen=pg.mkPen((255, 255, 255, 150), width=1, style=pg.QtCore.Qt.PenStyle.DashLine),
+            )
             line.setVisible(False)
             p.addItem(line, ignoreBounds=True)
             if self.plots:
@@ -152,9 +175,12 @@ class PlotsPanel(QWidget):
         scale = self._scale
         text = title
         if len(names) > 1:
-            labels = [f"<span style='color: {_hex(SERIES_COLOURS[n])}'>\u2501 {LABELS.get(n, n)}</span>"
-                      for n in names if n in self.in_legend]
-            lines = [" &nbsp; ".join(labels[k:k + 3]) for k in range(0, len(labels), 3)]  # 3 fit a quarter of 1280
+            labels = [
+                f"<span style='color: {_hex(SERIES_COLOURS[n])}'>\u2501 {LABELS.get(n, n)}</span>"
+                for n in names
+                if n in self.in_legend
+            ]
+            lines = [" &nbsp; ".join(labels[k : k + 3]) for k in range(0, len(labels), 3)]  # 3 fit a quarter of 1280
             text += "".join(f"<br><span style='font-size: {8.5 * scale:.1f}pt'>{line}</span>" for line in lines)
         self.plots[i].setTitle(text, size=f"{10 * scale:.1f}pt")
 
@@ -176,8 +202,9 @@ class PlotsPanel(QWidget):
             return
         self.layout_widget.ci.layout.activate()
         box = self.plots[i].mapRectToScene(self.plots[i].boundingRect())
-        self.scroll.ensureVisible(int(box.center().x()), int(box.center().y()), int(box.width() / 2),
-                                  int(box.height() / 2))
+        self.scroll.ensureVisible(
+            int(box.center().x()), int(box.center().y()), int(box.width() / 2), int(box.height() / 2)
+        )
 
     def set_pool(self, block_bytes: int) -> None:
         self.block_bytes = block_bytes
@@ -196,8 +223,11 @@ class PlotsPanel(QWidget):
         if name in ("pool_bytes", "pool_used"):
             if not self.block_bytes or "free" not in s:
                 return None
-            blocks = np.asarray(s["used"]) if name == "pool_used" else \
-                np.asarray(s["free"]) + np.asarray(s["cached"]) + np.asarray(s["used"])
+            blocks = (
+                np.asarray(s["used"])
+                if name == "pool_used"
+                else np.asarray(s["free"]) + np.asarray(s["cached"]) + np.asarray(s["used"])
+            )
             return blocks * (self.block_bytes / 2**20)
         ys = s.get(name)
         if ys is None:
@@ -209,8 +239,7 @@ class PlotsPanel(QWidget):
         """Draw the history's series. Plots no one can see (another tab in front) with long series are
         redrawn at most every ``HIDDEN_EVERY_S``, and at once when they are shown."""
         self._pending = (history, memory)
-        if not self.isVisible() and len(history.steps) > LONG \
-                and time.monotonic() - self._drawn_at < HIDDEN_EVERY_S:
+        if not self.isVisible() and len(history.steps) > LONG and time.monotonic() - self._drawn_at < HIDDEN_EVERY_S:
             return
         self._draw(history, memory)
 
@@ -242,8 +271,9 @@ class PlotsPanel(QWidget):
             if name == "evictions_per_s":  # from 0 (none yet reads as a flat line at the bottom, not at the middle)
                 curve.getViewBox().setYRange(0, max(float(ys.max()) if len(ys) else 0.0, 1.0) * 1.15)
         self.memory_label.setText(self.memory_text(history, memory))
-        tip = ("the plots reach as far back as the timeline: "
-               + timeline_text(history.budget_bytes, history.max_requests))
+        tip = "the plots reach as far back as the timeline: " + timeline_text(
+            history.budget_bytes, history.max_requests
+        )
         if self.memory_label.toolTip() != tip:  # the window's own bounds (--timeline-mib, --timeline-requests)
             self.memory_label.setToolTip(tip)
 
@@ -254,17 +284,27 @@ class PlotsPanel(QWidget):
             total = s["free"][-1] + s["cached"][-1] + s["used"][-1]
             usage = max(s["used"][-RECENT:]) / total if total else 0.0
             c = history.counters_at(history.steps[-1])
-            parts.append(pool_story(usage, int(s["waiting"][-1]), int(c.get("num_preemptions", 0)),
-                                    int(total * self.block_bytes), getattr(memory, "device_free", None)))
+            parts.append(
+                pool_story(
+                    usage,
+                    int(s["waiting"][-1]),
+                    int(c.get("num_preemptions", 0)),
+                    int(total * self.block_bytes),
+                    getattr(memory, "device_free", None),
+                )
+            )
         if memory is not None:
             if memory.nvml_total:
-                parts.append(f"{memory.nvml_status}: {memory.nvml_used / 2**30:.2f} / "
-                             f"{memory.nvml_total / 2**30:.2f} GiB")
+                parts.append(
+                    f"{memory.nvml_status}: {memory.nvml_used / 2**30:.2f} / {memory.nvml_total / 2**30:.2f} GiB"
+                )
             else:
                 parts.append(memory.nvml_status)
             if memory.torch_allocated is not None:
-                parts.append(f"torch allocated {memory.torch_allocated / 2**30:.2f} GiB, "
-                             f"reserved {memory.torch_reserved / 2**30:.2f} GiB")
+                parts.append(
+                    f"torch allocated {memory.torch_allocated / 2**30:.2f} GiB, "
+                    f"reserved {memory.torch_reserved / 2**30:.2f} GiB"
+                )
             parts.append(f"process {memory.process_rss / 2**20:.0f} MiB")
         _, seconds = history.ttft_arrays()
         if len(seconds):

@@ -17,6 +17,7 @@ the ``Source`` interface (``has_work``, ``step``: one poll, ``info``, ``close``)
 attaches to an engine, or (``--demo``) to a kvscope publishing the shared-system-prompt
 requests on the embedded SmolLM2 in the same process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -162,8 +163,10 @@ class PrefixForestView(QWidget):
             self.labels.append(t)
         orphans = sum(n.orphan for n in lay.nodes)
         more = f" (showing {snap.shown} of {snap.total_blocks})" if snap.truncated else ""
-        self.info.setText(f"{snap.total_blocks} cached blocks in {len(lay.bands)} tier(s){more}; "
-                          f"{orphans} orphan(s) outlined red: their parent block is not cached")
+        self.info.setText(
+            f"{snap.total_blocks} cached blocks in {len(lay.bands)} tier(s){more}; "
+            f"{orphans} orphan(s) outlined red: their parent block is not cached"
+        )
 
     # -- queries (tests, hover) -------------------------------------------------------------
     def node_count(self) -> int:
@@ -263,15 +266,19 @@ class AttachPanel(QWidget):
             line.setValue(rec.t)
         self.events.set_max_step(None if live else rec.tick)
         c = rec.counters
-        gaps = (f" · <span style='color:#c62828'><b>{c['gaps_unrepaired']} unrepaired gap(s), "
-                f"{c['batches_missing']} batch(es) missing</b>: the model may miss blocks</span>"
-                if c["gaps_unrepaired"] else "")
+        gaps = (
+            f" · <span style='color:#c62828'><b>{c['gaps_unrepaired']} unrepaired gap(s), "
+            f"{c['batches_missing']} batch(es) missing</b>: the model may miss blocks</span>"
+            if c["gaps_unrepaired"]
+            else ""
+        )
         self.status.setText(
             f"{'' if live else 'looking back: '}poll {rec.tick} · {rec.summary.blocks} blocks, "
             f"{rec.summary.tokens} tokens · "
             f"{c['batches']} batches ({c['batches_replayed']} replayed) · {c['gaps_repaired']} gap(s) repaired · "
             f"skipped {c['malformed_messages']} malformed, {c['unknown_event_kinds']} unknown, "
-            f"{c['bad_events']} bad{gaps}")
+            f"{c['bad_events']} bad{gaps}"
+        )
 
 
 class AttachWindow(QMainWindow):
@@ -366,8 +373,14 @@ class AttachDriver(QObject):
     ``before_poll`` runs first on each tick (the ``--demo`` steps its engine there).
     """
 
-    def __init__(self, win, interval: float, steps: int | None, screenshot: str | None,
-                 before_poll: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        win,
+        interval: float,
+        steps: int | None,
+        screenshot: str | None,
+        before_poll: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(win)
         self.win, self.steps, self.screenshot, self.before_poll = win, steps, screenshot, before_poll
         self.polls = 0
@@ -406,27 +419,41 @@ def styled_app() -> QApplication:
     return app
 
 
-def drive_window(win, interval: float, screenshot: str | None, steps: int | None,
-                 window_size: tuple[int, int] | None, before_poll: Callable[[], None] | None) -> int:
+def drive_window(
+    win,
+    interval: float,
+    screenshot: str | None,
+    steps: int | None,
+    window_size: tuple[int, int] | None,
+    before_poll: Callable[[], None] | None,
+) -> int:
     """Show ``win`` and poll its source on a timer (``AttachDriver``) until it is closed; the exit code."""
     if window_size:
         win.resize(*window_size)
-    driver = AttachDriver(win, interval, steps if steps is not None else (40 if screenshot else None), screenshot,
-                          before_poll)
+    driver = AttachDriver(
+        win, interval, steps if steps is not None else (40 if screenshot else None), screenshot, before_poll
+    )
     win.show()
     code = QApplication.instance().exec()
     dispose(win)
     return driver.exit_code or code
 
 
-def run_attach_window(source, interval: float = 0.1, screenshot: str | None = None, steps: int | None = None,
-                      decode: Decode | None = None, before_poll: Callable[[], None] | None = None,
-                      window_size: tuple[int, int] | None = None) -> int:
+def run_attach_window(
+    source,
+    interval: float = 0.1,
+    screenshot: str | None = None,
+    steps: int | None = None,
+    decode: Decode | None = None,
+    before_poll: Callable[[], None] | None = None,
+    window_size: tuple[int, int] | None = None,
+) -> int:
     styled_app()
     return drive_window(AttachWindow(source, decode), interval, screenshot, steps, window_size, before_poll)
 
 
 # --- the demo ---------------------------------------------------------------------------------
+
 
 def _demo(args: argparse.Namespace) -> int:
     """Publish from a kvscope engine (embedded SmolLM2) and attach to it, in one process."""
@@ -443,8 +470,9 @@ def _demo(args: argparse.Namespace) -> int:
     session = LiveSource(engine)
     pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 16)
     session.observers.append(KVEventsObserver(pub))
-    source = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=16,
-                                         poll_interval=0.0))
+    source = AttachedSource(
+        AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=16, poll_interval=0.0)
+    )
     params = SamplingParams(max_tokens=24, temperature=0.0)
     topics = ["a hash table", "a B-tree", "virtual memory", "a TCP handshake", "garbage collection", "an LRU cache"]
     count = [0]
@@ -453,25 +481,38 @@ def _demo(args: argparse.Namespace) -> int:
         # Two in flight: chats sharing a system prompt, and plain prompts sharing an opening.
         if len(engine.requests) < 2:
             i = count[0]
-            session.inject(shared_system_prompt(i // 2) if i % 2 == 0 else
-                           f"Explain to a first-year student, step by step and with one small example, how "
-                           f"{topics[(i // 2) % len(topics)]} works.", params)
+            session.inject(
+                shared_system_prompt(i // 2)
+                if i % 2 == 0
+                else f"Explain to a first-year student, step by step and with one small example, how "
+                f"{topics[(i // 2) % len(topics)]} works.",
+                params,
+            )
             count[0] += 1
         if session.has_work():
             session.step()
 
     try:
-        return run_attach_window(source, interval=0.05, screenshot=args.screenshot, steps=args.steps,
-                                 decode=engine.tokenizer.decode if engine.tokenizer else None, before_poll=step,
-                                 window_size=args.window_size)
+        return run_attach_window(
+            source,
+            interval=0.05,
+            screenshot=args.screenshot,
+            steps=args.steps,
+            decode=engine.tokenizer.decode if engine.tokenizer else None,
+            before_poll=step,
+            window_size=args.window_size,
+        )
     finally:
         session.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     from kvscope.arg_types import window_size
-    p = argparse.ArgumentParser(prog="python -m kvscope.ui.views.prefix_forest",
-                                description="Attach to an engine's KV events and draw its prefix forest.")
+
+    p = argparse.ArgumentParser(
+        prog="python -m kvscope.ui.views.prefix_forest",
+        description="Attach to an engine's KV events and draw its prefix forest.",
+    )
     p.add_argument("--attach", metavar="ADDR", help="PUB address, e.g. tcp://127.0.0.1:5557")
     p.add_argument("--replay-endpoint", metavar="ADDR", help="replay address, e.g. tcp://127.0.0.1:5558")
     p.add_argument("--topic", default="")
@@ -485,20 +526,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.screenshot:
         import os
+
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     if args.demo:
         return _demo(args)
     if not args.attach:
         p.error("give --attach ADDR or --demo")
     from kvscope.sources.attached import AttachConfig, AttachedSource
+
     try:
-        source = AttachedSource(AttachConfig(args.attach, args.replay_endpoint, args.topic, args.dp_size,
-                                             poll_interval=0.0))
+        source = AttachedSource(
+            AttachConfig(args.attach, args.replay_endpoint, args.topic, args.dp_size, poll_interval=0.0)
+        )
     except ValueError as e:
         print(f"kvscope: {e}", file=sys.stderr)
         return 2
-    return run_attach_window(source, interval=args.interval, screenshot=args.screenshot, steps=args.steps,
-                             window_size=args.window_size)
+    return run_attach_window(
+        source, interval=args.interval, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size
+    )
 
 
 if __name__ == "__main__":

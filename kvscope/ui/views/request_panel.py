@@ -4,6 +4,7 @@ The table shows what the engine's snapshot carries: the requests in flight and t
 ``engine.request_groups.MAX_FINISHED`` finished ones (its header's tooltip says so). A selected request
 stays selected while the rows change, and stays in the table, as it last was, after the engine lets it go.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
@@ -95,7 +96,8 @@ class RequestPanel(QWidget):
         self._size_columns()
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setToolTip(
-            f"{requests_text()}; a selected request stays in the table after the engine lets it go")
+            f"{requests_text()}; a selected request stays in the table after the engine lets it go"
+        )
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self._kept: dict[str, RequestInfo] = {}  # the selected requests, as they were last shown
         self._restoring = False
@@ -130,8 +132,15 @@ class RequestPanel(QWidget):
         """Each column as wide as its header or its widest likely value, at the current text size (Qt's
         100 px a column pushed `cached` out of a 1280x720 window's panel)."""
         fm = self.table.fontMetrics()
-        likely = {"id": "000000", "prompt": "00000", "cached": "00000", "output": "00000", "blocks": "0000",
-                  "state": "preempted: swapped out", "client": "client 00"}
+        likely = {
+            "id": "000000",
+            "prompt": "00000",
+            "cached": "00000",
+            "output": "00000",
+            "blocks": "0000",
+            "state": "preempted: swapped out",
+            "client": "client 00",
+        }
         for i, name in enumerate(self.model.HEADERS[:-1]):
             text = max(name, likely.get(name, name), key=fm.horizontalAdvance)
             self.table.setColumnWidth(i, fm.horizontalAdvance(text) + 14)
@@ -193,8 +202,11 @@ class RequestPanel(QWidget):
 
     def _show_block_table(self) -> None:
         ids = self.selected_block_ids()
-        self.caption.setText(f"block table of request {self.selected_id}: logical -> physical"
-                             if self.selected_id else "block table: select a request")
+        self.caption.setText(
+            f"block table of request {self.selected_id}: logical -> physical"
+            if self.selected_id
+            else "block table: select a request"
+        )
         self.block_table.show_table(self.snapshot, ids, self.flagged)
 
     def set_miss_text(self, text: str) -> None:
@@ -212,8 +224,12 @@ class RequestPanel(QWidget):
         its minimum hint, which counts a wrapped label as one line), the requests table the rest."""
         lay = self.lower.layout()
         width = self.lower.width() or self.width()
-        need = (self.miss_label.heightForWidth(width) + self.caption.sizeHint().height()
-                + self.block_table.height() + 2 * lay.spacing())
+        need = (
+            self.miss_label.heightForWidth(width)
+            + self.caption.sizeHint().height()
+            + self.block_table.height()
+            + 2 * lay.spacing()
+        )
         total = sum(self.split.sizes())
         if total > 0 and self.split.sizes()[1] < need:
             self.split.setSizes([max(self.table.minimumHeight(), total - need), need])

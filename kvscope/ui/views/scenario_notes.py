@@ -1,4 +1,5 @@
 """The running scenario's "what to watch" text and the note for the current step, in a side panel."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -80,9 +81,11 @@ class ScenarioNotesPanel(QWidget):
 
     def clipped(self) -> list[str]:
         """The texts shown shorter than they need (none: a test holds the panel to it at 1280x720)."""
-        return [w.text()[:40] for w in (self.title, self.now, self.watch_label)
-                if w.isVisible() and w.height() < w.heightForWidth(w.width())]
-
+        return [
+            w.text()[:40]
+            for w in (self.title, self.now, self.watch_label)
+            if w.isVisible() and w.height() < w.heightForWidth(w.width())
+        ]
 
     def set_scenario(self, watch: str, notes: list[tuple[int, str]], title: str = "") -> None:
         self.watch = watch or ""

@@ -1,4 +1,5 @@
 """Tokens as short labels for slots and cells, and which tokens sit in which block."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -58,7 +59,7 @@ class TokenDecoder:
 def request_block_tokens(r: RequestInfo, i: int, block_size: int) -> tuple[int, ...]:
     """The tokens whose KV sits in logical block ``i`` of request ``r`` (computed tokens only)."""
     lo = i * block_size
-    return tuple(r.token_ids[lo:min(lo + block_size, r.num_computed_tokens)])
+    return tuple(r.token_ids[lo : min(lo + block_size, r.num_computed_tokens)])
 
 
 def request_filled(r: RequestInfo, i: int, block_size: int) -> int:

@@ -1,4 +1,5 @@
 """The first screen: what kvscope shows and what to do first (a scenario, Inject, the keys)."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
@@ -12,11 +13,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-SHORTCUTS = [("F10", "Step: run the scheduler one step"), ("F5", "Run / Pause"),
-             ("Ctrl+I", "Inject a request (a prompt, n samples, beams…)"), ("Del", "Abort the selected requests"),
-             ("Ctrl+F", "Fork the selected request (its blocks are shared: copy-on-write)"),
-             ("F or Home", "grid: fit the blocks in use"), ("A", "grid: the whole pool"),
-             ("wheel, + / −", "grid: zoom (ids, ref counts, then tokens appear)"), ("drag, arrows", "grid: pan")]
+SHORTCUTS = [
+    ("F10", "Step: run the scheduler one step"),
+    ("F5", "Run / Pause"),
+    ("Ctrl+I", "Inject a request (a prompt, n samples, beams…)"),
+    ("Del", "Abort the selected requests"),
+    ("Ctrl+F", "Fork the selected request (its blocks are shared: copy-on-write)"),
+    ("F or Home", "grid: fit the blocks in use"),
+    ("A", "grid: the whole pool"),
+    ("wheel, + / −", "grid: zoom (ids, ref counts, then tokens appear)"),
+    ("drag, arrows", "grid: pan"),
+]
 
 
 def first_sentence(text: str) -> str:
@@ -26,17 +33,25 @@ def first_sentence(text: str) -> str:
     for ends in ((". ", "? ", "! "), (": ",)):
         i = min((i for i in (text.find(e) for e in ends) if 0 < i < 160), default=-1)
         if i > 0:
-            return text[:i + 1]
+            return text[: i + 1]
     return text[:160].rstrip()
 
 
-ORDER = ["four-score", "parallel-sampling", "shared-system-prompt", "multi-turn-chat", "beam-search",
-         "pool-exhaustion", "leak-hunt"]  # a classroom's order: the paper's figures first
+ORDER = [
+    "four-score",
+    "parallel-sampling",
+    "shared-system-prompt",
+    "multi-turn-chat",
+    "beam-search",
+    "pool-exhaustion",
+    "leak-hunt",
+]  # a classroom's order: the paper's figures first
 
 
 def scenario_lines() -> list[tuple[str, str, str]]:
     """(name, title, one line) of every scenario that loads, the paper's figures first."""
     from kvscope.scenario import available, load_scenario
+
     out = []
     names = available()
     for name in sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
@@ -62,12 +77,15 @@ class WelcomeView(QWidget):
         lay = QVBoxLayout(inner)
         lay.setContentsMargins(18, 14, 18, 14)
         # sizes relative to the text size (the presentation scale): rich text's x-large, not points
-        title = QLabel("<span style='font-size:x-large; font-weight:bold'>kvscope: watch a paged KV cache at "
-                       "work</span>")
-        intro = QLabel("A real model runs step by step. Each request's KV cache lives in fixed-size <b>blocks</b> "
-                       "of a shared pool, mapped by its <b>block table</b>, as in the PagedAttention paper. "
-                       "The grid shows the pool (one cell per block; the legend says what each colour means), "
-                       "the figure view shows a selected request's logical blocks, table and physical blocks.")
+        title = QLabel(
+            "<span style='font-size:x-large; font-weight:bold'>kvscope: watch a paged KV cache at work</span>"
+        )
+        intro = QLabel(
+            "A real model runs step by step. Each request's KV cache lives in fixed-size <b>blocks</b> "
+            "of a shared pool, mapped by its <b>block table</b>, as in the PagedAttention paper. "
+            "The grid shows the pool (one cell per block; the legend says what each colour means), "
+            "the figure view shows a selected request's logical blocks, table and physical blocks."
+        )
         intro.setWordWrap(True)
         lay.addWidget(title)
         lay.addWidget(intro)
@@ -119,4 +137,3 @@ class WelcomeView(QWidget):
         h = QLabel(f"<span style='font-size:large'>{text}</span>")
         h.setStyleSheet("font-weight: bold; color: #eceff4")
         return h
-

@@ -1,4 +1,5 @@
 """Block pool and KV cache manager: exact ids, eviction order, hash chaining, refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,7 @@ from engine.inspect.events import BlockEvicted
 
 
 def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
-    return Request(rid, int(rid) if rid.isdigit() else 0, list(tokens), SamplingParams(max_tokens=4),
-                   cache_salt=salt)
+    return Request(rid, int(rid) if rid.isdigit() else 0, list(tokens), SamplingParams(max_tokens=4), cache_salt=salt)
 
 
 def manager(num_blocks: int = 8, bs: int = 4, caching: bool = True) -> KVCacheManager:
@@ -58,8 +58,10 @@ def test_hash_chaining_names_the_whole_prefix():
     kv = manager()
     r = req("0", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     admit(kv, r)
-    assert r.block_hashes[:2] == [hash_block_tokens(None, [1, 2, 3, 4], (("model-a",), None)),
-                                  hash_block_tokens(r.block_hashes[0], [5, 6, 7, 8], (("model-a",), None))]
+    assert r.block_hashes[:2] == [
+        hash_block_tokens(None, [1, 2, 3, 4], (("model-a",), None)),
+        hash_block_tokens(r.block_hashes[0], [5, 6, 7, 8], (("model-a",), None)),
+    ]
 
 
 def test_only_full_blocks_are_cached_and_last_token_is_never_a_hit():
@@ -102,6 +104,7 @@ def test_hit_block_is_not_evicted_for_its_own_request():
 
 def test_hash_collision_never_serves_wrong_kv(monkeypatch):
     import engine.core.kv_cache_manager as m
+
     monkeypatch.setattr(m, "hash_block_tokens", lambda parent, toks, extra, algo: b"same")
     kv = manager()
     admit(kv, req("0", [1, 2, 3, 4, 5]))

@@ -1,6 +1,7 @@
 """The prefix cache's rules in one table (``engine.inspect.cache_rules``), and every copy of the cache made from
 the event stream kept equal to the engine's own after every step: the pool's replay, the window's timeline,
 the KV-event encoder read by a subscriber (vLLM's wire format), and the miss explainer."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,12 +22,27 @@ from tests.conftest import byte_tokenizer, make_tiny_hf
 
 
 def test_the_table_names_every_event_that_changes_a_hash():
-    assert CACHE_CHANGES == {BlockStored: CacheChange.STORED, BlockEvicted: CacheChange.EVICTED,
-                             BlockUnpublished: CacheChange.WITHDRAWN, CacheReset: CacheChange.CLEARED}
+    assert CACHE_CHANGES == {
+        BlockStored: CacheChange.STORED,
+        BlockEvicted: CacheChange.EVICTED,
+        BlockUnpublished: CacheChange.WITHDRAWN,
+        CacheReset: CacheChange.CLEARED,
+    }
     # every other kind of event leaves the cache alone (a new kind must be placed in the table or here)
     assert {c.kind for c in EVENT_TYPES.values()} - {c.kind for c in CACHE_CHANGES} == {
-        "allocated", "hit", "freed", "cow", "swap_out", "swap_in", "admitted", "forked", "preempted", "finished",
-        "aborted", "leak"}
+        "allocated",
+        "hit",
+        "freed",
+        "cow",
+        "swap_out",
+        "swap_in",
+        "admitted",
+        "forked",
+        "preempted",
+        "finished",
+        "aborted",
+        "leak",
+    }
     assert [c for c in CacheChange if c.removes] == [CacheChange.EVICTED, CacheChange.WITHDRAWN]
 
 
@@ -56,8 +72,9 @@ class Mirrors:
         assert dict(self.replay.hashes.items()) == truth, f"replay, step {step}"
         assert dict(self.replay.cached_tokens.items()) == {b: tuple(t) for b, t in pool.tokens_by_block.items()}
         assert dict(self.history.at(step).block_hashes) == truth, f"timeline, step {step}"
-        assert {h for (_, _, h) in self.remote.nodes} == {external_hash(h, "int") for h in truth.values()}, \
+        assert {h for (_, _, h) in self.remote.nodes} == {external_hash(h, "int") for h in truth.values()}, (
             f"subscriber, step {step}"
+        )
         assert set(self.explainer.mirror) == set(truth.values()), f"miss explainer, step {step}"
 
 

@@ -1,6 +1,7 @@
 """Eviction policies (engine/core/eviction.py): LRU stays vLLM's queue; LFU with dynamic ageing keeps its
 invariants: empty blocks first, frequency with ageing, a parent never before its child, O(log n) heap,
 and events that still describe every change."""
+
 from __future__ import annotations
 
 import random
@@ -100,7 +101,7 @@ def test_a_parent_is_never_evicted_before_its_cached_child(policy):
     trunks = [[rng.randrange(50) for _ in range(4 * rng.randint(1, 4))] for _ in range(6)]
     for _ in range(400):
         base = trunks[min(int(rng.expovariate(0.8)), len(trunks) - 1)]
-        tokens = base[:4 * rng.randint(0, len(base) // 4)] + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
+        tokens = base[: 4 * rng.randint(0, len(base) // 4)] + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
         kv.free(_run(kv, tokens))
         for ev in kv.pool.drain_events():
             if isinstance(ev, BlockStored):
@@ -165,5 +166,6 @@ class LFUMachine(KVMachine):
 
 
 TestLFUMachine = LFUMachine.TestCase
-TestLFUMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                   suppress_health_check=[HealthCheck.too_slow])
+TestLFUMachine.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

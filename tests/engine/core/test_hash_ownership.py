@@ -1,4 +1,5 @@
 """Only ``BlockPool`` changes a block's hash or the hash map (each change is one event)."""
+
 from __future__ import annotations
 
 import ast
@@ -19,11 +20,14 @@ def hash_edits(tree: ast.AST) -> list[int]:
         for t in targets:
             # a block's hash set (``b.block_hash = h``) or the pool's map edited (``pool.cached[h] = b``);
             # a mirror keyed by hash (``mirror[e.block_hash] = ...``) reads a hash, it does not edit one
-            for sub in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts):
+            for sub in [t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts:
                 if isinstance(sub, ast.Attribute) and sub.attr == "block_hash":
                     lines.append(node.lineno)
-                if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Attribute) and \
-                        sub.value.attr == "cached":
+                if (
+                    isinstance(sub, ast.Subscript)
+                    and isinstance(sub.value, ast.Attribute)
+                    and sub.value.attr == "cached"
+                ):
                     lines.append(node.lineno)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
             owner = node.func.value

@@ -1,4 +1,5 @@
 """Hypothesis state machine over the KV cache manager: add, allocate, decode, free, hit."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
@@ -82,8 +83,6 @@ class KVMachine(RuleBasedStateMachine):
         assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
 
 
-
-
 class KVForkSwapMachine(KVMachine):
     """The rules above plus fork, copy-on-write (a decode into a shared partial block), swap out
     and in, and abort of swapped requests, on a small pool where eviction is common."""
@@ -152,8 +151,10 @@ class KVForkSwapMachine(KVMachine):
 
 
 TestKVManager = KVMachine.TestCase
-TestKVManager.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                  suppress_health_check=[HealthCheck.too_slow])
+TestKVManager.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 TestKVForkSwap = KVForkSwapMachine.TestCase
-TestKVForkSwap.settings = settings(max_examples=80, stateful_step_count=50, deadline=None,
-                                   suppress_health_check=[HealthCheck.too_slow])
+TestKVForkSwap.settings = settings(
+    max_examples=80, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -1,4 +1,5 @@
 """Ids the engine makes (samples x#1, forks a+1, beams b~1, auto ids 0, 1, ...) never collide with a user's."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,16 +11,26 @@ from tests.checked import GREEDY, Checked
 OK = SamplingParams(max_tokens=4, **GREEDY)
 
 
-@pytest.mark.parametrize("made,user_id", [
-    ("sample", "x#1"), ("fork", "a+1"), ("beam", "b~1"), ("sample", "x#2"), ("fork", "c+d"), ("beam", "~"),
-])
+@pytest.mark.parametrize(
+    "made,user_id",
+    [
+        ("sample", "x#1"),
+        ("fork", "a+1"),
+        ("beam", "b~1"),
+        ("sample", "x#2"),
+        ("fork", "c+d"),
+        ("beam", "~"),
+    ],
+)
 def test_an_id_the_engine_could_make_is_refused_and_the_engines_own_is_made(tiny_engine, made, user_id):
     engine = tiny_engine(block_size=4, num_gpu_blocks=64)
     run = Checked(engine)
     parent = {"sample": "x", "fork": "a", "beam": "b"}[made]
-    params = {"sample": SamplingParams(n=3, max_tokens=6, **GREEDY),
-              "fork": SamplingParams(max_tokens=8, **GREEDY),
-              "beam": SamplingParams(use_beam_search=True, beam_width=2, max_tokens=6, ignore_eos=True)}[made]
+    params = {
+        "sample": SamplingParams(n=3, max_tokens=6, **GREEDY),
+        "fork": SamplingParams(max_tokens=8, **GREEDY),
+        "beam": SamplingParams(use_beam_search=True, beam_width=2, max_tokens=6, ignore_eos=True),
+    }[made]
     engine.add_request([1, 2, 3, 4, 5], params, request_id=parent)
     with pytest.raises(ValueError, match=r"reserved for the ids the engine makes") as e:
         engine.add_request([7, 8, 9], OK, request_id=user_id)

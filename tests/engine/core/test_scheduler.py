@@ -1,5 +1,6 @@
 """The scheduler alone, with fake requests and no model (as vLLM's tests/v1/core test theirs): the token budget,
 chunked prefill, running before waiting, latecomer preemption by recompute or swap, prefix hits at admission."""
+
 from __future__ import annotations
 
 from engine.config import EngineConfig, SamplingParams

@@ -1,5 +1,6 @@
 """vLLM's block hashes reproduced from token ids: against RFC 8949's own CBOR examples, against vLLM's functions
 run in vLLM's environment, and inside kvscope's engine with ``--hash-algo sha256_cbor``."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,36 @@ from engine.core.vllm_hashing import (
 )
 
 # RFC 8949, Appendix A: (value, its encoding). Every one is already in the shortest (canonical) form.
-RFC_EXAMPLES = [(0, "00"), (1, "01"), (10, "0a"), (23, "17"), (24, "1818"), (25, "1819"), (100, "1864"),
-                (1000, "1903e8"), (1000000, "1a000f4240"), (1000000000000, "1b000000e8d4a51000"),
-                (18446744073709551615, "1bffffffffffffffff"), (-1, "20"), (-10, "29"), (-100, "3863"),
-                (-1000, "3903e7"), (False, "f4"), (True, "f5"), (None, "f6"), (b"", "40"),
-                (bytes.fromhex("01020304"), "4401020304"), ("", "60"), ("a", "6161"), ("IETF", "6449455446"),
-                ("\u00fc", "62c3bc"), ([], "80"), ([1, 2, 3], "83010203"), ([1, [2, 3], [4, 5]], "8301820203820405"),
-                (list(range(1, 26)), "98190102030405060708090a0b0c0d0e0f101112131415161718181819")]
+RFC_EXAMPLES = [
+    (0, "00"),
+    (1, "01"),
+    (10, "0a"),
+    (23, "17"),
+    (24, "1818"),
+    (25, "1819"),
+    (100, "1864"),
+    (1000, "1903e8"),
+    (1000000, "1a000f4240"),
+    (1000000000000, "1b000000e8d4a51000"),
+    (18446744073709551615, "1bffffffffffffffff"),
+    (-1, "20"),
+    (-10, "29"),
+    (-100, "3863"),
+    (-1000, "3903e7"),
+    (False, "f4"),
+    (True, "f5"),
+    (None, "f6"),
+    (b"", "40"),
+    (bytes.fromhex("01020304"), "4401020304"),
+    ("", "60"),
+    ("a", "6161"),
+    ("IETF", "6449455446"),
+    ("\u00fc", "62c3bc"),
+    ([], "80"),
+    ([1, 2, 3], "83010203"),
+    ([1, [2, 3], [4, 5]], "8301820203820405"),
+    (list(range(1, 26)), "98190102030405060708090a0b0c0d0e0f101112131415161718181819"),
+]
 
 
 @pytest.mark.parametrize("value,encoded", RFC_EXAMPLES)
@@ -95,12 +119,19 @@ def test_the_hashes_equal_vllms_own():
     PYTHONHASHSEED set and unset (vLLM's fixed default seed), for sha256_cbor and sha256."""
     exe = need_vllm()
     rng = random.Random(0)
-    chains = [[[rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 200))], rng.choice([16, 32]),
-               rng.choice([None, "salt-\u00e9"])] for _ in range(12)]
+    chains = [
+        [
+            [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 200))],
+            rng.choice([16, 32]),
+            rng.choice([None, "salt-\u00e9"]),
+        ]
+        for _ in range(12)
+    ]
     runs = [[seed, algo, chains] for seed in ("0", None) for algo in ("sha256_cbor", "sha256")]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    r = subprocess.run([exe, "-c", VLLM_SCRIPT], input=json.dumps(runs), capture_output=True, text=True,
-                       timeout=300, env=env)
+    r = subprocess.run(
+        [exe, "-c", VLLM_SCRIPT], input=json.dumps(runs), capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     theirs = json.loads(r.stdout.strip().splitlines()[-1])
     ours = []

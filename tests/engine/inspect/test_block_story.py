@@ -1,5 +1,6 @@
 """A block's life story (issue 15): it is exactly the events that name the block, its holders are the
 requests whose tables map it, and for a leaked block it names the request that kept it."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,9 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
 def names_block(e, b: int) -> bool:
-    if isinstance(e, (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished,
-                      LeakFound)):
+    if isinstance(
+        e, (BlockAllocated, BlockTouched, BlockFreed, BlockStored, BlockEvicted, BlockUnpublished, LeakFound)
+    ):
         return e.block_id == b
     if isinstance(e, BlockCopied):
         return b in (e.src_block_id, e.dst_block_id)
@@ -55,8 +57,9 @@ def busy(tiny_hf):
     prefix = list(range(10, 22))
     prompts = [prefix + [30 + i, 40 + i, 50 + i] for i in range(3)]
     records = run(source, prompts, GREEDY, 6)
-    records += run(source, [prefix + [99]], SamplingParams(max_tokens=6, temperature=0.8, n=2, seed=3,
-                                                           ignore_eos=True), 40)
+    records += run(
+        source, [prefix + [99]], SamplingParams(max_tokens=6, temperature=0.8, n=2, seed=3, ignore_eos=True), 40
+    )
     for start in (60, 100, 140):  # distinct prompts: the free queue runs out of empty blocks and evicts
         records += run(source, [list(range(start, start + 20))], GREEDY, 40)
     yield source, records
@@ -76,13 +79,14 @@ def test_the_story_of_every_block_is_the_events_that_name_it_and_its_holders_map
         holders = lines[-1].holders if lines else ()
         assert sorted(holders) == sorted(last.owners_of(b)), (b, format_story(b, lines))
     # some block went the whole way: stored, freed by its last holder, and later handed out again
-    assert any({"stored", "freed", "evicted"} <= {ln.kind for ln in block_story(b, steps)}
-               for b in range(source.info.num_blocks))
+    assert any(
+        {"stored", "freed", "evicted"} <= {ln.kind for ln in block_story(b, steps)}
+        for b in range(source.info.num_blocks)
+    )
 
 
 def test_a_leaked_block_names_the_request_that_ended_without_releasing_it(tiny_hf):
-    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=24,
-                                     fault="abort-leak")
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=24, fault="abort-leak")
     source = LiveSource(engine)
     records = run(source, [list(range(10, 19)), list(range(40, 47))], GREEDY, 2)
     victim = records[-1].snapshot.requests[0]
@@ -100,8 +104,20 @@ def test_a_leaked_block_names_the_request_that_ended_without_releasing_it(tiny_h
 
 def test_explain_block_headless_prints_the_story_and_refuses_a_bad_id(capsys, tiny_dir):
     from kvscope.cli import main
-    base = ["--model", tiny_dir, "--headless", "--num-gpu-blocks", "16", "--block-size", "4", "--inject-ids",
-            "1,2,3,4,5,6", "--max-tokens", "4"]
+
+    base = [
+        "--model",
+        tiny_dir,
+        "--headless",
+        "--num-gpu-blocks",
+        "16",
+        "--block-size",
+        "4",
+        "--inject-ids",
+        "1,2,3,4,5,6",
+        "--max-tokens",
+        "4",
+    ]
     assert main(base + ["--explain-block", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("block 1:") and "allocated to request" in out and "stored in the prefix cache" in out

@@ -1,5 +1,6 @@
 """Why a request missed the prefix cache (issue 15): each reason from a constructed case, then the same
 from a live engine and in --headless --json."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ def stored(chain, tokens, salt=""):
     """BlockStored events for ``tokens``' full blocks, hashes named by content (and salt)."""
     events, parent = [], None
     for j in range(len(tokens) // BS):
-        h = f"{salt}h{tokens[:(j + 1) * BS]}"
-        events.append(BlockStored(chain + j, h, "a", tuple(tokens[j * BS:(j + 1) * BS]), parent))
+        h = f"{salt}h{tokens[: (j + 1) * BS]}"
+        events.append(BlockStored(chain + j, h, "a", tuple(tokens[j * BS : (j + 1) * BS]), parent))
         parent = h
     return events
 
@@ -66,6 +67,7 @@ def test_the_same_text_in_other_token_ids_is_a_different_tokenization():
 
     def decode(ids):
         return "".join(words.get(i, chr(65 + i % 26)) for i in ids)
+
     cached = A[:4] + (100, 20, 21, 22)  # "<s>" as one special token
     prompt = A[:4] + (1, 2, 20, 21, 22, 23)  # the same text in two ordinary tokens
     m = explain(prompt, 4, stored(0, cached), decode=decode)
@@ -84,6 +86,7 @@ def test_a_block_stored_earlier_in_the_same_step_is_in_the_view_at_admission():
 
 def test_a_withdrawn_block_leaves_the_view_in_the_same_step():
     from engine.inspect.events import BlockUnpublished
+
     ex = CacheMissExplainer(BS)
     events = stored(0, A)
     withdrawn = [BlockUnpublished(e.block_id, e.block_hash, "step failed") for e in events]
@@ -127,6 +130,7 @@ def test_a_live_engine_explains_each_miss(tiny_hf):
         while source.has_work():
             summary.add(source.step())
         return rid
+
     first = run(a)
     stamp = run(a[:6] + [200] + a[7:])
     salted = run(a, salt="tenant-2")
@@ -143,8 +147,23 @@ def test_a_live_engine_explains_each_miss(tiny_hf):
 
 def test_headless_json_carries_the_miss_of_every_request(capsys, tiny_dir):
     from kvscope.cli import main
-    code = main(["--model", tiny_dir, "--headless", "--json", "--num-gpu-blocks", "32", "--block-size", "4",
-                 "--inject-ids", "1,2,3,4,5,6,7,8,9", "--max-tokens", "2"])
+
+    code = main(
+        [
+            "--model",
+            tiny_dir,
+            "--headless",
+            "--json",
+            "--num-gpu-blocks",
+            "32",
+            "--block-size",
+            "4",
+            "--inject-ids",
+            "1,2,3,4,5,6,7,8,9",
+            "--max-tokens",
+            "2",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     (r,) = out["requests"]
@@ -154,9 +173,25 @@ def test_headless_json_carries_the_miss_of_every_request(capsys, tiny_dir):
 def test_plain_headless_prints_the_hit_rate_and_each_first_miss(capsys, tiny_dir):
     """Without --json the text says the hit rate and why each request missed, from the same summary."""
     from kvscope.cli import main
+
     shared = "1,2,3,4,5,6,7,8,9"
-    code = main(["--model", tiny_dir, "--headless", "--num-gpu-blocks", "32", "--block-size", "4",
-                 "--inject-ids", shared, "--inject-ids", "1,2,3,4,50,51,52,53,54", "--max-tokens", "2"])
+    code = main(
+        [
+            "--model",
+            tiny_dir,
+            "--headless",
+            "--num-gpu-blocks",
+            "32",
+            "--block-size",
+            "4",
+            "--inject-ids",
+            shared,
+            "--inject-ids",
+            "1,2,3,4,50,51,52,53,54",
+            "--max-tokens",
+            "2",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     # admitted in the same step, the second hits the first's block 0 (published as it was scheduled)
@@ -164,7 +199,8 @@ def test_plain_headless_prints_the_hit_rate_and_each_first_miss(capsys, tiny_dir
     assert "(4 cached)" in text and "first miss: differs_at: a cached chain differs from the prompt at token 4" in text
     line = next(ln for ln in text.splitlines() if "hit rate" in ln)
     assert line.endswith("first misses: 1 no_cached_block, 1 differs_at") or line.endswith(
-        "first misses: 1 differs_at, 1 no_cached_block")
+        "first misses: 1 differs_at, 1 no_cached_block"
+    )
     hits, queries = map(int, line.split("(")[1].split(" ")[0].split("/"))
     assert queries == 18 and line.split("hit rate ")[1].startswith(f"{100 * hits / queries:.0f}%")
 
@@ -194,18 +230,21 @@ def test_a_shift_after_a_hit_is_found_on_a_later_block_with_its_seam():
 
 def test_the_embedded_tokenizers_seam_is_named():
     from engine.runner.models.loader import embedded_folder, load_tokenizer
+
     tok = load_tokenizer(str(embedded_folder()))
-    system = ("You are a helpful assistant who explains operating systems to students, briefly and clearly, "
-              "with one example each time and no more than three sentences. When a student asks about memory, "
-              "draw the page table first, then the physical frames, and say which entries are shared.")
+    system = (
+        "You are a helpful assistant who explains operating systems to students, briefly and clearly, "
+        "with one example each time and no more than three sentences. When a student asks about memory, "
+        "draw the page table first, then the physical frames, and say which entries are shared."
+    )
     cached = tuple(tok.encode(system))
     prompt = tuple(tok.encode("session 8812-alpha. " + system))
-    assert prompt[-len(cached) + 1:] == cached[1:] and prompt[-len(cached)] != cached[0]  # the seam changed
+    assert prompt[-len(cached) + 1 :] == cached[1:] and prompt[-len(cached)] != cached[0]  # the seam changed
     ex = CacheMissExplainer(16, lambda ids: tok.decode(ids))
     parent, events = None, []
     for j in range(len(cached) // 16):
         h = f"h{j}"
-        events.append(BlockStored(j, h, "a", cached[j * 16:(j + 1) * 16], parent))
+        events.append(BlockStored(j, h, "a", cached[j * 16 : (j + 1) * 16], parent))
         parent = h
     ex.feed(1, events, {})
     ex.feed(2, [RequestAdmitted("b", len(prompt), 0)], {"b": prompt})

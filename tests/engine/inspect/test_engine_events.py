@@ -1,4 +1,5 @@
 """The event stream replays to the live pool; snapshots and audits tell the truth."""
+
 from __future__ import annotations
 
 import random
@@ -19,8 +20,9 @@ def run_random_workload(engine, seed: int, steps: int = 120):
     for _ in range(steps):
         if rng.random() < 0.4:
             prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(256) for _ in range(rng.randrange(1, 20))]
-            engine.add_request(prompt, SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0,
-                                                      ignore_eos=True))
+            engine.add_request(
+                prompt, SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.0, ignore_eos=True)
+            )
         if rng.random() < 0.1 and engine.requests:
             engine.abort(rng.choice(sorted(engine.requests)))
         events += engine.step().events
@@ -100,9 +102,10 @@ def test_the_pool_counts_blocks_per_state_as_they_change(tiny_engine, fault, mod
     rng = random.Random(1)
     shared = [rng.randrange(256) for _ in range(9)]
     for i in range(12):
-        engine.add_request(shared + [rng.randrange(256) for _ in range(rng.randrange(1, 12))],
-                           SamplingParams(max_tokens=rng.randrange(3, 20), n=rng.choice([1, 1, 2]), temperature=1.0,
-                                          seed=i))
+        engine.add_request(
+            shared + [rng.randrange(256) for _ in range(rng.randrange(1, 12))],
+            SamplingParams(max_tokens=rng.randrange(3, 20), n=rng.choice([1, 1, 2]), temperature=1.0, seed=i),
+        )
     steps, seen = 0, set()
     while engine.has_unfinished() and steps < 400:
         engine.step()

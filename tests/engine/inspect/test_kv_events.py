@@ -1,4 +1,5 @@
 """KV events on vLLM's wire format: publish, attach, round trip, gaps, bad input, traces. Loopback only."""
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,13 @@ def publisher(block_size: int = 4, **kw) -> KVEventPublisher:
 
 
 def attach(pub: KVEventPublisher, replay: bool = True, **kw) -> AttachedSource:
-    return AttachedSource(AttachConfig(connectable(pub.endpoint),
-                                       connectable(pub.replay_endpoint) if replay and pub.replay_endpoint else None,
-                                       **kw))
+    return AttachedSource(
+        AttachConfig(
+            connectable(pub.endpoint),
+            connectable(pub.replay_endpoint) if replay and pub.replay_endpoint else None,
+            **kw,
+        )
+    )
 
 
 def catch_up(src: AttachedSource, pub: KVEventPublisher, timeout: float = 20.0) -> None:
@@ -77,8 +82,9 @@ def drive(session: LiveSource, rng: random.Random, shared: list[int], steps: int
     for i in range(steps):
         if i % 3 == 0:
             tail = [rng.randrange(256) for _ in range(rng.randrange(3, 14))]
-            session.inject(shared + tail, SamplingParams(max_tokens=rng.randrange(2, 8), temperature=0.0,
-                                                         ignore_eos=True))
+            session.inject(
+                shared + tail, SamplingParams(max_tokens=rng.randrange(2, 8), temperature=0.0, ignore_eos=True)
+            )
         session.step()
         after_step()
     while session.has_work():
@@ -88,21 +94,33 @@ def drive(session: LiveSource, rng: random.Random, shared: list[int], steps: int
 
 # --- the mapping ---------------------------------------------------------------------------
 
+
 def test_mapping_merges_a_chain_keeps_order_and_drops_the_rest():
     a, b, c = "aa" * 32, "bb" * 32, "cc" * 32
-    events = [BlockAllocated(0, "r"), BlockStored(0, a, "r", (1, 2), None), BlockStored(1, b, "r", (3, 4), a),
-              BlockEvicted(7, c), BlockStored(2, c, "s", (5, 6), b), CacheReset(8)]
+    events = [
+        BlockAllocated(0, "r"),
+        BlockStored(0, a, "r", (1, 2), None),
+        BlockStored(1, b, "r", (3, 4), a),
+        BlockEvicted(7, c),
+        BlockStored(2, c, "s", (5, 6), b),
+        CacheReset(8),
+    ]
     wire = to_wire_events(events, block_size=2)
     ha, hb, hc = (external_hash(x) for x in (a, b, c))
-    assert wire == [WireStored((ha, hb), None, (1, 2, 3, 4), 2), WireRemoved((hc,)),
-                    WireStored((hc,), hb, (5, 6), 2), WireCleared()]
+    assert wire == [
+        WireStored((ha, hb), None, (1, 2, 3, 4), 2),
+        WireRemoved((hc,)),
+        WireStored((hc,), hb, (5, 6), 2),
+        WireCleared(),
+    ]
     assert ha == int(a[-16:], 16)  # vLLM's int hash: the digest's low 64 bits
     assert to_wire_events(events, 2, hash_format="bytes")[0].block_hashes == (bytes.fromhex(a), bytes.fromhex(b))
 
 
 def test_old_traces_without_parent_hash_still_load():
-    ev = event_from_dict({"kind": "stored", "block_id": 3, "block_hash": "ab" * 32, "request_id": "r",
-                          "token_ids": [1, 2]})
+    ev = event_from_dict(
+        {"kind": "stored", "block_id": 3, "block_hash": "ab" * 32, "request_id": "r", "token_ids": [1, 2]}
+    )
     assert ev.parent_hash is None and ev.token_ids == (1, 2)
 
 
@@ -114,6 +132,7 @@ def test_engine_events_chain_like_vllm(tiny_engine):
 
 
 # --- round trip ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("wire_format,hash_format", [("array", "int"), ("map", "bytes")])
 def test_round_trip_attached_forest_equals_the_pool_after_every_step(tiny_engine, wire_format, hash_format):
@@ -150,8 +169,12 @@ def test_round_trip_attached_forest_equals_the_pool_after_every_step(tiny_engine
         assert c["gaps_unrepaired"] == 0 and c["malformed_messages"] == 0 and c["bad_events"] == 0
         assert src.model.unknown_removals == 0
         # A prefix shared by several requests is one chain in the forest: every non-root has its parent cached.
-        assert all(n.parent is None or (0, "GPU", n.parent) in src.model.nodes or n.parent not in
-                   pool_hashes(engine, hash_format) for n in src.model.nodes.values())
+        assert all(
+            n.parent is None
+            or (0, "GPU", n.parent) in src.model.nodes
+            or n.parent not in pool_hashes(engine, hash_format)
+            for n in src.model.nodes.values()
+        )
         assert checks[0] > 50
     finally:
         src.close()
@@ -159,6 +182,7 @@ def test_round_trip_attached_forest_equals_the_pool_after_every_step(tiny_engine
 
 
 # --- an independent subscriber, written from vLLM's documented schema only -------------------
+
 
 class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     pass
@@ -215,8 +239,9 @@ class MKVEventBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-@pytest.mark.parametrize("wire_format,batch_type,hash_format", [("array", VKVEventBatch, "int"),
-                                                                 ("map", MKVEventBatch, "bytes")])
+@pytest.mark.parametrize(
+    "wire_format,batch_type,hash_format", [("array", VKVEventBatch, "int"), ("map", MKVEventBatch, "bytes")]
+)
 def test_a_subscriber_written_from_vllms_schema_reads_kvscope(tiny_engine, wire_format, batch_type, hash_format):
     engine = tiny_engine(num_gpu_blocks=16, block_size=4)
     session = LiveSource(engine)
@@ -273,6 +298,7 @@ def test_a_subscriber_written_from_vllms_schema_reads_kvscope(tiny_engine, wire_
 
 
 # --- gaps ------------------------------------------------------------------------------------
+
 
 def _stored(i: int, parent: int | None = None) -> bytes:
     return encode_batch([WireStored((1000 + i,), parent, (i, i, i, i), 4)], float(i))
@@ -391,6 +417,7 @@ def test_a_publisher_restart_clears_the_model():
 
 # --- bad input -------------------------------------------------------------------------------
 
+
 class _RawPub:
     """A bare PUB socket, for messages no honest publisher sends."""
 
@@ -433,11 +460,30 @@ def test_malformed_messages_are_counted_and_skipped():
         raw.send(b"\xc1 not msgpack")  # 0xc1 is never valid msgpack
         raw.send(enc({"not": "a batch"}))
         raw.send(enc([1.0, "events should be a list", 0]))
-        raw.send(enc([1.0, [["BlockTeleported", [1]], ["BlockStored", "not a list", None, [], 4, None, "GPU"],
-                            ["BlockStored", [5], None, [1, 2, 3, 4], 4, None, "GPU", None],
-                            {"type": "BlockStored", "block_hashes": [6], "parent_block_hash": 5,
-                             "token_ids": [5, 6, 7, 8], "block_size": 4, "medium": "GPU"},
-                            {"type": "Mystery"}, ["BlockRemoved", [b"bytes-hash"], "GPU"], 42], 0]))
+        raw.send(
+            enc(
+                [
+                    1.0,
+                    [
+                        ["BlockTeleported", [1]],
+                        ["BlockStored", "not a list", None, [], 4, None, "GPU"],
+                        ["BlockStored", [5], None, [1, 2, 3, 4], 4, None, "GPU", None],
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [6],
+                            "parent_block_hash": 5,
+                            "token_ids": [5, 6, 7, 8],
+                            "block_size": 4,
+                            "medium": "GPU",
+                        },
+                        {"type": "Mystery"},
+                        ["BlockRemoved", [b"bytes-hash"], "GPU"],
+                        42,
+                    ],
+                    0,
+                ]
+            )
+        )
         raw.send(b"", frames=(b"", b"two frames"))
         raw.send(b"", frames=(b"", b"short", b"seq"))
         raw.send(_stored(7, 6))
@@ -466,8 +512,11 @@ def test_a_flood_is_survived_with_bounded_memory():
         tracemalloc.start()
         for round_ in range(6):
             for i in range(4000):  # about 4 MB a round, far more than one poll takes
-                raw.send(junk[i % 2] if i % 3 == 0 else
-                         encode_batch([WireStored((round_ * 100_000 + i,), None, tokens, 256)], 0.0))
+                raw.send(
+                    junk[i % 2]
+                    if i % 3 == 0
+                    else encode_batch([WireStored((round_ * 100_000 + i,), None, tokens, 256)], 0.0)
+                )
             for _ in range(3):
                 rec = src.poll(0.01)
                 assert len(rec.events) <= 100
@@ -493,9 +542,12 @@ def test_a_flood_is_survived_with_bounded_memory():
 
 
 def test_bad_attach_arguments_exit_2_with_one_line():
-    for args in (["--attach", "not-an-address"], ["--attach", "tcp://127.0.0.1:5557", "--dp-size", "0"],
-                 ["--attach", "tcp://127.0.0.1:5557", "--poll-interval", "0"],
-                 ["--kv-events-replay-endpoint", "tcp://127.0.0.1:5558"]):
+    for args in (
+        ["--attach", "not-an-address"],
+        ["--attach", "tcp://127.0.0.1:5557", "--dp-size", "0"],
+        ["--attach", "tcp://127.0.0.1:5557", "--poll-interval", "0"],
+        ["--kv-events-replay-endpoint", "tcp://127.0.0.1:5558"],
+    ):
         r = kvscope("--headless", *args, timeout=120)
         assert r.returncode == 2, (args, r.stderr)
         lines = r.stderr.strip().splitlines()
@@ -504,12 +556,15 @@ def test_bad_attach_arguments_exit_2_with_one_line():
 
 # --- data-parallel ranks ---------------------------------------------------------------------
 
+
 def test_each_data_parallel_rank_is_its_own_forest():
     for _ in range(50):
         port = random.randrange(20000, 60000)
         try:
-            pubs = [KVEventPublisher(KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", data_parallel_rank=r), 4)
-                    for r in range(2)]
+            pubs = [
+                KVEventPublisher(KVEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", data_parallel_rank=r), 4)
+                for r in range(2)
+            ]
             break
         except ValueError:
             continue
@@ -520,9 +575,13 @@ def test_each_data_parallel_rank_is_its_own_forest():
         for _ in range(400):
             for r, p in enumerate(pubs):
                 p.publish(  # the same prefix on both ranks: two forests
-                    [BlockStored(0, "ab" * 32, "x", (1, 2, 3, 4)), BlockStored(1, "cd" * 32, "x", (5, 6, 7, 8),
-                                                                               "ab" * 32)] if r == 0 else
-                    [BlockStored(0, "ab" * 32, "x", (1, 2, 3, 4))])
+                    [
+                        BlockStored(0, "ab" * 32, "x", (1, 2, 3, 4)),
+                        BlockStored(1, "cd" * 32, "x", (5, 6, 7, 8), "ab" * 32),
+                    ]
+                    if r == 0
+                    else [BlockStored(0, "ab" * 32, "x", (1, 2, 3, 4))]
+                )
             rec = src.poll(0.02)
             if {t.dp_rank for t in rec.summary.tiers} == {0, 1}:
                 break
@@ -536,11 +595,13 @@ def test_each_data_parallel_rank_is_its_own_forest():
 
 # --- headless and traces ---------------------------------------------------------------------
 
+
 def kvscope(*args: str, timeout: int = 300, drop: tuple = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run([sys.executable, "-m", "kvscope", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 class _Ticker(threading.Thread):
@@ -562,8 +623,20 @@ def test_headless_attach_prints_counts_and_rates_as_json():
     ticker = _Ticker(pub)
     ticker.start()
     try:
-        r = kvscope("--headless", "--json", "--attach", connectable(pub.endpoint), "--replay-endpoint",
-                    connectable(pub.replay_endpoint), "--block-size", "4", "--steps", "15", "--poll-interval", "0.1")
+        r = kvscope(
+            "--headless",
+            "--json",
+            "--attach",
+            connectable(pub.endpoint),
+            "--replay-endpoint",
+            connectable(pub.replay_endpoint),
+            "--block-size",
+            "4",
+            "--steps",
+            "15",
+            "--poll-interval",
+            "0.1",
+        )
     finally:
         ticker.stop.set()
         ticker.join()
@@ -577,7 +650,8 @@ def test_headless_attach_prints_counts_and_rates_as_json():
     assert out["blocks"] == c["blocks_stored"] > 0 and out["roots"] == 1
     assert out["tokens"] == 4 * out["blocks"] and out["block_sizes"] == [4]
     assert out["rates"]["stored_per_s"] > 0 and out["tiers"] == [
-        {"dp_rank": 0, "medium": "GPU", "blocks": out["blocks"], "tokens": out["tokens"], "roots": 1}]
+        {"dp_rank": 0, "medium": "GPU", "blocks": out["blocks"], "tokens": out["tokens"], "roots": 1}
+    ]
     assert "ref counts" in out["cannot_show"]
 
 
@@ -587,8 +661,16 @@ def test_attach_window_screenshot_from_the_command_line(tmp_path):
     ticker.start()
     png = tmp_path / "attach.png"
     try:
-        r = kvscope("--attach", connectable(pub.endpoint), "--replay-endpoint", connectable(pub.replay_endpoint),
-                    "--screenshot", str(png), "--steps", "8")
+        r = kvscope(
+            "--attach",
+            connectable(pub.endpoint),
+            "--replay-endpoint",
+            connectable(pub.replay_endpoint),
+            "--screenshot",
+            str(png),
+            "--steps",
+            "8",
+        )
     finally:
         ticker.stop.set()
         ticker.join()
@@ -603,8 +685,9 @@ def test_attach_window_screenshot_from_the_command_line(tmp_path):
 def test_attach_trace_records_and_replays_exactly(tmp_path):
     trace = tmp_path / "attach.jsonl"
     pub = publisher()
-    src = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=4),
-                         trace_path=str(trace))
+    src = AttachedSource(
+        AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=4), trace_path=str(trace)
+    )
     live = []
     try:
         wait_connected(src, pub)
@@ -617,8 +700,9 @@ def test_attach_trace_records_and_replays_exactly(tmp_path):
             if i == 25:
                 catch_up(src, pub)
                 pub._next_seq, pub._buffer = 0, type(pub._buffer)(maxlen=10)  # the publisher restarts
-            pub.publish_payload(_stored(i, 1000 + i - 1) if i % 7 else
-                                encode_batch([WireRemoved((1000 + i - 3,))], 0.0), 1)
+            pub.publish_payload(
+                _stored(i, 1000 + i - 1) if i % 7 else encode_batch([WireRemoved((1000 + i - 3,))], 0.0), 1
+            )
             if i == 25:  # catch_up compares sequence numbers, which just went back: wait for the restart
                 deadline = time.monotonic() + 20
                 while not src.counters["publisher_restarts"] - base["publisher_restarts"]:
@@ -657,8 +741,12 @@ def test_attach_trace_records_and_replays_exactly(tmp_path):
 
 def test_a_corrupt_attach_trace_is_one_line(tmp_path):
     trace = tmp_path / "bad.jsonl"
-    trace.write_text(json.dumps({"format": "kvscope-attach-trace", "version": 1}) + "\n{not json\n"
-                     + json.dumps({"k": "tick", "tick": 0, "t": 0.0, "counters": {}}) + "\n")
+    trace.write_text(
+        json.dumps({"format": "kvscope-attach-trace", "version": 1})
+        + "\n{not json\n"
+        + json.dumps({"k": "tick", "tick": 0, "t": 0.0, "counters": {}})
+        + "\n"
+    )
     r = kvscope("--headless", "--replay", str(trace))
     assert r.returncode == 2 and r.stderr.strip().startswith("kvscope: corrupt attach trace")
     assert len(r.stderr.strip().splitlines()) == 1
@@ -666,13 +754,23 @@ def test_a_corrupt_attach_trace_is_one_line(tmp_path):
 
 # --- publishing from the command line ------------------------------------------------------
 
+
 def test_a_busy_publish_port_is_one_line_before_the_model_loads(tiny_dir):
     ctx = zmq.Context()
     busy = ctx.socket(zmq.PUB)
     port = busy.bind_to_random_port("tcp://127.0.0.1")
     try:
-        r = kvscope("--headless", "--model", tiny_dir, "--num-gpu-blocks", "16", "--block-size", "4",
-                    "--kv-events-endpoint", f"tcp://127.0.0.1:{port}")
+        r = kvscope(
+            "--headless",
+            "--model",
+            tiny_dir,
+            "--num-gpu-blocks",
+            "16",
+            "--block-size",
+            "4",
+            "--kv-events-endpoint",
+            f"tcp://127.0.0.1:{port}",
+        )
     finally:
         busy.close(linger=0)
         ctx.term()
@@ -710,10 +808,26 @@ def test_session_observers_see_every_record_and_close_with_it(tiny_engine):
 
 def test_decode_batch_reads_vllm_map_batches_and_signed_sglang_hashes():
     enc = msgspec.msgpack.encode
-    mapped = enc({"ts": 1.5, "events": [{"type": "BlockStored", "block_hashes": [-5, 7], "parent_block_hash": None,
-                                         "token_ids": [[1, 2], [2, 3], [3, 4], [4, 5]], "block_size": 2,
-                                         "lora_id": None, "medium": "CPU", "lora_name": None, "group_idx": 0,
-                                         "kv_cache_spec_kind": "full_attention"}], "data_parallel_rank": 3})
+    mapped = enc(
+        {
+            "ts": 1.5,
+            "events": [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [-5, 7],
+                    "parent_block_hash": None,
+                    "token_ids": [[1, 2], [2, 3], [3, 4], [4, 5]],
+                    "block_size": 2,
+                    "lora_id": None,
+                    "medium": "CPU",
+                    "lora_name": None,
+                    "group_idx": 0,
+                    "kv_cache_spec_kind": "full_attention",
+                }
+            ],
+            "data_parallel_rank": 3,
+        }
+    )
     b = decode_batch(mapped)
     assert b.data_parallel_rank == 3 and b.ts == 1.5
     assert b.events == [WireStored((-5, 7), None, (1, 2, 3, 4), 2, "CPU")]

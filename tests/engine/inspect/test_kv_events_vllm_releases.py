@@ -10,6 +10,7 @@ which is all a subscriber decodes with. Two shapes exist:
 kvscope's ``--kv-events-format array`` must decode with the first two, ``map`` with the last two; and kvscope's
 subscriber (``--attach``) must read what each release publishes, extra fields included.
 """
+
 # No ``from __future__ import annotations``: msgspec resolves the release structs' annotations, which name
 # classes local to ``release_structs``.
 from typing import Any
@@ -35,6 +36,7 @@ def release_structs(array_events: bool, fields: str):
         pass
 
     if fields == "0.11":
+
         class BlockStored(KVCacheEvent):
             block_hashes: list[ExternalBlockHash]
             parent_block_hash: ExternalBlockHash | None
@@ -47,6 +49,7 @@ def release_structs(array_events: bool, fields: str):
             block_hashes: list[ExternalBlockHash]
             medium: str | None
     elif fields == "0.20":
+
         class BlockStored(KVCacheEvent):
             block_hashes: list[ExternalBlockHash]
             parent_block_hash: ExternalBlockHash | None
@@ -61,6 +64,7 @@ def release_structs(array_events: bool, fields: str):
             block_hashes: list[ExternalBlockHash]
             medium: str | None
     else:
+
         class BlockStored(KVCacheEvent):
             block_hashes: list[ExternalBlockHash]
             parent_block_hash: ExternalBlockHash | None
@@ -94,12 +98,19 @@ def release_structs(array_events: bool, fields: str):
     return KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared
 
 
-RELEASES = {"0.11.0": ("array", True, "0.11"), "0.20.0": ("array", True, "0.20"), "0.27.0": ("map", False, "0.20"),
-            "0.33.0": ("map", False, "0.33")}
+RELEASES = {
+    "0.11.0": ("array", True, "0.11"),
+    "0.20.0": ("array", True, "0.20"),
+    "0.27.0": ("map", False, "0.20"),
+    "0.33.0": ("map", False, "0.33"),
+}
 
-STEP = [WireStored((11, 12), None, tuple(range(32)), 16, medium="GPU"),
-        WireStored((13,), 12, tuple(range(32, 48)), 16, medium="GPU"),
-        WireRemoved((7, 8), "GPU"), WireCleared()]
+STEP = [
+    WireStored((11, 12), None, tuple(range(32)), 16, medium="GPU"),
+    WireStored((13,), 12, tuple(range(32, 48)), 16, medium="GPU"),
+    WireRemoved((7, 8), "GPU"),
+    WireCleared(),
+]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -126,11 +137,21 @@ def test_kvscopes_subscriber_reads_what_the_release_publishes(release):
     if fields == "0.20":
         extra = dict(lora_name=None, extra_keys=[("salt",), None])
     elif fields == "0.33":
-        extra = dict(lora_name=None, extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention",
-                     locality="LOCAL", ownership="cpu-tier", session_id="s1", lookahead_token_ids=[[1], [2]])
-    events = [stored([21, 22], 20, list(range(32)), 16, None, "GPU", **extra),
-              removed([20], "GPU", **({"group_idx": 0, "locality": "LOCAL"} if fields == "0.33" else {})),
-              cleared()]
+        extra = dict(
+            lora_name=None,
+            extra_keys=[None, None],
+            group_idx=0,
+            kv_cache_spec_kind="full_attention",
+            locality="LOCAL",
+            ownership="cpu-tier",
+            session_id="s1",
+            lookahead_token_ids=[[1], [2]],
+        )
+    events = [
+        stored([21, 22], 20, list(range(32)), 16, None, "GPU", **extra),
+        removed([20], "GPU", **({"group_idx": 0, "locality": "LOCAL"} if fields == "0.33" else {})),
+        cleared(),
+    ]
     payload = msgspec.msgpack.Encoder().encode(batch_cls(1.0, events, 0))
     out = decode_batch(payload)
     assert out.unknown_tags == 0 and out.bad_events == 0

@@ -1,4 +1,5 @@
 """The CUDA-only machinery, checked on the CPU: pool budgeting, decode graphs' buffers, weight loading."""
+
 from __future__ import annotations
 
 import copy
@@ -22,9 +23,16 @@ def test_capture_sizes_follow_vllm():
 
 def plan(**kw) -> KVPoolPlan:
     # Llama-2-7B on an 80 GB card: 32 layers x 32 kv heads x 128 x fp16 x 16 tokens = 8 MiB a block.
-    args = dict(total_bytes=80 * GiB, weights_bytes=int(12.55 * GiB), activation_peak_bytes=2 * GiB,
-                other_bytes=GiB // 2, utilization=0.9, block_bytes=2 * 32 * 32 * 128 * 2 * 16, block_size=16,
-                max_model_len=4096)
+    args = dict(
+        total_bytes=80 * GiB,
+        weights_bytes=int(12.55 * GiB),
+        activation_peak_bytes=2 * GiB,
+        other_bytes=GiB // 2,
+        utilization=0.9,
+        block_bytes=2 * 32 * 32 * 128 * 2 * 16,
+        block_size=16,
+        max_model_len=4096,
+    )
     args.update(kw)
     return KVPoolPlan(**args)
 
@@ -50,11 +58,11 @@ def test_decode_graph_buffers_pad_and_match_eager(tiny_hf):
     """Everything of the graph path but the capture: static buffers, padding rows, slicing."""
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10] * 11]  # 3 sequences -> padded to a batch of 4
-    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
-                                     max_num_seqs=5)
+    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", block_size=4, num_gpu_blocks=64, max_num_seqs=5)
     r = engine.runner
-    r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
-                                   -(-engine.max_model_len // 4), 4, emulate=True)
+    r.decode_graphs = DecodeGraphs(
+        r.model, r.kv_caches, r.attention, r.store, r.device, 5, -(-engine.max_model_len // 4), 4, emulate=True
+    )
     assert r.decode_graphs.sizes == [1, 2, 4, 8]
     out = LLM.from_engine(engine).generate(prompts, params)
     assert r.decode_graphs.num_replays >= 11  # every decode step went through the buffers

@@ -3,6 +3,7 @@
 Under Triton's interpreter on the CPU, as on a card: token-identical greedy output in fp32, through
 prefix hits, chunked prefill, decode graphs' buffers (emulated), and every quantized KV format.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,11 +42,28 @@ def test_fused_kernels_equal_pytorch_ops_and_transformers(tiny_hf):
 
 
 def test_fused_kernels_through_the_decode_graphs_buffers(tiny_hf):
-    engine = LLMEngine.from_hf_model(on_device(tiny_hf), None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
-                                     max_num_seqs=5, attention_backend="triton")
+    engine = LLMEngine.from_hf_model(
+        on_device(tiny_hf),
+        None,
+        name="tiny-llama",
+        block_size=4,
+        num_gpu_blocks=64,
+        max_num_seqs=5,
+        attention_backend="triton",
+    )
     r = engine.runner
-    r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
-                                   -(-engine.max_model_len // 4), 4, emulate=True, ops=r.ops)
+    r.decode_graphs = DecodeGraphs(
+        r.model,
+        r.kv_caches,
+        r.attention,
+        r.store,
+        r.device,
+        5,
+        -(-engine.max_model_len // 4),
+        4,
+        emulate=True,
+        ops=r.ops,
+    )
     out = LLM.from_engine(engine).generate(PROMPTS[:3], PARAMS)
     assert r.decode_graphs.num_replays >= 7
     assert [o.outputs[0].token_ids for o in out] == [hf_greedy(tiny_hf, p, 8) for p in PROMPTS[:3]]
@@ -67,8 +85,9 @@ def test_fused_store_writes_the_same_quantized_cache_as_the_unfused_store(tiny_h
 def test_dynamic_rotary_falls_back_to_pytorch_ops(tiny_hf):
     model = on_device(tiny_hf)
     model.config.rope_scaling = {"rope_type": "dynamic", "factor": 2.0}
-    engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", block_size=4, num_gpu_blocks=64,
-                                     attention_backend="triton")
+    engine = LLMEngine.from_hf_model(
+        model, None, name="tiny-llama", block_size=4, num_gpu_blocks=64, attention_backend="triton"
+    )
     assert engine.runner.ops is None
 
 
@@ -82,8 +101,15 @@ def _trace(engine, steps: int = 60) -> list:
     while engine.has_unfinished() and len(out) < steps:
         res = engine.step()
         snap = engine.snapshot()
-        out.append((res.num_scheduled_tokens, [repr(e) for e in res.events], snap.state.tolist(), snap.ref_cnt.tolist(),
-                    [(r.request_id, r.status, r.block_ids, r.token_ids, r.num_computed_tokens) for r in snap.requests]))
+        out.append(
+            (
+                res.num_scheduled_tokens,
+                [repr(e) for e in res.events],
+                snap.state.tolist(),
+                snap.ref_cnt.tolist(),
+                [(r.request_id, r.status, r.block_ids, r.token_ids, r.num_computed_tokens) for r in snap.requests],
+            )
+        )
     return out
 
 
@@ -92,13 +118,31 @@ def test_the_inspector_sees_the_same_run_with_decode_graphs_and_without(tiny_hf)
     inspector shows: every step's events and snapshot are equal with it and without, and so are the tokens."""
     runs = []
     for graphs in (False, True):
-        engine = LLMEngine.from_hf_model(on_device(tiny_hf), None, name="tiny-llama", block_size=4,
-                                         num_gpu_blocks=40, max_num_seqs=5, max_num_batched_tokens=24,
-                                         attention_backend="triton", enforce_eager=True)
+        engine = LLMEngine.from_hf_model(
+            on_device(tiny_hf),
+            None,
+            name="tiny-llama",
+            block_size=4,
+            num_gpu_blocks=40,
+            max_num_seqs=5,
+            max_num_batched_tokens=24,
+            attention_backend="triton",
+            enforce_eager=True,
+        )
         r = engine.runner
         if graphs:
-            r.decode_graphs = DecodeGraphs(r.model, r.kv_caches, r.attention, r.store, r.device, 5,
-                                           -(-engine.max_model_len // 4), 4, emulate=True, ops=r.ops)
+            r.decode_graphs = DecodeGraphs(
+                r.model,
+                r.kv_caches,
+                r.attention,
+                r.store,
+                r.device,
+                5,
+                -(-engine.max_model_len // 4),
+                4,
+                emulate=True,
+                ops=r.ops,
+            )
         runs.append(_trace(engine))
         if graphs:
             assert r.decode_graphs.num_replays >= 5  # the decode-only steps

@@ -3,6 +3,7 @@
 Under the interpreter on the CPU, compiled on CUDA. Every output is allocated poisoned (NaN) and
 every cache starts poisoned, so an element a kernel forgets to write shows up.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def poisoned_outputs(monkeypatch):
     def empty(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
     monkeypatch.setattr(fused_ops, "_empty", empty)
 
 
@@ -114,8 +116,9 @@ def test_silu_and_mul_reads_strided_rows():
 class Case:
     """A fused qkv output and its q/k/v views, positions, slots (with padding), a cos/sin cache."""
 
-    def __init__(self, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 bs: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self, tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, bs: int = 8, seed: int = 0
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.dtype, self.bs = dtype, bs
         self.num_blocks = -(-tokens // bs) + 2
@@ -149,16 +152,25 @@ class Case:
 
 def _rope_config(head_dim: int, heads: int, **extra):
     from transformers import LlamaConfig
-    return LlamaConfig(hidden_size=head_dim * heads, num_attention_heads=heads, head_dim=head_dim,
-                       max_position_embeddings=512, **extra)
+
+    return LlamaConfig(
+        hidden_size=head_dim * heads, num_attention_heads=heads, head_dim=head_dim, max_position_embeddings=512, **extra
+    )
 
 
 def _poisoned_pool(fmt: str, case: Case, kv_heads: int, head_dim: int):
     if fmt == "none":
-        return torch.full((case.num_blocks, case.bs, kv_heads, head_dim), float("nan"), dtype=case.dtype,
-                          device=DEVICE)
-    pool = QuantizedKV(fmt, case.num_blocks, case.bs, kv_heads, head_dim, case.dtype, DEVICE,
-                       head_scale=torch.rand(kv_heads) * 0.05 + 0.01)
+        return torch.full((case.num_blocks, case.bs, kv_heads, head_dim), float("nan"), dtype=case.dtype, device=DEVICE)
+    pool = QuantizedKV(
+        fmt,
+        case.num_blocks,
+        case.bs,
+        kv_heads,
+        head_dim,
+        case.dtype,
+        DEVICE,
+        head_scale=torch.rand(kv_heads) * 0.05 + 0.01,
+    )
     pool._raw().view(torch.uint8).fill_(0xA5)
     if fmt != "fp8":
         pool.scale.fill_(float("nan"))
@@ -176,8 +188,9 @@ SHAPES = [(4, 4, 64), (8, 2, 128), (6, 2, 64), (32, 32, 128)]  # MHA, GQA 4, GQA
 
 # 130 tokens at the 7B shape is left out of the grid (not skipped): the smaller shapes cover 130 tokens, and
 # under the interpreter that one case costs more than the rest together.
-ROPE_CASES = [(*shape, tokens) for shape in SHAPES for tokens in (1, 3, 17, 130)
-              if not (tokens == 130 and shape[0] == 32)]
+ROPE_CASES = [
+    (*shape, tokens) for shape in SHAPES for tokens in (1, 3, 17, 130) if not (tokens == 130 and shape[0] == 32)
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -227,15 +240,27 @@ def test_rope_and_store_refuses_a_strided_head_dim():
     case = Case(3, 4, 2, 64, torch.float32)
     kc = _poisoned_pool("none", case, 2, 64)
     with pytest.raises(ValueError, match="contiguous last dimension"):
-        fused_ops.rope_and_store(case.q.transpose(1, 2), case.k, case.v, case.cos_sin, case.positions, kc,
-                                 kc.clone(), case.slots)
+        fused_ops.rope_and_store(
+            case.q.transpose(1, 2), case.k, case.v, case.cos_sin, case.positions, kc, kc.clone(), case.slots
+        )
 
 
-@pytest.mark.parametrize("extra", [{}, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                         "original_max_position_embeddings": 64}},
-                                   {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                     "original_max_position_embeddings": 128}}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
+    ],
+)
 def test_cos_sin_cache_holds_the_rotary_modules_halves(extra):
     rotary = RotaryEmbedding(_rope_config(64, 4, **extra))
     cache = fused_ops.build_cos_sin_cache(rotary, 200, torch.float16, DEVICE)
@@ -250,6 +275,7 @@ def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
     """The wiring the model will use gives the layer's own output (fp32: to fp32 rounding)."""
     from engine.runner.models.llama import LlamaForCausalLM
     from tests.engine.runner.test_triton_kernels import make_meta
+
     model = LlamaForCausalLM.from_hf(copy.deepcopy(tiny_hf)).to(DEVICE)  # the session's model stays put
     layer = model.layers[0]
     meta = make_meta([(0, 9), (4, 1)], 4, 16)
@@ -263,18 +289,38 @@ def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
     caches[3].copy_(caches[1])
     cos, sin = model.rotary_emb(h, positions[None])
     with torch.inference_mode():
-        ref = layer(h, cos[0][:, None], sin[0][:, None], caches[0], caches[1], meta, triton_paged.paged_attention,
-                    triton_paged.store_kv)
+        ref = layer(
+            h,
+            cos[0][:, None],
+            sin[0][:, None],
+            caches[0],
+            caches[1],
+            meta,
+            triton_paged.paged_attention,
+            triton_paged.store_kv,
+        )
         cos_sin = fused_ops.build_cos_sin_cache(model.rotary_emb, 64, torch.float32, DEVICE)
         x, res = fused_ops.fused_add_rms_norm(h, None, layer.input_layernorm.weight, layer.input_layernorm.eps)
         q, k, v = layer.qkv_proj(x).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         t = h.shape[0]
         q = q.view(t, layer.num_heads, layer.head_dim)
-        fused_ops.rope_and_store(q, k.view(t, layer.num_kv_heads, -1), v.view(t, layer.num_kv_heads, -1), cos_sin,
-                                 positions, caches[2], caches[3], meta.slot_mapping)
+        fused_ops.rope_and_store(
+            q,
+            k.view(t, layer.num_kv_heads, -1),
+            v.view(t, layer.num_kv_heads, -1),
+            cos_sin,
+            positions,
+            caches[2],
+            caches[3],
+            meta.slot_mapping,
+        )
         o = triton_paged.paged_attention(q, caches[2], caches[3], meta, layer.scale)
-        x, res = fused_ops.fused_add_rms_norm(layer.o_proj(o.reshape(t, layer.q_size)), res,
-                                              layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+        x, res = fused_ops.fused_add_rms_norm(
+            layer.o_proj(o.reshape(t, layer.q_size)),
+            res,
+            layer.post_attention_layernorm.weight,
+            layer.post_attention_layernorm.eps,
+        )
         out = res + layer.down_proj(fused_ops.silu_and_mul(layer.gate_up_proj(x)))
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     for fused, unfused in zip(caches[2:], caches[:2]):  # the norms' fp32 sums differ in order: fp32 rounding
@@ -285,12 +331,16 @@ def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
 def test_gpu_kernel_bench_runs_tiny_on_the_cpu(tmp_path):
     out = tmp_path / "kernels.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_kernels.py"), "--device", "cpu", "--tiny",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_kernels.py"), "--device", "cpu", "--tiny", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     names = {r["op"] for r in rows}
-    assert {"fused_add_rms_norm", "rope_and_store", "silu_and_mul", "decode_attention",
-            "prefill_attention"} <= names
+    assert {"fused_add_rms_norm", "rope_and_store", "silu_and_mul", "decode_attention", "prefill_attention"} <= names
     assert all(r["fused_us"] > 0 for r in rows)
     assert "| op |" in proc.stdout

@@ -1,4 +1,5 @@
 """The embedded GGUF is converted once and read from the cache afterwards, with identical weights."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Quantized KV caches: bytes, round trips, the Triton kernels against the torch path, the engine."""
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,12 @@ def test_bytes_per_token_and_pool_capacity(tiny_hf):
     assert token_bytes("int8", 8, 128, 2) == 8 * 130  # + an fp16 scale per token and head
     assert token_bytes("int4", 8, 128, 2) == 8 * 66
     budget = 1 << 20
-    blocks = {dt: LLMEngine.from_hf_model(tiny_hf, None, kv_cache_memory_bytes=budget, block_size=4,
-                                          kv_cache_dtype=dt).pool.num_blocks for dt in ["auto"] + FORMATS}
+    blocks = {
+        dt: LLMEngine.from_hf_model(
+            tiny_hf, None, kv_cache_memory_bytes=budget, block_size=4, kv_cache_dtype=dt
+        ).pool.num_blocks
+        for dt in ["auto"] + FORMATS
+    }
     per_token = {"auto": 2 * 2 * 16 * 4, "fp8": 2 * 2 * 16, "int8": 2 * 2 * 18, "int4": 2 * (18 + 10)}
     for dt, n in blocks.items():  # 2 layers x (K + V) per token, 4 tokens a block
         assert n == budget // (2 * per_token[dt] * 4), dt
@@ -78,8 +83,8 @@ def test_triton_attention_reads_quantized_pools_like_torch(kv_cache_dtype, dtype
     kc.store(everything, torch.randn(64 * bs, kvh, d, device=DEVICE))
     vc.store(everything, torch.randn(64 * bs, kvh, d, device=DEVICE))
     q = torch.randn(t, heads, d, device=DEVICE).to(dtype)
-    ref = torch_ref.paged_attention(q.float(), *pools_as(kc, vc, torch.float32), meta, d ** -0.5)
-    out = triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5)
+    ref = torch_ref.paged_attention(q.float(), *pools_as(kc, vc, torch.float32), meta, d**-0.5)
+    out = triton_paged.paged_attention(q, kc, vc, meta, d**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     assert (out.float() - ref).abs().max().item() < tol
 
@@ -100,12 +105,27 @@ def test_engine_backends_agree_and_pressure_changes_nothing(tiny_hf, kv_cache_dt
     prompts = [list(range(30, 60)) + [1, 2], list(range(30, 60)) + [3], [9, 8, 7, 6, 5]]
     outs = {}
     for backend in ("torch", "triton"):
-        engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", num_gpu_blocks=64, block_size=4,
-                                         kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+        engine = LLMEngine.from_hf_model(
+            tiny_hf,
+            None,
+            name="tiny",
+            num_gpu_blocks=64,
+            block_size=4,
+            kv_cache_dtype=kv_cache_dtype,
+            attention_backend=backend,
+        )
         outs[backend] = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params)]
     assert outs["torch"] == outs["triton"]
-    tight = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", num_gpu_blocks=16, block_size=4,
-                                    kv_cache_dtype=kv_cache_dtype, preemption_mode="swap", num_cpu_blocks=64)
+    tight = LLMEngine.from_hf_model(
+        tiny_hf,
+        None,
+        name="tiny",
+        num_gpu_blocks=16,
+        block_size=4,
+        kv_cache_dtype=kv_cache_dtype,
+        preemption_mode="swap",
+        num_cpu_blocks=64,
+    )
     twin = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, n=2)
     res = LLM.from_engine(tight).generate(prompts, twin)
     assert tight.metrics()["swap_outs"] > 0 and tight.metrics()["cow_copies"] > 0
@@ -116,8 +136,9 @@ def test_engine_backends_agree_and_pressure_changes_nothing(tiny_hf, kv_cache_dt
 def test_int8_stays_close_to_the_unquantized_cache(tiny_hf):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     prompts = [[5, 9, 17, 33, 2, 8, 100] * 3, [1, 2, 3], list(range(40, 90))]
-    engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", num_gpu_blocks=128, block_size=4,
-                                     kv_cache_dtype="int8")
+    engine = LLMEngine.from_hf_model(
+        tiny_hf, None, name="tiny", num_gpu_blocks=128, block_size=4, kv_cache_dtype="int8"
+    )
     got = [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params)]
     ref = [hf_greedy(tiny_hf, p, 16) for p in prompts]
     agree = sum(a == b for g, r in zip(got, ref) for a, b in zip(g, r))

@@ -1,4 +1,5 @@
 """Sampling controls: seeds, top-k/top-p, stop tokens, stop strings, eos, max_tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -41,7 +42,7 @@ def test_stop_token_ids_eos_and_max_tokens(tiny_engine, tiny_hf):
     stop_at = ref[4]
     first = ref.index(stop_at)
     out = llm.generate([[9, 8, 7]], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_at]))[0]
-    assert out.outputs[0].token_ids == ref[:first + 1] and out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].token_ids == ref[: first + 1] and out.outputs[0].finish_reason == "stop"
     out = llm.generate([[9, 8, 7]], SamplingParams(max_tokens=5, temperature=0))[0]
     assert out.outputs[0].token_ids == ref[:5] and out.outputs[0].finish_reason == "length"
     engine = llm.llm_engine
@@ -53,5 +54,5 @@ def test_stop_token_ids_eos_and_max_tokens(tiny_engine, tiny_hf):
     while engine.has_unfinished():
         for o in engine.step().finished:
             done[o.request_id] = o
-    assert done[rid].outputs[0].token_ids == ref[:first + 1]
+    assert done[rid].outputs[0].token_ids == ref[: first + 1]
     assert done[ignoring].outputs[0].token_ids == ref

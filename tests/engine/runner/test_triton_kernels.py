@@ -1,4 +1,5 @@
 """The Triton kernels against the PyTorch reference (interpreter on the CPU, compiled on CUDA)."""
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,17 @@ def make_meta(seqs: list[tuple[int, int]], bs: int, num_blocks: int, seed: int =
     width = max(len(t) for t in tables)
     decode = [i for i, (_, n) in enumerate(seqs) if n == 1]
     t = lambda x: torch.tensor(x, dtype=torch.long, device=DEVICE)  # noqa: E731
-    return AttentionMetadata(t(slots), t([b + [0] * (width - len(b)) for b in tables]), t(lens), qsl, lens, bs,
-                             t(decode), t([qsl[i] for i in decode]), [i for i, (_, n) in enumerate(seqs) if n != 1])
+    return AttentionMetadata(
+        t(slots),
+        t([b + [0] * (width - len(b)) for b in tables]),
+        t(lens),
+        qsl,
+        lens,
+        bs,
+        t(decode),
+        t([qsl[i] for i in decode]),
+        [i for i, (_, n) in enumerate(seqs) if n != 1],
+    )
 
 
 # Ragged: fresh prompts, one-token decodes, chunks over a cached prefix, a single-token prompt.
@@ -56,12 +66,15 @@ def test_store_kv_writes_each_slot_and_skips_padding(dtype):
     assert int((kc.flatten(0, 1).abs().sum((1, 2)) != 0).sum()) == 4  # the two -1 rows wrote nothing
 
 
-@pytest.mark.parametrize("bs,heads,kv_heads,head_dim", [
-    (8, 4, 4, 64),   # GQA ratio 1
-    (16, 6, 2, 64),  # 3
-    (32, 8, 2, 128),  # 4
-    (16, 8, 1, 128),  # 8
-])
+@pytest.mark.parametrize(
+    "bs,heads,kv_heads,head_dim",
+    [
+        (8, 4, 4, 64),  # GQA ratio 1
+        (16, 6, 2, 64),  # 3
+        (32, 8, 2, 128),  # 4
+        (16, 8, 1, 128),  # 8
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_paged_attention_matches_reference(bs, heads, kv_heads, head_dim, dtype):
     torch.manual_seed(bs + heads)
@@ -70,7 +83,7 @@ def test_paged_attention_matches_reference(bs, heads, kv_heads, head_dim, dtype)
     kc = torch.randn(64, bs, kv_heads, head_dim, device=DEVICE).to(dtype)
     vc = torch.randn(64, bs, kv_heads, head_dim, device=DEVICE).to(dtype)
     q = torch.randn(tokens, heads, head_dim, device=DEVICE).to(dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     exact = torch_ref.paged_attention(q.double(), kc.double(), vc.double(), meta, scale)
     out = triton_paged.paged_attention(q, kc, vc, meta, scale)
     assert out.dtype == dtype and out.shape == q.shape
@@ -102,8 +115,15 @@ def test_engine_with_triton_equals_torch_and_transformers(tiny_hf, block_size):
     model = copy.deepcopy(tiny_hf).to(DEVICE)
     for backend in ("torch", "triton"):
         # A small token budget chunks the long prompts; the shared prefix hits the cache.
-        engine = LLMEngine.from_hf_model(model, None, name="tiny-llama", block_size=block_size, num_gpu_blocks=64,
-                                         attention_backend=backend, max_num_batched_tokens=24)
+        engine = LLMEngine.from_hf_model(
+            model,
+            None,
+            name="tiny-llama",
+            block_size=block_size,
+            num_gpu_blocks=64,
+            attention_backend=backend,
+            max_num_batched_tokens=24,
+        )
         res = LLM.from_engine(engine).generate(prompts, params)
         outs[backend] = [r.outputs[0].token_ids for r in res]
         assert engine.metrics()["prefix_cache_hits"] > 0
@@ -197,8 +217,8 @@ def test_split_k_decode_reads_quantized_pools(kv_cache_dtype, dtype):
     q = torch.randn(len(LONG), heads, d, device=DEVICE).to(dtype)
     kc32, vc32 = copy.copy(kc), copy.copy(vc)
     kc32.out_dtype = vc32.out_dtype = torch.float32
-    ref = torch_ref.paged_attention(q.float(), kc32, vc32, meta, d ** -0.5)
-    out = triton_paged.paged_attention(q, kc, vc, meta, d ** -0.5, num_splits=8)
+    ref = torch_ref.paged_attention(q.float(), kc32, vc32, meta, d**-0.5)
+    out = triton_paged.paged_attention(q, kc, vc, meta, d**-0.5, num_splits=8)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     assert (out.float() - ref).abs().max().item() < tol
 

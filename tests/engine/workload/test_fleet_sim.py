@@ -1,6 +1,7 @@
 """A fleet of simulated instances behind a router (engine/workload/fleet.py, routers.py): a fleet of one is
 exactly the single engine; round robin caches what the independent reference says; each policy's choice on
 hand-made cases, read from the instances' real pools; session keys; the sweep; the command line's refusals."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,11 @@ def same_object(single: dict, fleet: dict) -> dict:
 # -- a fleet of one is the single engine -----------------------------------------------------------------
 CASES = {
     # arrivals 20x faster than the trace's, a small pool: queueing, evictions and preemptions
-    "full, preempting": (CONVERSATION, EngineConfig(block_size=16, num_gpu_blocks=2500, max_num_seqs=16),
-                         SimConfig(time_scale=0.05)),
+    "full, preempting": (
+        CONVERSATION,
+        EngineConfig(block_size=16, num_gpu_blocks=2500, max_num_seqs=16),
+        SimConfig(time_scale=0.05),
+    ),
     "full, skipping": (SYNTHETIC, EngineConfig(block_size=64, num_gpu_blocks=400), SimConfig(time_scale=0.2)),
     "sequential": (CONVERSATION, EngineConfig(block_size=512, num_gpu_blocks=300), SimConfig(sequential=True)),
     "token ids": (EXAMPLE, EngineConfig(block_size=4, num_gpu_blocks=120), SimConfig()),
@@ -83,8 +87,9 @@ def test_round_robin_caches_what_each_instance_of_the_reference_caches(path, bs)
     for n in (2, 3, 5):
         refs = round_robin_sharing(w, n, bs, 131072)
         pool = max(r.blocks_allocated for r in refs)  # every instance's pool never evicts
-        res = run_fleet(w, EngineConfig(block_size=bs, num_gpu_blocks=pool), SimConfig(sequential=True), n,
-                        "round-robin")
+        res = run_fleet(
+            w, EngineConfig(block_size=bs, num_gpu_blocks=pool), SimConfig(sequential=True), n, "round-robin"
+        )
         assert res.total.evictions == 0 and res.total.requests == sum(r.requests for r in refs) == 200
         assert [i.cached_tokens for i in res.instances] == [r.cached_tokens for r in refs]
         assert res.total.cached_tokens == sum(r.cached_tokens for r in refs) > 0
@@ -181,10 +186,15 @@ def test_the_prefix_routers_read_each_instances_own_pool(tmp_path):
     """Requests placed by a plan fill three real pools; a new prompt's cached prefix on each is what its hash
     map holds, and the prefix routers follow it."""
     a = list(range(1, 13))  # three blocks of 4
-    p = write(tmp_path, [{"arrival": 0, "prompt": a, "max_tokens": 2},
-                         {"arrival": 0, "prompt": a[:8] + [50, 51, 52, 53], "max_tokens": 2},
-                         {"arrival": 0, "prompt": [90, 91, 92, 93, 94], "max_tokens": 2},
-                         {"arrival": 9, "prompt": a + [7, 7, 7, 7, 7], "max_tokens": 2}])
+    p = write(
+        tmp_path,
+        [
+            {"arrival": 0, "prompt": a, "max_tokens": 2},
+            {"arrival": 0, "prompt": a[:8] + [50, 51, 52, 53], "max_tokens": 2},
+            {"arrival": 0, "prompt": [90, 91, 92, 93, 94], "max_tokens": 2},
+            {"arrival": 9, "prompt": a + [7, 7, 7, 7, 7], "max_tokens": 2},
+        ],
+    )
     w = read_workload(p)
     fleet = build_fleet(w, EngineConfig(block_size=4, num_gpu_blocks=64), SimConfig(), 3, Planned({1: 2, 2: 1, 3: 0}))
     while fleet.next < 3 or any(i.engine.has_unfinished() for i in fleet.instances):
@@ -209,25 +219,39 @@ def test_the_prefix_routers_read_each_instances_own_pool(tmp_path):
 
 # -- session keys ------------------------------------------------------------------------------------------
 def test_session_keys_skip_a_prefix_every_request_shares(tmp_path):
-    p = write(tmp_path, [{"timestamp": 0, "input_length": 1500, "output_length": 1, "hash_ids": [0, 1, 2]},
-                         {"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [0, 1, 2, 3]},
-                         {"timestamp": 0, "input_length": 1200, "output_length": 1, "hash_ids": [0, 4, 5]},
-                         {"timestamp": 0, "input_length": 500, "output_length": 1, "hash_ids": [0]}])
+    p = write(
+        tmp_path,
+        [
+            {"timestamp": 0, "input_length": 1500, "output_length": 1, "hash_ids": [0, 1, 2]},
+            {"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [0, 1, 2, 3]},
+            {"timestamp": 0, "input_length": 1200, "output_length": 1, "hash_ids": [0, 4, 5]},
+            {"timestamp": 0, "input_length": 500, "output_length": 1, "hash_ids": [0]},
+        ],
+    )
     assert session_keys(read_workload(p)) == [1, 1, 4, 0]  # block 0 opens everything; a request of it alone: 0
     w = read_workload(SYNTHETIC)
     assert session_keys(w) == [r.hash_ids[0] for r in w.requests]  # no block is in half the requests
     shared, other = list(range(1, 601)), list(range(2, 602))
-    p = write(tmp_path, [{"arrival": 0, "prompt": [1, 2], "max_tokens": 1, "session": "alice"},
-                         {"arrival": 0, "prompt": [3, 4], "max_tokens": 1, "session": 7},
-                         {"arrival": 0, "prompt": shared + [9], "max_tokens": 1},
-                         {"arrival": 0, "prompt": shared + [8, 8], "max_tokens": 1},
-                         {"arrival": 0, "prompt": other, "max_tokens": 1}])
+    p = write(
+        tmp_path,
+        [
+            {"arrival": 0, "prompt": [1, 2], "max_tokens": 1, "session": "alice"},
+            {"arrival": 0, "prompt": [3, 4], "max_tokens": 1, "session": 7},
+            {"arrival": 0, "prompt": shared + [9], "max_tokens": 1},
+            {"arrival": 0, "prompt": shared + [8, 8], "max_tokens": 1},
+            {"arrival": 0, "prompt": other, "max_tokens": 1},
+        ],
+    )
     keys = session_keys(read_workload(p))
     assert keys[:2] == [("session", "alice"), ("session", 7)]
     # token prompts: by 512-token blocks, the first that at most half of the requests share
     assert keys[2] == keys[3] != keys[4]  # their first block is in 2 of 5 requests: it names their session
-    p = write(tmp_path, [{"arrival": 0, "prompt": shared[:512] + [i] * 10, "max_tokens": 1} for i in range(3)] +
-              [{"arrival": 0, "prompt": shared[:512] + [7] * 512 + [i], "max_tokens": 1} for i in range(2)], "t.jsonl")
+    p = write(
+        tmp_path,
+        [{"arrival": 0, "prompt": shared[:512] + [i] * 10, "max_tokens": 1} for i in range(3)]
+        + [{"arrival": 0, "prompt": shared[:512] + [7] * 512 + [i], "max_tokens": 1} for i in range(2)],
+        "t.jsonl",
+    )
     keys = session_keys(read_workload(p))
     assert len(set(keys)) == 4 and keys[3] == keys[4]  # past the block all five share: the second decides
     bad = write(tmp_path, [{"arrival": 0, "prompt": [1], "max_tokens": 1, "session": ["x"]}], "bad.jsonl")
@@ -249,8 +273,9 @@ def test_session_affinity_keeps_a_conversation_on_one_instance():
 # -- the fleet as a whole ----------------------------------------------------------------------------------
 def test_a_fleet_plays_the_trace_with_clean_pools_and_one_clock():
     w = read_workload(CONVERSATION, limit=120)
-    fleet = build_fleet(w, EngineConfig(block_size=16, num_gpu_blocks=3000), SimConfig(time_scale=0.1), 4,
-                        "prefix-aware")
+    fleet = build_fleet(
+        w, EngineConfig(block_size=16, num_gpu_blocks=3000), SimConfig(time_scale=0.1), 4, "prefix-aware"
+    )
     assert isinstance(fleet, FleetFeeder)
     last = 0.0
     while (event := fleet.step()) is not None:
@@ -308,10 +333,16 @@ def test_the_fleets_capacity_split_evenly():
 
 def test_sweep_rows_table_and_plot(tmp_path):
     w = read_workload(SYNTHETIC, limit=60)
-    rows = sweep_fleet(w, [1, 2, 4], ["round-robin", "prefix-aware"], EngineConfig(block_size=64),
-                       SimConfig(kv_tokens=2e5, time_scale=0.2))
-    assert [(r["router"], r["instances"]) for r in rows] == [(p, n) for p in ("round-robin", "prefix-aware")
-                                                              for n in (1, 2, 4)]
+    rows = sweep_fleet(
+        w,
+        [1, 2, 4],
+        ["round-robin", "prefix-aware"],
+        EngineConfig(block_size=64),
+        SimConfig(kv_tokens=2e5, time_scale=0.2),
+    )
+    assert [(r["router"], r["instances"]) for r in rows] == [
+        (p, n) for p in ("round-robin", "prefix-aware") for n in (1, 2, 4)
+    ]
     assert all(r["capacity"] == "per instance" and len(r["per_instance"]) == r["instances"] for r in rows)
     one = [r for r in rows if r["instances"] == 1]
     assert one[0]["hit_rate"] == one[1]["hit_rate"] and one[0]["ttft_p99_s"] == one[1]["ttft_p99_s"]
@@ -336,19 +367,22 @@ def test_python_m_engine_workload_plays_a_fleet_and_its_sweep(tmp_path, capsys):
     assert [r["instances"] for r in out["sweep"]] == [1, 2] and png.stat().st_size > 20_000
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["--router", "session"], "--router is for a fleet: give --instances N (or --sweep-instances)"),
-    (["--fleet-kv-tokens", "1e6"], "--fleet-kv-tokens is for a fleet: give --instances N"),
-    (["--instances", "2", "--sweep-instances", "1,2"], "--sweep-instances sets the number of instances"),
-    (["--instances", "2", "--sweep-kv-tokens", "1e5"], "--sweep-kv-tokens sweeps one engine's pool"),
-    (["--instances", "2", "--fleet-kv-tokens", "1e6", "--kv-tokens", "1e5"], "leave out --kv-tokens"),
-    (["--instances", "2", "--fleet-kv-tokens", "1e6", "--num-gpu-blocks", "9"], "leave out --num-gpu-blocks"),
-    (["--instances", "2", "--router", "random"], "--router takes round-robin, least-loaded, session"),
-    (["--instances", "0"], "instances must be >= 1, got 0"),
-    (["--sweep-instances", "1,0"], "--sweep-instances takes instance counts >= 1"),
-    (["--sweep-instances", "2", "--eviction-policy", "lru,lfu"], "--sweep-instances draws one eviction policy"),
-    (["--instances", "2", "--png", "x.png"], "--png draws a sweep: give --sweep-kv-tokens or --sweep-instances"),
-])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--router", "session"], "--router is for a fleet: give --instances N (or --sweep-instances)"),
+        (["--fleet-kv-tokens", "1e6"], "--fleet-kv-tokens is for a fleet: give --instances N"),
+        (["--instances", "2", "--sweep-instances", "1,2"], "--sweep-instances sets the number of instances"),
+        (["--instances", "2", "--sweep-kv-tokens", "1e5"], "--sweep-kv-tokens sweeps one engine's pool"),
+        (["--instances", "2", "--fleet-kv-tokens", "1e6", "--kv-tokens", "1e5"], "leave out --kv-tokens"),
+        (["--instances", "2", "--fleet-kv-tokens", "1e6", "--num-gpu-blocks", "9"], "leave out --num-gpu-blocks"),
+        (["--instances", "2", "--router", "random"], "--router takes round-robin, least-loaded, session"),
+        (["--instances", "0"], "instances must be >= 1, got 0"),
+        (["--sweep-instances", "1,0"], "--sweep-instances takes instance counts >= 1"),
+        (["--sweep-instances", "2", "--eviction-policy", "lru,lfu"], "--sweep-instances draws one eviction policy"),
+        (["--instances", "2", "--png", "x.png"], "--png draws a sweep: give --sweep-kv-tokens or --sweep-instances"),
+    ],
+)
 def test_every_bad_fleet_option_is_one_line_and_exit_2(argv, line, capsys):
     assert cli_main([str(SYNTHETIC), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

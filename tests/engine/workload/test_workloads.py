@@ -1,5 +1,6 @@
 """Real workloads (engine/workload): the reader and its every bad input, token making from hash ids, the
 engine's hit count against the independent reference, the sweep, skipped requests, and the virtual clock."""
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,17 @@ def write(tmp_path: Path, lines: list, name: str = "w.jsonl") -> Path:
 
 
 def mc(ts: int = 0, n: int = 600, out: int = 4, ids: list[int] | None = None) -> dict:
-    return {"timestamp": ts, "input_length": n, "output_length": out,
-            "hash_ids": ids if ids is not None else list(range(-(-n // 512)))}
+    return {
+        "timestamp": ts,
+        "input_length": n,
+        "output_length": out,
+        "hash_ids": ids if ids is not None else list(range(-(-n // 512))),
+    }
 
 
 class CharTokenizer:
     """A stand-in tokenizer: one token per character."""
+
     name_or_path = "chars"
 
     def encode(self, text: str) -> list[int]:
@@ -66,8 +72,9 @@ def test_reads_mooncake_ms_and_kvscope_seconds():
     assert k.requests[0].token_ids == first["prompt"] and k.requests[0].max_tokens == first["max_tokens"]
     assert [r.arrival_s for r in k.requests] == sorted(r.arrival_s for r in k.requests)
     t = read_workload(EXAMPLE_TEXT, tokenizer=CharTokenizer())
-    assert t.requests[0].token_ids == CharTokenizer().encode(json.loads(EXAMPLE_TEXT.read_text().splitlines()[0])
-                                                              ["prompt"])
+    assert t.requests[0].token_ids == CharTokenizer().encode(
+        json.loads(EXAMPLE_TEXT.read_text().splitlines()[0])["prompt"]
+    )
     assert read_workload(CONVERSATION, limit=7).requests[-1].line == 7
 
 
@@ -139,8 +146,9 @@ def test_time_going_back_is_refused(tmp_path):
     p = write(tmp_path, [mc(100), mc(100), mc(99)])
     with pytest.raises(WorkloadError, match=r"w\.jsonl:3: timestamp 99 ms goes back in time"):
         read_workload(p)
-    p = write(tmp_path, [{"arrival": 2, "prompt": [1], "max_tokens": 1},
-                         {"arrival": 1.5, "prompt": [1], "max_tokens": 1}])
+    p = write(
+        tmp_path, [{"arrival": 2, "prompt": [1], "max_tokens": 1}, {"arrival": 1.5, "prompt": [1], "max_tokens": 1}]
+    )
     with pytest.raises(WorkloadError, match=r"w\.jsonl:2: arrival 1\.5 s goes back in time"):
         read_workload(p)
 
@@ -161,10 +169,15 @@ def test_bad_files_name_the_file(tmp_path):
 
 
 def test_bad_inputs_at_run_time_name_the_line(tmp_path):
-    p = write(tmp_path, [{"arrival": 0, "prompt": [1, 2], "max_tokens": 1},
-                         {"arrival": 0, "prompt": [1, 200000], "max_tokens": 1}])
-    with pytest.raises(WorkloadError, match=r"w\.jsonl:2: token id 200000 is outside the simulated model's "
-                                            r"vocabulary \(0\.\.128255\)"):
+    p = write(
+        tmp_path,
+        [{"arrival": 0, "prompt": [1, 2], "max_tokens": 1}, {"arrival": 0, "prompt": [1, 200000], "max_tokens": 1}],
+    )
+    with pytest.raises(
+        WorkloadError,
+        match=r"w\.jsonl:2: token id 200000 is outside the simulated model's "
+        r"vocabulary \(0\.\.128255\)",
+    ):
         run_workload(read_workload(p), EngineConfig(num_gpu_blocks=64))
     w = read_workload(CONVERSATION, limit=3)
     with pytest.raises(WorkloadError, match="block size 48 does not divide the trace's 512-token blocks"):
@@ -230,8 +243,11 @@ def test_the_tokens_are_shared_int_objects():
 # -- the engine against the reference ------------------------------------------------------------------
 def _infinite(w, bs: int, policy: str = "lru"):
     ref = prefix_sharing(w, bs, 131072)
-    res = run_workload(w, EngineConfig(block_size=bs, num_gpu_blocks=ref.blocks_allocated, eviction_policy=policy),
-                       SimConfig(sequential=True))
+    res = run_workload(
+        w,
+        EngineConfig(block_size=bs, num_gpu_blocks=ref.blocks_allocated, eviction_policy=policy),
+        SimConfig(sequential=True),
+    )
     return ref, res
 
 
@@ -253,7 +269,7 @@ def _branchy_trace(tmp_path: Path, n: int = 60) -> Path:
     trunks = [[rng.randrange(1000) for _ in range(6)] for _ in range(5)]
     lines, next_id = [], 1000
     for i in range(n):
-        t = trunks[rng.randrange(5)][:rng.randint(0, 6)]
+        t = trunks[rng.randrange(5)][: rng.randint(0, 6)]
         extra = rng.randint(1, 3)
         ids = t + list(range(next_id, next_id + extra))
         next_id += extra
@@ -294,8 +310,23 @@ def test_sweep_rows_table_and_plot(tmp_path):
     caps = [2e4, 1e5, 1e6, 1e7]
     rows = sweep(w, caps, ["lru", "lfu"], cfg, sim, reference=ref)
     assert [(r["policy"], r["kv_tokens_asked"]) for r in rows] == [(p, c) for p in ("lru", "lfu") for c in caps]
-    need = {"trace", "policy", "mode", "kv_tokens", "requests", "prompt_tokens", "cached_tokens", "hit_rate",
-            "evictions", "preemptions", "ttft_p50_s", "ttft_p99_s", "skipped", "of_max", "wall_s"}
+    need = {
+        "trace",
+        "policy",
+        "mode",
+        "kv_tokens",
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "hit_rate",
+        "evictions",
+        "preemptions",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "skipped",
+        "of_max",
+        "wall_s",
+    }
     assert all(need <= set(r) for r in rows)
     assert all(r["kv_tokens"] <= r["kv_tokens_asked"] and r["mode"] == "sequential" for r in rows)
     lru = [r for r in rows if r["policy"] == "lru"]
@@ -337,8 +368,16 @@ def test_full_mode_generates_the_outputs_and_preempts_in_a_small_pool():
     assert res.preemptions > 0 and res.evictions > 0 and res.peak_running > 1
     assert all(rec.ttft_s is not None and rec.finish_s >= rec.arrival_s + rec.ttft_s for rec in res.records)
     s = res.summary()
-    for key in ("requests", "prompt_tokens", "cached_tokens", "hit_rate", "evictions", "preemptions",
-                "ttft_p50_s", "ttft_p99_s"):
+    for key in (
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "hit_rate",
+        "evictions",
+        "preemptions",
+        "ttft_p50_s",
+        "ttft_p99_s",
+    ):
         assert key in s
     assert 0 <= s["hit_rate"] <= 1 and s["ttft_p50_s"] <= s["ttft_p99_s"]
 
@@ -346,8 +385,11 @@ def test_full_mode_generates_the_outputs_and_preempts_in_a_small_pool():
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_each_policy_runs_a_trace_with_a_clean_audit(policy):
     w = read_workload(SYNTHETIC, limit=80)
-    engine, feeder = build_engine(w, EngineConfig(block_size=64, eviction_policy=policy, max_num_seqs=16),
-                                  SimConfig(kv_tokens=3e5, time_scale=0.05))
+    engine, feeder = build_engine(
+        w,
+        EngineConfig(block_size=64, eviction_policy=policy, max_num_seqs=16),
+        SimConfig(kv_tokens=3e5, time_scale=0.05),
+    )
     while feeder.has_work() or engine.has_unfinished():
         feeder.before_step(engine)
         out = engine.step()
@@ -363,8 +405,14 @@ def test_each_policy_runs_a_trace_with_a_clean_audit(policy):
 # -- the virtual clock ------------------------------------------------------------------------------------
 def _burst(tmp_path: Path, gap_s: float) -> Path:
     rng = random.Random(0)
-    return write(tmp_path, [{"arrival": round(i * gap_s, 3), "prompt": [rng.randrange(1, 30000) for _ in range(8000)],
-                             "max_tokens": 4} for i in range(12)], f"burst{gap_s}.jsonl")
+    return write(
+        tmp_path,
+        [
+            {"arrival": round(i * gap_s, 3), "prompt": [rng.randrange(1, 30000) for _ in range(8000)], "max_tokens": 4}
+            for i in range(12)
+        ],
+        f"burst{gap_s}.jsonl",
+    )
 
 
 def test_ttft_grows_when_arrivals_outpace_the_card(tmp_path):
@@ -378,8 +426,9 @@ def test_ttft_grows_when_arrivals_outpace_the_card(tmp_path):
     ttfts = [r.ttft_s for r in burst.records]
     assert ttfts[-1] > 5 * ttfts[0] and ttfts[-1] > 8 * prefill  # queued behind the others' prefills
     assert burst.summary()["ttft_p99_s"] > 3 * spaced.summary()["ttft_p99_s"]
-    faster = run_workload(read_workload(_burst(tmp_path, 0.05)), cfg,
-                          SimConfig(sim_model="llama-3.1-8b", sim_gpu="h200", kv_tokens=2e5))
+    faster = run_workload(
+        read_workload(_burst(tmp_path, 0.05)), cfg, SimConfig(sim_model="llama-3.1-8b", sim_gpu="h200", kv_tokens=2e5)
+    )
     assert faster.summary()["ttft_p99_s"] < burst.summary()["ttft_p99_s"] / 3  # 6x the compute
 
 
@@ -409,22 +458,59 @@ def test_an_engine_over_the_sim_runner():
 
 
 def test_headless_json(capsys):
-    assert cli_main([str(SYNTHETIC), "--block-size", "512", "--num-gpu-blocks", "4000", "--sequential",
-                     "--limit", "50", "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                str(SYNTHETIC),
+                "--block-size",
+                "512",
+                "--num-gpu-blocks",
+                "4000",
+                "--sequential",
+                "--limit",
+                "50",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)["workload"]
-    for key in ("requests", "prompt_tokens", "cached_tokens", "hit_rate", "evictions", "preemptions",
-                "ttft_p50_s", "ttft_p99_s", "reference_hit_rate"):
+    for key in (
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "hit_rate",
+        "evictions",
+        "preemptions",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "reference_hit_rate",
+    ):
         assert key in out
     assert out["requests"] == 50 and out["hit_rate"] == out["reference_hit_rate"]
 
 
 def test_the_command_lines_sweep_prints_the_table_and_draws_the_plot(tmp_path, capsys, monkeypatch):
-    args = [str(CONVERSATION), "--block-size", "512", "--sequential", "--sweep-kv-tokens", "1e5,1e6",
-            "--eviction-policy", "lru,lfu", "--limit", "50"]
+    args = [
+        str(CONVERSATION),
+        "--block-size",
+        "512",
+        "--sequential",
+        "--sweep-kv-tokens",
+        "1e5,1e6",
+        "--eviction-policy",
+        "lru,lfu",
+        "--limit",
+        "50",
+    ]
     assert cli_main(args + ["--json", "--png", str(tmp_path / "s.png")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(r["policy"], r["kv_tokens_asked"]) for r in out["sweep"]] == [
-        ("lru", 1e5), ("lru", 1e6), ("lfu", 1e5), ("lfu", 1e6)]
+        ("lru", 1e5),
+        ("lru", 1e6),
+        ("lfu", 1e5),
+        ("lfu", 1e6),
+    ]
     assert out["reference"]["paper_table2"] == 0.40 and (tmp_path / "s.png").stat().st_size > 10_000
     monkeypatch.chdir(tmp_path)
     assert cli_main(args) == 0
@@ -437,6 +523,7 @@ def test_the_benchmarks_quick_run_writes_its_results(tmp_path, monkeypatch):
     """bench/workloads.py --quick (the 200-line excerpts): its JSON's shape and its two figures."""
     import importlib
     import sys
+
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     common = importlib.import_module("common")
     monkeypatch.setattr(common, "RESULTS", tmp_path)

@@ -1,5 +1,6 @@
 """Issue 34: an engine flag beside --scenario is applied over the scenario's setting or refused, in one place
 (kvscope.scenario.scenario_config), never silently dropped; --inject beside a scenario is refused."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,15 @@ from kvscope.scenario import REFUSED_OVER_SCENARIO, available, load_scenario, sc
 
 # two valid values for every setting a shipped scenario sets, one of them other than the scenario's (a new setting
 # must be added here, and so decided)
-OTHER = {"block_size": (8, 32), "num_gpu_blocks": (200, 201), "num_cpu_blocks": (3, 4), "max_model_len": (512, 1024),
-         "kv_layout": ("paged", "contiguous"), "preemption_mode": ("swap", "recompute"),
-         "fault": ("double-free", "cow-leak")}
+OTHER = {
+    "block_size": (8, 32),
+    "num_gpu_blocks": (200, 201),
+    "num_cpu_blocks": (3, 4),
+    "max_model_len": (512, 1024),
+    "kv_layout": ("paged", "contiguous"),
+    "preemption_mode": ("swap", "recompute"),
+    "fault": ("double-free", "cow-leak"),
+}
 
 
 def test_a_flag_is_given_even_at_its_default_and_an_alias_counts():
@@ -39,8 +46,10 @@ def test_every_setting_a_scenario_sets_is_applied_or_refused(name):
         merged, notices = scenario_config(config, sc, args.engine_flags_given)
         assert getattr(merged, key) == other  # the flag wins
         assert all(getattr(merged, k) == v for k, v in sc.config.items() if k != key)  # the rest is the scenario's
-        assert notices == [f"--{key.replace('_', '-')} {other} applied over scenario {name}'s {key}={value!r} "
-                           f"(its notes describe {value!r})"]
+        assert notices == [
+            f"--{key.replace('_', '-')} {other} applied over scenario {name}'s {key}={value!r} "
+            f"(its notes describe {value!r})"
+        ]
 
 
 def test_without_flags_the_scenario_wins_as_before():
@@ -58,12 +67,20 @@ def test_block_size_over_a_scenario_headless(capsys):
 
 
 @pytest.mark.parametrize("mode", [["--headless"], ["--screenshot", "x.png"]])
-@pytest.mark.parametrize("argv,line", [
-    (["--scenario", "leak-hunt", "--fault", "shared-write"], "kvscope: --fault is refused with --scenario leak-hunt"),
-    (["--scenario", "four-score", "--inject", "hi"], "kvscope: --inject is refused with --scenario four-score"),
-    (["--scenario", "four-score", "--inject-ids", "1,2"],
-     "kvscope: --inject-ids is refused with --scenario four-score"),
-])
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (
+            ["--scenario", "leak-hunt", "--fault", "shared-write"],
+            "kvscope: --fault is refused with --scenario leak-hunt",
+        ),
+        (["--scenario", "four-score", "--inject", "hi"], "kvscope: --inject is refused with --scenario four-score"),
+        (
+            ["--scenario", "four-score", "--inject-ids", "1,2"],
+            "kvscope: --inject-ids is refused with --scenario four-score",
+        ),
+    ],
+)
 def test_a_refusal_is_one_line_and_exit_2_headless_and_in_the_window(capsys, tmp_path, monkeypatch, mode, argv, line):
     monkeypatch.chdir(tmp_path)
     assert main(mode + argv) == 2
@@ -71,10 +88,25 @@ def test_a_refusal_is_one_line_and_exit_2_headless_and_in_the_window(capsys, tmp
     assert err.startswith(line) and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("alias", ["two-requests", "sharing", "copy-on-write", "preemption", "one-request", "cow",
-                                   "swap", "beams", "leak", "chat", "prefix-caching"])
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "two-requests",
+        "sharing",
+        "copy-on-write",
+        "preemption",
+        "one-request",
+        "cow",
+        "swap",
+        "beams",
+        "leak",
+        "chat",
+        "prefix-caching",
+    ],
+)
 def test_a_teachers_name_is_an_alias_of_a_scenario(alias):
     from kvscope.scenario import ALIASES
+
     sc = load_scenario(alias)
     assert sc.name == ALIASES[alias] in available()  # the scenario's own name: notes, traces, the window's title
 

@@ -2,6 +2,7 @@
 with its table and plot), every refusal in one line with exit 2 (the same line with a window or without),
 and the window's live source: the trace's arrivals fed step by step on the virtual clock, the same run
 as headless."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,16 @@ ROOT = Path(__file__).resolve().parents[3]
 CONVERSATION = ROOT / "resources" / "workloads" / "mooncake_conversation_200.jsonl"
 SYNTHETIC = ROOT / "resources" / "workloads" / "mooncake_synthetic_200.jsonl"
 EXAMPLE = ROOT / "resources" / "workloads" / "example_kvscope.jsonl"
-KEYS = {"requests", "prompt_tokens", "cached_tokens", "hit_rate", "evictions", "preemptions", "ttft_p50_s",
-        "ttft_p99_s"}
+KEYS = {
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "hit_rate",
+    "evictions",
+    "preemptions",
+    "ttft_p50_s",
+    "ttft_p99_s",
+}
 COST_OF_THIS_MACHINE = {"wall_s", "peak_rss_mb"}
 
 
@@ -40,13 +49,28 @@ def test_headless_json_prints_the_workload_object_as_python_m_engine_workload_do
     assert out["evictions"] > 0  # 600 blocks of 16 are far smaller than 40 of these prompts
     assert workload_main([str(CONVERSATION), "--json", *flags]) == 0
     same = json.loads(capsys.readouterr().out)["workload"]
-    assert {k: v for k, v in out.items() if k not in COST_OF_THIS_MACHINE} == \
-        {k: v for k, v in same.items() if k not in COST_OF_THIS_MACHINE}
+    assert {k: v for k, v in out.items() if k not in COST_OF_THIS_MACHINE} == {
+        k: v for k, v in same.items() if k not in COST_OF_THIS_MACHINE
+    }
 
 
 def test_sequential_with_a_pool_that_never_evicts_reaches_the_traces_own_sharing(capsys):
-    out = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), "--block-size", "512",
-                            "--sequential", "--kv-tokens", "1e8", "--limit", "120"])["workload"]
+    out = run_json(
+        capsys,
+        [
+            "--headless",
+            "--json",
+            "--workload",
+            str(CONVERSATION),
+            "--block-size",
+            "512",
+            "--sequential",
+            "--kv-tokens",
+            "1e8",
+            "--limit",
+            "120",
+        ],
+    )["workload"]
     ref = prefix_sharing(read_workload(CONVERSATION, limit=120), 512)
     assert out["mode"] == "sequential" and out["evictions"] == 0
     assert out["cached_tokens"] == ref.cached_tokens and out["prompt_tokens"] == ref.prompt_tokens
@@ -54,15 +78,51 @@ def test_sequential_with_a_pool_that_never_evicts_reaches_the_traces_own_sharing
 
 def test_the_sweep_prints_its_table_and_draws_hit_rate_against_capacity(capsys, tmp_path):
     png = tmp_path / "sweep.png"
-    assert main(["--headless", "--workload", str(CONVERSATION), "--block-size", "512", "--sequential",
-                 "--sweep-kv-tokens", "1e5,1e6,1e8", "--limit", "80", "--png", str(png)]) == 0
+    assert (
+        main(
+            [
+                "--headless",
+                "--workload",
+                str(CONVERSATION),
+                "--block-size",
+                "512",
+                "--sequential",
+                "--sweep-kv-tokens",
+                "1e5,1e6,1e8",
+                "--limit",
+                "80",
+                "--png",
+                str(png),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.startswith("| ") and "lru" in line]
     assert len(rows) == 3  # one a capacity
     assert "reference (a pool that never evicts" in text and png.stat().st_size > 10_000
-    assert main(["--headless", "--json", "--workload", str(CONVERSATION), "--block-size", "512", "--sequential",
-                 "--sweep-kv-tokens", "1e5,1e8", "--limit", "80", "--png", str(png),
-                 "--eviction-policy", "lfu"]) == 0
+    assert (
+        main(
+            [
+                "--headless",
+                "--json",
+                "--workload",
+                str(CONVERSATION),
+                "--block-size",
+                "512",
+                "--sequential",
+                "--sweep-kv-tokens",
+                "1e5,1e8",
+                "--limit",
+                "80",
+                "--png",
+                str(png),
+                "--eviction-policy",
+                "lfu",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     rates = [r["hit_rate"] for r in data["sweep"]]
     assert [r["policy"] for r in data["sweep"]] == ["lfu", "lfu"] and rates[0] <= rates[1]
@@ -72,29 +132,45 @@ def test_the_sweep_prints_its_table_and_draws_hit_rate_against_capacity(capsys, 
 BAD = [
     (["--sim-gpu", "h200"], "kvscope: --sim-gpu plays a workload: give --workload FILE too"),
     (["--sequential"], "kvscope: --sequential plays a workload: give --workload FILE too"),
-    (["--workload", "{bad}", "--scenario", "four-score"],
-     "kvscope: --workload plays a trace without weights: not with --scenario"),
-    (["--workload", "{bad}", "--model", "tinyllama"],
-     "kvscope: --workload simulates a model without its weights: name it with --sim-model (e.g. --sim-model "
-     "llama-2-7b), not --model tinyllama"),
+    (
+        ["--workload", "{bad}", "--scenario", "four-score"],
+        "kvscope: --workload plays a trace without weights: not with --scenario",
+    ),
+    (
+        ["--workload", "{bad}", "--model", "tinyllama"],
+        "kvscope: --workload simulates a model without its weights: name it with --sim-model (e.g. --sim-model "
+        "llama-2-7b), not --model tinyllama",
+    ),
     (["--workload", "{bad}"], "kvscope: {bad}:2: timestamp 5 ms goes back in time"),
     (["--workload", "{missing}"], "kvscope: {missing}: cannot read it (No such file or directory)"),
-    (["--workload", str(EXAMPLE), "--sweep-kv-tokens", "1e4,lots"],
-     "kvscope: --sweep-kv-tokens takes numbers separated by commas"),
+    (
+        ["--workload", str(EXAMPLE), "--sweep-kv-tokens", "1e4,lots"],
+        "kvscope: --sweep-kv-tokens takes numbers separated by commas",
+    ),
     # a fleet (issue 35)
     (["--instances", "4"], "kvscope: --instances plays a workload: give --workload FILE too"),
     (["--sweep-instances", "1,2"], "kvscope: --sweep-instances plays a workload: give --workload FILE too"),
-    (["--workload", str(EXAMPLE), "--router", "session"],
-     "kvscope: --router is for a fleet: give --instances N (or --sweep-instances)"),
+    (
+        ["--workload", str(EXAMPLE), "--router", "session"],
+        "kvscope: --router is for a fleet: give --instances N (or --sweep-instances)",
+    ),
     (["--workload", str(EXAMPLE), "--fleet-kv-tokens", "1e6"], "kvscope: --fleet-kv-tokens is for a fleet"),
-    (["--workload", str(EXAMPLE), "--instances", "2", "--router", "random"],
-     "kvscope: --router takes round-robin, least-loaded, session, prefix-aware, prefix-load"),
-    (["--workload", str(EXAMPLE), "--instances", "2", "--fleet-kv-tokens", "1e6", "--kv-tokens", "1e5"],
-     "kvscope: --fleet-kv-tokens sizes the fleet's pools: leave out --kv-tokens"),
-    (["--workload", str(EXAMPLE), "--instances", "2", "--sweep-instances", "1,2"],
-     "kvscope: --sweep-instances sets the number of instances: leave out --instances"),
-    (["--workload", str(EXAMPLE), "--instances", "2", "--sweep-kv-tokens", "1e5"],
-     "kvscope: --sweep-kv-tokens sweeps one engine's pool: not with --instances or --sweep-instances"),
+    (
+        ["--workload", str(EXAMPLE), "--instances", "2", "--router", "random"],
+        "kvscope: --router takes round-robin, least-loaded, session, prefix-aware, prefix-load",
+    ),
+    (
+        ["--workload", str(EXAMPLE), "--instances", "2", "--fleet-kv-tokens", "1e6", "--kv-tokens", "1e5"],
+        "kvscope: --fleet-kv-tokens sizes the fleet's pools: leave out --kv-tokens",
+    ),
+    (
+        ["--workload", str(EXAMPLE), "--instances", "2", "--sweep-instances", "1,2"],
+        "kvscope: --sweep-instances sets the number of instances: leave out --instances",
+    ),
+    (
+        ["--workload", str(EXAMPLE), "--instances", "2", "--sweep-kv-tokens", "1e5"],
+        "kvscope: --sweep-kv-tokens sweeps one engine's pool: not with --instances or --sweep-instances",
+    ),
     (["--workload", str(EXAMPLE), "--sweep-instances", "2,x"], "kvscope: --sweep-instances takes instance counts"),
     (["--workload", str(EXAMPLE), "--instances", "2", "--png", "x.png"], "kvscope: --png draws a sweep"),
     (["--workload", "{bad}", "--instances", "2"], "kvscope: {bad}:2: timestamp 5 ms goes back in time"),
@@ -104,8 +180,10 @@ BAD = [
 @pytest.mark.parametrize(("argv", "line"), BAD)
 def test_bad_input_is_one_line_and_exit_2_with_a_window_or_without(argv, line, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}\n'
-                   '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}\n')
+    bad.write_text(
+        '{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}\n'
+        '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}\n'
+    )
     names = {"bad": str(bad), "missing": str(tmp_path / "nope.jsonl")}
     argv = [a.format(**names) for a in argv]
     line = line.format(**names)
@@ -118,15 +196,24 @@ def test_bad_input_is_one_line_and_exit_2_with_a_window_or_without(argv, line, t
     assert seen[0] == seen[1]
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["--sequential"], "use it with --headless"),
-    (["--sweep-instances", "1,2"], "kvscope: --sweep-instances runs many fleets one after another: use it with "
-                                   "--headless"),
-    (["--instances", "2", "--router", "round-robin,session"], "kvscope: the window plays one fleet: give --router "
-                                                              "one policy"),
-    (["--instances", "17"], "kvscope: the window draws at most 16 pools side by side: use --headless for "
-                            "--instances 17"),
-])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--sequential"], "use it with --headless"),
+        (
+            ["--sweep-instances", "1,2"],
+            "kvscope: --sweep-instances runs many fleets one after another: use it with --headless",
+        ),
+        (
+            ["--instances", "2", "--router", "round-robin,session"],
+            "kvscope: the window plays one fleet: give --router one policy",
+        ),
+        (
+            ["--instances", "17"],
+            "kvscope: the window draws at most 16 pools side by side: use --headless for --instances 17",
+        ),
+    ],
+)
 def test_the_window_refuses_what_only_headless_does(argv, line, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a headless sweep draws its PNG beside the command
     assert main(["--workload", str(CONVERSATION), *argv]) == 2
@@ -148,28 +235,60 @@ def test_a_bad_instance_count_is_argparses_one_line(capsys):
 
 
 def test_headless_plays_a_fleet_as_python_m_engine_workload_does(capsys):
-    flags = ["--block-size", "64", "--kv-tokens", "2e5", "--limit", "40", "--instances", "3", "--router",
-             "prefix-load"]
+    flags = ["--block-size", "64", "--kv-tokens", "2e5", "--limit", "40", "--instances", "3", "--router", "prefix-load"]
     out = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags])["workload"]
     assert KEYS <= set(out) and len(out["instances"]) == 3 and out["router"]["name"] == "prefix-load"
     assert out["requests"] == sum(i["requests"] for i in out["instances"])
     assert workload_main([str(CONVERSATION), "--json", *flags]) == 0
     same = json.loads(capsys.readouterr().out)["workload"]
-    assert {k: v for k, v in out.items() if k not in COST_OF_THIS_MACHINE} == \
-        {k: v for k, v in same.items() if k not in COST_OF_THIS_MACHINE}
+    assert {k: v for k, v in out.items() if k not in COST_OF_THIS_MACHINE} == {
+        k: v for k, v in same.items() if k not in COST_OF_THIS_MACHINE
+    }
     # and a fleet of one is the single engine's object, plus what a fleet adds
-    one = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags[:6], "--instances", "1",
-                            "--router", "session"])["workload"]
+    one = run_json(
+        capsys,
+        [
+            "--headless",
+            "--json",
+            "--workload",
+            str(CONVERSATION),
+            *flags[:6],
+            "--instances",
+            "1",
+            "--router",
+            "session",
+        ],
+    )["workload"]
     single = run_json(capsys, ["--headless", "--json", "--workload", str(CONVERSATION), *flags[:6]])["workload"]
-    assert {k: v for k, v in one.items() if k not in COST_OF_THIS_MACHINE | {"router", "load_imbalance",
-                                                                               "instances"}} == \
-        {k: v for k, v in single.items() if k not in COST_OF_THIS_MACHINE}
+    assert {
+        k: v for k, v in one.items() if k not in COST_OF_THIS_MACHINE | {"router", "load_imbalance", "instances"}
+    } == {k: v for k, v in single.items() if k not in COST_OF_THIS_MACHINE}
 
 
 def test_headless_sweeps_the_fleets_size(capsys, tmp_path):
     png = tmp_path / "fleet.png"
-    assert main(["--headless", "--workload", str(SYNTHETIC), "--block-size", "64", "--kv-tokens", "2e5", "--limit",
-                 "30", "--sweep-instances", "1,2,4", "--router", "round-robin,prefix-aware", "--png", str(png)]) == 0
+    assert (
+        main(
+            [
+                "--headless",
+                "--workload",
+                str(SYNTHETIC),
+                "--block-size",
+                "64",
+                "--kv-tokens",
+                "2e5",
+                "--limit",
+                "30",
+                "--sweep-instances",
+                "1,2,4",
+                "--router",
+                "round-robin,prefix-aware",
+                "--png",
+                str(png),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.startswith("| mooncake_synthetic_200 |")]
     assert len(rows) == 6 and png.stat().st_size > 20_000 and f"plot: {png}" in text
@@ -198,8 +317,9 @@ def test_the_live_source_feeds_arrivals_on_the_virtual_clock_and_plays_the_headl
         seen_requests.append(len(rec.snapshot.requests))
     assert src.feeder.next == 30 and max(seen_requests) > 1
     live = src.feeder.finish().summary()
-    headless = run_workload(read_workload(CONVERSATION, limit=30), EngineConfig(block_size=16, num_gpu_blocks=800),
-                            SimConfig()).summary()
+    headless = run_workload(
+        read_workload(CONVERSATION, limit=30), EngineConfig(block_size=16, num_gpu_blocks=800), SimConfig()
+    ).summary()
     for k in ("requests", "prompt_tokens", "cached_tokens", "evictions", "preemptions", "steps", "virtual_s"):
         assert live[k] == headless[k], k
 
@@ -215,6 +335,7 @@ def test_the_window_plays_a_workload_at_max_speed(qtbot, tmp_path):
     from PySide6.QtCore import QSettings
 
     from kvscope.ui.main_window import MainWindow
+
     settings = QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat)
     win = MainWindow(lambda _s: workload_source(limit=12, time_scale=0.2), settings)
     qtbot.addWidget(win)
@@ -234,6 +355,21 @@ def test_the_window_plays_a_workload_at_max_speed(qtbot, tmp_path):
 
 def test_a_screenshot_of_a_workload(tmp_path, capsys):
     png = tmp_path / "w.png"
-    assert main(["--workload", str(CONVERSATION), "--limit", "20", "--screenshot", str(png), "--steps", "40",
-                 "--window-size", "1280x720"]) == 0
+    assert (
+        main(
+            [
+                "--workload",
+                str(CONVERSATION),
+                "--limit",
+                "20",
+                "--screenshot",
+                str(png),
+                "--steps",
+                "40",
+                "--window-size",
+                "1280x720",
+            ]
+        )
+        == 0
+    )
     assert png.stat().st_size > 20_000

@@ -1,4 +1,5 @@
 """The engine in its own process: same results as on a thread, and a crash, a hang or a close handled."""
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,7 @@ def test_same_snapshots_as_an_engine_in_this_process(qtbot, process_window, tiny
     drive(qtbot, win, 6)
     from engine import LLMEngine
     from kvscope.sources.live import LiveSource
+
     here = LiveSource(LLMEngine(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4)))
     for p in PROMPTS:
         here.inject(p, GREEDY)
@@ -95,8 +97,9 @@ def test_a_killed_engine_leaves_the_window_alive_and_restarts(qtbot, process_win
     steps = [r.step for r in replay_trace(trace)]
     assert steps and max(steps) == last.step
     win.restart_engine()
-    qtbot.waitUntil(lambda: win.act_step.isEnabled() and win.latest is not None and win.latest.step == 0,
-                    timeout=90_000)
+    qtbot.waitUntil(
+        lambda: win.act_step.isEnabled() and win.latest is not None and win.latest.step == 0, timeout=90_000
+    )
     assert win.worker.pid != pid
     drive(qtbot, win, 2)
     assert win.latest.snapshot.counters["num_requests_running"] == 2
@@ -107,8 +110,7 @@ def test_a_hung_engine_is_reported_and_can_be_replaced(qtbot, process_window):
     pid = win.worker.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        qtbot.waitUntil(lambda: win.banner.isVisible() and "stopped responding" in win.banner.text(),
-                        timeout=10_000)
+        qtbot.waitUntil(lambda: win.banner.isVisible() and "stopped responding" in win.banner.text(), timeout=10_000)
     finally:
         os.kill(pid, signal.SIGCONT)
     win.restart_engine()
@@ -133,6 +135,7 @@ def test_an_engine_spawned_before_the_window_is_adopted(qtbot, settings, tiny_di
     """kvscope spawns the engine process before importing Qt; the window takes that very process over."""
     from kvscope.runtime import protocol as p
     from kvscope.runtime.engine_process import spawn_engine
+
     spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
     early = spawn_engine(spec, 30, p.Load(None))
     win = MainWindow(ProcessBackend(spec, early=early), settings)
@@ -151,6 +154,7 @@ def test_an_engine_spawned_before_the_window_is_adopted(qtbot, settings, tiny_di
 def test_an_early_engine_for_another_spec_is_stopped_not_used(qtbot, settings, tiny_dir):
     from kvscope.runtime import protocol as p
     from kvscope.runtime.engine_process import spawn_engine
+
     spec = SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=48, block_size=4))
     early = spawn_engine(SourceSpec(EngineConfig(model=tiny_dir, num_gpu_blocks=20)), 30, p.Load(None))
     win = MainWindow(ProcessBackend(spec, early=early), settings)
@@ -196,7 +200,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     assert len(sent) >= 4 and sum(b.inline is not None for b in sent) < len(sent) / 2
     # steps went together (a batch every BATCH_S), and every step reached the window
     assert sum(len(b.steps) for b in batches) >= 150 > len(batches)
-    assert win.history.steps[-(paused_at - start):] == list(range(start + 1, paused_at + 1))
+    assert win.history.steps[-(paused_at - start) :] == list(range(start + 1, paused_at + 1))
 
 
 def _fed_backend(tiny_engine, tiny_dir):
@@ -247,6 +251,7 @@ def test_the_reader_keeps_the_newest_step_whole_and_digests_the_ones_before(qtbo
         backend._handle_batch(b, newest)
         if b.slot is not None:
             enc.release(b.slot)
+
     feed(0, False)  # the first record after the load (and a command's): whole
     per_batch, n = 3, 8
     for i in range(n):
@@ -290,6 +295,7 @@ def test_the_reader_digests_a_batch_only_when_another_batch_follows_it(qtbot, ti
         for rec in records:
             enc.add(p.Stepped(rec, MemoryReading()))
         ours.send(enc.flush())
+
     batch([src.current()])
     for size in (1, 2, 1, 3, 2):
         batch([src.step() for _ in range(size)])
@@ -298,9 +304,18 @@ def test_the_reader_digests_a_batch_only_when_another_batch_follows_it(qtbot, ti
         batch([src.step() for _ in range(size)])
     ours.close()
     backend._read(theirs)
-    kinds = [("run" if isinstance(r, p.RunningChanged) else
-              "whole" if isinstance(r.record.snapshot, PoolState) else
-              "digest" if isinstance(r.record.snapshot, StepDigest) else "?") for r in posted[1:]]
+    kinds = [
+        (
+            "run"
+            if isinstance(r, p.RunningChanged)
+            else "whole"
+            if isinstance(r.record.snapshot, PoolState)
+            else "digest"
+            if isinstance(r.record.snapshot, StepDigest)
+            else "?"
+        )
+        for r in posted[1:]
+    ]
     assert kinds == ["whole"] + ["digest"] * 8 + ["whole", "run"] + ["digest"] * 3 + ["whole"]
     steps = [r.record.step for r in posted[1:] if not isinstance(r, p.RunningChanged)]
     assert steps == sorted(steps) and steps[-1] == src.step_count
@@ -313,6 +328,7 @@ def test_the_engine_process_leaves_a_core_to_the_window(monkeypatch):
     import torch
 
     from kvscope.runtime.engine_process import leave_a_core_to_the_window
+
     before = torch.get_num_threads()
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

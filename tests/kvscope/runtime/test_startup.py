@@ -1,4 +1,5 @@
 """Start-up: a scenario over the same model reuses the weights in memory; the load reports its stages."""
+
 from __future__ import annotations
 
 from engine import EngineConfig, SamplingParams

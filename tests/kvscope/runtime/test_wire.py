@@ -1,4 +1,5 @@
 """Step records across the process boundary: every step decodes to the snapshot the engine made."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -132,6 +133,7 @@ def test_a_batch_of_steps_decodes_to_every_steps_snapshot(tiny_engine):
 
 def test_a_row_travels_as_its_new_tokens_and_a_changed_block_table_only():
     from engine.inspect.snapshot import RequestInfo
+
     a = RequestInfo("a", 0, "RUNNING", 3, 1, 0, 3, (0,), "", (1, 2, 3, 4))
     grown = dataclasses.replace(a, num_output_tokens=2, token_ids=(1, 2, 3, 4, 5))
     moved = dataclasses.replace(grown, num_output_tokens=3, block_ids=(0, 7), token_ids=(1, 2, 3, 4, 5, 6))
@@ -169,6 +171,7 @@ def test_a_rows_text_travels_as_what_it_gained(tiny_hf, tiny_tokenizer):
     (not the whole text again), and a text that was rewritten (a stop string cut off) whole; every step
     decodes to the engine's own rows."""
     from engine import LLMEngine
+
     engine = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", block_size=4, num_gpu_blocks=64)
     src = LiveSource(engine)
     src.raw_snapshots = True
@@ -189,6 +192,7 @@ def test_a_rows_text_travels_as_what_it_gained(tiny_hf, tiny_tokenizer):
     assert texts and sum(map(len, texts)) <= len(src.engine.snapshot().requests[0].text)  # only what was new
     # a rewritten text travels whole: the decoder takes it as it is
     from engine.inspect.snapshot import LiveRow
+
     sent, rows = {}, {}
     engine2 = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", block_size=4, num_gpu_blocks=64)
     engine2.add_request("abc", SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))

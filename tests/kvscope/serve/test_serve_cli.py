@@ -1,4 +1,5 @@
 """``kvscope --headless --serve``: flags, one-line refusals, and a real process served and stopped by SIGINT."""
+
 from __future__ import annotations
 
 import os
@@ -26,19 +27,23 @@ def test_serve_flags_and_their_defaults(monkeypatch):
     monkeypatch.delenv("KVSCOPE_API_KEY", raising=False)
     args = build_parser().parse_args(["--serve"])
     assert serve_options(args) == ServeOptions("127.0.0.1", 8000, None, None)  # loopback unless told
-    args = build_parser().parse_args(["--serve", "--host", "0.0.0.0", "--port", "0", "--api-key", "k",
-                                      "--request-timeout", "2.5"])
+    args = build_parser().parse_args(
+        ["--serve", "--host", "0.0.0.0", "--port", "0", "--api-key", "k", "--request-timeout", "2.5"]
+    )
     assert serve_options(args) == ServeOptions("0.0.0.0", 0, "k", 2.5)
     monkeypatch.setenv("KVSCOPE_API_KEY", "from-env")
     assert serve_options(build_parser().parse_args(["--serve"])).api_key == "from-env"
     assert "from-env" not in build_parser().format_help()  # --help never prints a key
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--port", "70000"], "a port is 0..65535"),
-    (["--port", "http"], "not a port number"),
-    (["--request-timeout", "0"], "must be > 0"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--port", "70000"], "a port is 0..65535"),
+        (["--port", "http"], "not a port number"),
+        (["--request-timeout", "0"], "must be > 0"),
+    ],
+)
 def test_bad_serve_flags_exit_2(capsys, argv, words):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--serve", *argv])
@@ -68,9 +73,29 @@ def tiny_text_dir(tmp_path, tiny_hf, tiny_tokenizer):
 
 def test_headless_serve_process_serves_and_stops_cleanly_on_sigint(tiny_text_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "--headless", "--serve", "--port", "0", "--model",
-                             tiny_text_dir, "--num-gpu-blocks", "64", "--block-size", "4", "--audit"],
-                            cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "--headless",
+            "--serve",
+            "--port",
+            "0",
+            "--model",
+            tiny_text_dir,
+            "--num-gpu-blocks",
+            "64",
+            "--block-size",
+            "4",
+            "--audit",
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
     reader.start()

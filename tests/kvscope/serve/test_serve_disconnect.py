@@ -4,6 +4,7 @@ Each test checks the bridge's record of the abort (asked for after step s, carri
 s + 2 at the latest: at most the step in flight still ran the request), the engine's audit, the
 request's empty block table, and a pool of free or cached-free blocks only.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,9 @@ def test_disconnect_mid_stream_aborts_and_frees(served):
 
 def test_disconnect_of_a_chat_stream_through_the_openai_client(served):
     s = served()
-    stream = s.client().chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=200, temperature=0, stream=True)
+    stream = s.client().chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=200, temperature=0, stream=True
+    )
     it = iter(stream)
     rid = next(it).id
     next(it)
@@ -190,8 +192,9 @@ def test_an_abort_from_the_window_ends_the_http_request(served):
     assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
     with ThreadPoolExecutor(1) as pool:
         fut = pool.submit(httpx.post, f"{s.url}/v1/completions", json=LONG, timeout=30)
-        s.wait_for(lambda: any(r.status == "RUNNING" and r.num_output_tokens > 0
-                               for r in s.call(s.engine.snapshot).requests))
+        s.wait_for(
+            lambda: any(r.status == "RUNNING" and r.num_output_tokens > 0 for r in s.call(s.engine.snapshot).requests)
+        )
         running = [r.request_id for r in s.call(s.engine.snapshot).requests if r.status == "RUNNING"]
         s.call(lambda: s.engine.abort(running[0]))
         body = fut.result().json()

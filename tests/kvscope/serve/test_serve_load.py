@@ -1,4 +1,5 @@
 """The short serving load test (the full one is ``python bench/serve_load.py``): see bench/serve_load.py."""
+
 from __future__ import annotations
 
 import json

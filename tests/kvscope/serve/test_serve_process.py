@@ -1,5 +1,6 @@
 """``kvscope --serve`` with the engine in its own process: the server runs beside the engine there,
 the window starts in Run and shows each request's client, and a client that leaves gives its blocks back."""
+
 from __future__ import annotations
 
 import socket
@@ -31,16 +32,20 @@ def tiny_with_tokenizer(tmp_path_factory, tiny_hf, tiny_tokenizer):
 
 def test_the_engine_process_serves_and_the_window_watches(qtbot, tmp_path, tiny_with_tokenizer):
     port = free_port()
-    spec = SourceSpec(EngineConfig(model=tiny_with_tokenizer, num_gpu_blocks=64, block_size=4),
-                      serve=ServeOptions(port=port))
+    spec = SourceSpec(
+        EngineConfig(model=tiny_with_tokenizer, num_gpu_blocks=64, block_size=4), serve=ServeOptions(port=port)
+    )
     win = MainWindow(ProcessBackend(spec), QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat))
     qtbot.addWidget(win)
     win.show()
     win.start()
     try:
         qtbot.waitUntil(lambda: win.info is not None and win.running, timeout=90_000)  # serving starts in Run
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
-                       json={"prompt": "hello there", "max_tokens": 5, "temperature": 0})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=60,
+            json={"prompt": "hello there", "max_tokens": 5, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["usage"]["completion_tokens"] == 5

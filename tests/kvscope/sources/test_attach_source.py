@@ -1,5 +1,6 @@
 """Attach is a ``Source``: the live subscriber and the replay of its trace meet the protocol, step one poll at a
 time, refuse every command in one line, and run headless through the one loop (``cli.headless.drive``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,22 @@ from kvscope.sources.base import (
 from kvscope.sources.endpoints import connectable
 
 # Every key of ``--headless --json`` after an attach, as before attach was a Source (docs and tests read them).
-SUMMARY_KEYS = ["attached_to", "replay_endpoints", "topic", "polls", "seconds", "blocks", "tokens", "roots", "tiers",
-                "block_sizes", "rates", "counters", "gaps_unrepaired", "cannot_show"]
+SUMMARY_KEYS = [
+    "attached_to",
+    "replay_endpoints",
+    "topic",
+    "polls",
+    "seconds",
+    "blocks",
+    "tokens",
+    "roots",
+    "tiers",
+    "block_sizes",
+    "rates",
+    "counters",
+    "gaps_unrepaired",
+    "cannot_show",
+]
 
 
 def write_trace(path, polls: int = 4) -> None:
@@ -62,8 +77,14 @@ def assert_source(src) -> None:
 
 
 def assert_refuses_every_command(src) -> None:
-    for call in (src.current, lambda: src.inject("hello", SamplingParams()), lambda: src.abort("r"),
-                 lambda: src.fork("r"), src.reset_prefix_cache, lambda: src.set_audit(True)):
+    for call in (
+        src.current,
+        lambda: src.inject("hello", SamplingParams()),
+        lambda: src.abort("r"),
+        lambda: src.fork("r"),
+        src.reset_prefix_cache,
+        lambda: src.set_audit(True),
+    ):
         with pytest.raises(ReadOnlyError) as e:
             call()
         text = str(e.value)
@@ -72,8 +93,9 @@ def assert_refuses_every_command(src) -> None:
 
 
 def test_the_live_subscriber_is_a_source_and_a_step_is_one_poll(pub):
-    src = AttachedSource(AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=2,
-                                      poll_interval=0.0))
+    src = AttachedSource(
+        AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=2, poll_interval=0.0)
+    )
     try:
         assert_source(src)
         assert src.info.model_name == f"attached to {connectable(pub.endpoint)}" and src.info.block_size == 2

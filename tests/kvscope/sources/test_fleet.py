@@ -3,6 +3,7 @@ watched together. The fleet's counts equal each engine's own pool after every st
 made from the pools, and where a prompt would go names the engine that holds it; an instance that goes away is
 marked down and the rest go on, one that comes back with a fresh process is cleared and read again, one that loses
 batches is marked; headless prints the ``fleet`` object."""
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,19 @@ def publisher(endpoint: str = "tcp://127.0.0.1:*", replay: str | None = "tcp://1
 
 
 def spec_of(pubs: list[KVEventPublisher], names: str = "abcdefgh", **kw) -> FleetSpec:
-    return FleetSpec(tuple(InstanceSpec(n, connectable(p.endpoint),
-                                        connectable(p.replay_endpoint) if p.replay_endpoint else None,
-                                        hash_seed=SEED, **kw) for n, p in zip(names, pubs)), "test")
+    return FleetSpec(
+        tuple(
+            InstanceSpec(
+                n,
+                connectable(p.endpoint),
+                connectable(p.replay_endpoint) if p.replay_endpoint else None,
+                hash_seed=SEED,
+                **kw,
+            )
+            for n, p in zip(names, pubs)
+        ),
+        "test",
+    )
 
 
 NOTICES: list[str] = []  # every notice the helpers' polls saw, in order
@@ -58,8 +69,11 @@ def caught_up(fleet: FleetSource, pubs: list[KVEventPublisher], timeout: float =
     deadline = time.monotonic() + timeout
     while True:
         rec = poll(fleet, 0.02)
-        behind = [m for m, p in zip(fleet.members, pubs) if p.next_seq and (
-            m.source.streams[0].last_seq is None or m.source.streams[0].last_seq < p.next_seq - 1)]
+        behind = [
+            m
+            for m, p in zip(fleet.members, pubs)
+            if p.next_seq and (m.source.streams[0].last_seq is None or m.source.streams[0].last_seq < p.next_seq - 1)
+        ]
         if not behind:
             return rec
         assert time.monotonic() < deadline, f"{[m.spec.name for m in behind]} never caught up"
@@ -110,8 +124,7 @@ def test_the_fleet_counts_equal_each_engine_and_the_route_names_the_holder(engin
             if step % 3 == 0 and len(asked) < 18:
                 k = rng.randrange(3)  # a random router: the system prompt lands everywhere, and pools evict
                 p = system + [rng.randrange(1, 256) for _ in range(rng.randrange(3, 12))]
-                sessions[k].inject(p, SamplingParams(max_tokens=rng.randrange(2, 6), temperature=0.0,
-                                                     ignore_eos=True))
+                sessions[k].inject(p, SamplingParams(max_tokens=rng.randrange(2, 6), temperature=0.0, ignore_eos=True))
                 asked.append((k, p))
             for s in sessions:
                 if s.has_work():
@@ -153,7 +166,7 @@ def stored(hasher: VllmBlockHasher, tokens: list[int], block_id: int = 0) -> lis
     """The events of a prompt's full blocks, as an engine hashing with ``hasher`` stores them."""
     out, parent = [], None
     for i, d in enumerate(hasher.chain(tokens, BS)):
-        out.append(BlockStored(block_id + i, d.hex(), "r", tuple(tokens[i * BS:(i + 1) * BS]), parent))
+        out.append(BlockStored(block_id + i, d.hex(), "r", tuple(tokens[i * BS : (i + 1) * BS]), parent))
         parent = d.hex()
     return out
 
@@ -161,6 +174,7 @@ def stored(hasher: VllmBlockHasher, tokens: list[int], block_id: int = 0) -> lis
 def free_tcp() -> str:
     """A loopback address nothing listens on yet (so a restarted publisher can bind it again)."""
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -194,9 +208,10 @@ def test_an_instance_that_goes_away_is_marked_the_rest_go_on_and_it_comes_back_f
         time.sleep(0.3)  # its subscription reaches the new publisher before it publishes
         pubs[1].publish(stored(hasher, [7] * BS))
         rec = until(fleet, lambda r: r.instances[1].restarts == 1 and r.instances[1].blocks == 1, what="b fresh")
-        assert NOTICES[1:] == [f"instance b ({addrs[1][0]}) is back", f"instance b ({addrs[1][0]}) restarted (its "
-                                                                       f"sequence numbers went back): its cache was "
-                                                                       f"cleared"]
+        assert NOTICES[1:] == [
+            f"instance b ({addrs[1][0]}) is back",
+            f"instance b ({addrs[1][0]}) restarted (its sequence numbers went back): its cache was cleared",
+        ]
         assert rec.instances[1].flags == ("restarted 1x",)
         assert rec.duplication.blocks == 4  # b's old copies are gone: a and c still share the system prompt
     finally:
@@ -224,8 +239,8 @@ def test_an_instance_that_loses_batches_is_marked():
         b = rec.instances[1]
         assert b.gaps_unrepaired == 1 and b.batches_missing == 1 and b.flags == ("1 batch missing",)
         assert [n for n in NOTICES if "instance b" in n] == [
-            f"instance b ({connectable(pubs[1].endpoint)}): 1 batch missing and not repaired: its cache may miss "
-            f"blocks"]
+            f"instance b ({connectable(pubs[1].endpoint)}): 1 batch missing and not repaired: its cache may miss blocks"
+        ]
         assert rec.instances[0].flags == () and rec.instances[0].blocks == 1  # the rest go on
     finally:
         fleet.close()
@@ -253,16 +268,34 @@ def test_headless_json_prints_the_fleet_object_with_the_route():
     hasher = VllmBlockHasher("sha256_cbor", SEED)
     prompt = list(range(1, 6 * BS + 1))
     pubs = [publisher(), publisher()]
-    tickers = [Ticker(pubs[0], stored(hasher, prompt[:2 * BS]), 1000), Ticker(pubs[1], stored(hasher, prompt), 5000)]
+    tickers = [Ticker(pubs[0], stored(hasher, prompt[: 2 * BS]), 1000), Ticker(pubs[1], stored(hasher, prompt), 5000)]
     for t in tickers:
         t.start()
     try:
-        args = ["--headless", "--json", "--steps", "20", "--block-size", str(BS), "--hash-seed", SEED,
-                "--bytes-per-block", "64", "--route-ids", ",".join(map(str, prompt))]
+        args = [
+            "--headless",
+            "--json",
+            "--steps",
+            "20",
+            "--block-size",
+            str(BS),
+            "--hash-seed",
+            SEED,
+            "--bytes-per-block",
+            "64",
+            "--route-ids",
+            ",".join(map(str, prompt)),
+        ]
         for p in pubs:
             args += ["--attach", connectable(p.endpoint), "--replay-endpoint", connectable(p.replay_endpoint)]
-        r = subprocess.run([sys.executable, "-m", "kvscope", *args], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        r = subprocess.run(
+            [sys.executable, "-m", "kvscope", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     finally:
         for t in tickers:
             t.stop.set()
@@ -276,9 +309,16 @@ def test_headless_json_prints_the_fleet_object_with_the_route():
     assert a["name"] == pubs[0].endpoint.split("://")[1] and a["state"] == "up" and b["blocks"] >= 6
     assert a["blocks"] >= 2 and a["shared_blocks"] == b["shared_blocks"] == 2 and a["stored_per_s"] > 0
     assert a["reproducible"] and a["hashes"].startswith("sha256_cbor, seed '0'") and a["metrics"] is None
-    assert fleet["in_all"] == {"instances": 2, "up": 2, "blocks": a["blocks"] + b["blocks"],
-                               "distinct_blocks": a["blocks"] + b["blocks"] - 2, "duplicated_blocks": 2,
-                               "copies": 4, "extra_copies": 2, "extra_bytes": 128}
+    assert fleet["in_all"] == {
+        "instances": 2,
+        "up": 2,
+        "blocks": a["blocks"] + b["blocks"],
+        "distinct_blocks": a["blocks"] + b["blocks"] - 2,
+        "duplicated_blocks": 2,
+        "copies": 4,
+        "extra_copies": 2,
+        "extra_bytes": 128,
+    }
     route = fleet["route"]
     assert route["best"] == [b["name"]] and route["prompt_tokens"] == len(prompt)
     assert [s["blocks"] for s in route["instances"]] == [2, 6]
@@ -286,8 +326,10 @@ def test_headless_json_prints_the_fleet_object_with_the_route():
     lines = fleet_summary_lines(fleet)  # what --headless prints without --json, from the same object
     assert lines[0] == "fleet (--attach): 2 instances, 2 up; 20 polls in " + f"{fleet['seconds']} s"
     assert f"{a['blocks']} blocks" in lines[1] and lines[2].strip().startswith("hashes: sha256_cbor, seed '0'")
-    assert lines[5] == (f"  in all: {a['blocks'] + b['blocks']} blocks, {a['blocks'] + b['blocks'] - 2} distinct; 2 "
-                        f"held by two or more instances (4 copies, 2 extra, 128 B beyond one copy each)")
+    assert lines[5] == (
+        f"  in all: {a['blocks'] + b['blocks']} blocks, {a['blocks'] + b['blocks'] - 2} distinct; 2 "
+        f"held by two or more instances (4 copies, 2 extra, 128 B beyond one copy each)"
+    )
     assert lines[6].startswith(f"  where would it go ({len(prompt)} tokens): {b['name']}: 6 of its 6")
 
 
@@ -313,14 +355,30 @@ def test_a_text_prompt_is_routed_with_the_models_tokenizer(capsys):
     """``--route-prompt`` tokenizes as the served model does (the embedded SmolLM2's tokenizer by default)."""
     from engine.runner.models.loader import embedded_folder, load_tokenizer
     from kvscope.cli import main
+
     text = "Four score and seven years ago our fathers brought forth on this continent a new nation"
     ids = load_tokenizer(str(embedded_folder())).encode(text)
     pub = publisher()
     pub.publish(stored(VllmBlockHasher("sha256_cbor", SEED), ids))  # an idle instance holding the prompt
     try:
-        code = main(["--headless", "--json", "--attach", connectable(pub.endpoint), "--replay-endpoint",
-                     connectable(pub.replay_endpoint), "--block-size", str(BS), "--hash-seed", SEED,
-                     "--route-prompt", text, "--steps", "20"])
+        code = main(
+            [
+                "--headless",
+                "--json",
+                "--attach",
+                connectable(pub.endpoint),
+                "--replay-endpoint",
+                connectable(pub.replay_endpoint),
+                "--block-size",
+                str(BS),
+                "--hash-seed",
+                SEED,
+                "--route-prompt",
+                text,
+                "--steps",
+                "20",
+            ]
+        )
     finally:
         pub.close()
     assert code == 0
@@ -342,8 +400,14 @@ def test_a_frozen_instance_is_found_by_its_missing_heartbeats_and_comes_back_as_
     """A process that stops without closing its sockets (a hung host, here SIGSTOP) answers no heartbeat: it is
     marked down within the heartbeat timeout (3 s); once it runs again it is up again, not a restart."""
     import signal
-    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         endpoint, replay = proc.stdout.readline().split()
         spec = FleetSpec((InstanceSpec("frozen", endpoint, replay),), "test")

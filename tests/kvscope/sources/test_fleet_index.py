@@ -1,5 +1,6 @@
 """A fleet on hand-made caches (no sockets): who holds which block, the blocks held twice, whether an instance's
 hashes can be reproduced, and where a prompt would go, each checked against counts made here independently."""
+
 from __future__ import annotations
 
 import random
@@ -20,8 +21,15 @@ CBOR0 = VllmBlockHasher("sha256_cbor", "0")
 class Instance:
     """A model of one engine's cache fed as its KV events would feed it, with its feed of the fleet's index."""
 
-    def __init__(self, index: FleetIndex, place: int, name: str, hasher: VllmBlockHasher = CBOR0,
-                 bytes_per_block: int | None = None, check: HashCheck | None = None) -> None:
+    def __init__(
+        self,
+        index: FleetIndex,
+        place: int,
+        name: str,
+        hasher: VllmBlockHasher = CBOR0,
+        bytes_per_block: int | None = None,
+        check: HashCheck | None = None,
+    ) -> None:
         self.name, self.hasher = name, hasher
         self.check = check or HashCheck("auto", "0")
         self.model = RemoteCacheModel()
@@ -47,7 +55,7 @@ def reference_duplication(instances: list[Instance]) -> tuple[int, int]:
     """(hashes held by two or more instances, their copies), counted from the models themselves."""
     held: dict[int, set[str]] = {}
     for inst in instances:
-        for (_rank, _medium, h) in inst.model.nodes:
+        for _rank, _medium, h in inst.model.nodes:
             held.setdefault(h, set()).add(inst.name)
     multi = [names for names in held.values() if len(names) >= 2]
     return len(multi), sum(len(n) for n in multi)
@@ -107,6 +115,7 @@ def test_bytes_of_duplicates_with_different_block_sizes_and_unknown_ones():
 
 # --- can an instance's hashes be reproduced? --------------------------------------------------
 
+
 @pytest.mark.parametrize("algo", ["sha256_cbor", "sha256"])
 def test_auto_finds_the_algorithm_from_the_first_block(algo):
     check = HashCheck("auto", "0")
@@ -117,13 +126,16 @@ def test_auto_finds_the_algorithm_from_the_first_block(algo):
     assert check.as_dict()["reproducible"] is True
 
 
-@pytest.mark.parametrize("check,hasher,says", [
-    (HashCheck("auto", "1"), CBOR0, "seed '1'"),
-    (HashCheck("auto"), CBOR0, "PYTHONHASHSEED unset"),
-    (HashCheck("sha256", "0"), CBOR0, "not vLLM's sha256 with seed '0'"),
-    (HashCheck("auto", "0", block_size=8), CBOR0, "hold 4 tokens, not the block size 8"),
-    (HashCheck("xxhash_cbor", "0"), CBOR0, "xxhash_cbor hashes cannot be reproduced"),
-])
+@pytest.mark.parametrize(
+    "check,hasher,says",
+    [
+        (HashCheck("auto", "1"), CBOR0, "seed '1'"),
+        (HashCheck("auto"), CBOR0, "PYTHONHASHSEED unset"),
+        (HashCheck("sha256", "0"), CBOR0, "not vLLM's sha256 with seed '0'"),
+        (HashCheck("auto", "0", block_size=8), CBOR0, "hold 4 tokens, not the block size 8"),
+        (HashCheck("xxhash_cbor", "0"), CBOR0, "xxhash_cbor hashes cannot be reproduced"),
+    ],
+)
 def test_a_setup_that_cannot_be_reproduced_is_said_in_one_line(check, hasher, says):
     inst = Instance(FleetIndex(), 0, "a", hasher, check=check)
     inst.store(prompt(5, 3 * BS))
@@ -146,6 +158,7 @@ def test_a_block_with_extra_keys_is_counted_but_does_not_undo_the_verdict():
 
 # --- where would it go ------------------------------------------------------------------------
 
+
 def reference_prefix(held: set[int], tokens: list[int]) -> int:
     n = 0
     for d in CBOR0.chain(tokens, BS):
@@ -159,8 +172,8 @@ def test_each_instance_scores_its_longest_cached_prefix_and_the_longest_wins():
     index = FleetIndex()
     a, b, c, e = (Instance(index, i, n) for i, n in enumerate("abce"))
     p = prompt(8, 6 * BS + 3)  # six full blocks and a partial one
-    a.store(p[:2 * BS])
-    b.store(p[:5 * BS])
+    a.store(p[: 2 * BS])
+    b.store(p[: 5 * BS])
     c.store(p)
     c.remove([low64(CBOR0.chain(p, BS)[0])])  # c lost the first block: nothing after it can be hit
     scores = {x.name: score(x.name, x.model, x.check, p, True) for x in (a, b, c, e)}
@@ -179,8 +192,14 @@ def test_ties_an_instance_that_is_down_and_a_prompt_nobody_holds():
     p = prompt(9, 3 * BS)
     for x in (a, b, c):
         x.store(p)
-    tie = RouteAnswer(len(p), (score("a", a.model, a.check, p, True), score("b", b.model, b.check, p, True),
-                               score("c", c.model, c.check, p, False)))
+    tie = RouteAnswer(
+        len(p),
+        (
+            score("a", a.model, a.check, p, True),
+            score("b", b.model, b.check, p, True),
+            score("c", c.model, c.check, p, False),
+        ),
+    )
     assert tie.best == ("a", "b") and "a tie between a, b" in tie.line()  # c is down: not where it would go
     assert tie.scores[2].blocks == 3 and "not connected" in tie.scores[2].note
     other = prompt(10, 3 * BS)
@@ -195,5 +214,5 @@ def test_an_instance_on_two_data_parallel_ranks_scores_its_best_rank():
     a = Instance(index, 0, "a")
     p = prompt(12, 4 * BS)
     a.store(p[:BS], rank=0)
-    a.store(p[:3 * BS], rank=1)
+    a.store(p[: 3 * BS], rank=1)
     assert score("a", a.model, a.check, p, True).blocks == 3

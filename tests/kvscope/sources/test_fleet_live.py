@@ -7,6 +7,7 @@ Each instance's blocks as the fleet view counts them from the KV events equal th
 the prompts' tokens; where a prompt would go names the instance that was sent it; a late headless run rebuilds every
 cache from the replay sockets; a kvscope killed mid-run is marked down while the rest go on, and comes back fresh.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,6 +44,7 @@ def live(tmp_path_factory):
     servers = start_fleet()
     path = fleet_file(tmp_path_factory.mktemp("fleet") / "fleet.toml", servers, NAMES)
     from engine.runner.models.loader import embedded_folder, load_tokenizer
+
     tok = load_tokenizer(str(embedded_folder()))
     fleet = FleetSource(read_fleet_file(path))
     try:
@@ -92,9 +94,26 @@ def test_each_instances_blocks_equal_its_own_count_and_the_route_names_the_holde
 def test_a_headless_run_that_joins_late_rebuilds_every_cache_from_the_replay_sockets(live):
     servers, path, fleet, own, _tok = live
     rec = settle(fleet)
-    r = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--fleet", path, "--duration", "4",
-                        "--route-prompt", own["k2"]], cwd=ROOT, capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "--headless",
+            "--json",
+            "--fleet",
+            path,
+            "--duration",
+            "4",
+            "--route-prompt",
+            own["k2"],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)["fleet"]
     assert [i["blocks"] for i in out["instances"]] == [row.blocks for row in rec.instances]

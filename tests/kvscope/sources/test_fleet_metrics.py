@@ -1,5 +1,6 @@
 """Each instance's own numbers from its /metrics: vLLM's names read, data-parallel engines combined, a server that
 does not answer said in one line (the last good values kept), never a crash of the view."""
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,11 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 96.0
 
 
 def test_vllms_names_are_read_and_engines_combined():
-    assert parse_metrics(PAGE) == {"kv_cache_usage_perc": 0.5, "num_requests_running": 5.0,
-                                   "num_requests_waiting": 1.0}  # the mean of usage, the sum of requests
+    assert parse_metrics(PAGE) == {
+        "kv_cache_usage_perc": 0.5,
+        "num_requests_running": 5.0,
+        "num_requests_waiting": 1.0,
+    }  # the mean of usage, the sum of requests
     assert parse_metrics("") == {}
 
 

@@ -1,5 +1,6 @@
 """Fleet files: JSON and TOML read the same; every bad one, and every fleet flag that does not fit, is refused with
 one line and exit 2 before any socket opens, the same line headless and in the window."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,18 @@ dp_size = 2
 block_size = 16
 """
 
-GOOD_JSON = {"defaults": {"block_size": 32, "bytes_per_block": 1179648, "hash_algo": "sha256_cbor", "hash_seed": "0"},
-             "instances": [{"name": "a", "endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": "tcp://10.0.0.5:5558",
-                            "metrics": "http://10.0.0.5:8000/metrics"},
-                           {"name": "b", "endpoint": "tcp://10.0.0.6:5557", "dp_size": 2, "block_size": 16}]}
+GOOD_JSON = {
+    "defaults": {"block_size": 32, "bytes_per_block": 1179648, "hash_algo": "sha256_cbor", "hash_seed": "0"},
+    "instances": [
+        {
+            "name": "a",
+            "endpoint": "tcp://10.0.0.5:5557",
+            "replay_endpoint": "tcp://10.0.0.5:5558",
+            "metrics": "http://10.0.0.5:8000/metrics",
+        },
+        {"name": "b", "endpoint": "tcp://10.0.0.6:5557", "dp_size": 2, "block_size": 16},
+    ],
+}
 
 
 def test_json_and_toml_say_the_same_fleet(tmp_path):
@@ -41,8 +50,18 @@ def test_json_and_toml_say_the_same_fleet(tmp_path):
     t, j = read_fleet_file(str(tmp_path / "f.toml")), read_fleet_file(str(tmp_path / "f.json"))
     assert t.instances == j.instances
     a, b = t.instances
-    assert a == InstanceSpec("a", "tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", "", 1, 32, 1179648, "sha256_cbor", "0",
-                             "http://10.0.0.5:8000/metrics")
+    assert a == InstanceSpec(
+        "a",
+        "tcp://10.0.0.5:5557",
+        "tcp://10.0.0.5:5558",
+        "",
+        1,
+        32,
+        1179648,
+        "sha256_cbor",
+        "0",
+        "http://10.0.0.5:8000/metrics",
+    )
     assert b.block_size == 16 and b.dp_size == 2 and b.hash_seed == "0" and b.replay_endpoint is None
     assert b.rank_endpoints() == ["tcp://10.0.0.6:5557", "tcp://10.0.0.6:5558"]
 
@@ -76,10 +95,16 @@ BAD = [
     ("f.json", {"instances": [inst(name="my box")]}, "name must be 1-48 letters"),
     ("f.json", {"instances": [inst(), inst("a", "tcp://127.0.0.1:6000")]}, "two instances are named 'a'"),
     ("f.json", {"instances": [inst(), inst("b")]}, "tcp://127.0.0.1:5557 is both 'a''s endpoint and 'b''s endpoint"),
-    ("f.json", {"instances": [inst(replay_endpoint="tcp://127.0.0.1:6000"), inst("b", "tcp://127.0.0.1:6000")]},
-     "tcp://127.0.0.1:6000 is both 'a''s replay_endpoint and 'b''s endpoint"),
-    ("f.json", {"instances": [inst(dp_size=2), inst("b", "tcp://127.0.0.1:5558")]},
-     "tcp://127.0.0.1:5558 is both 'a''s endpoint"),
+    (
+        "f.json",
+        {"instances": [inst(replay_endpoint="tcp://127.0.0.1:6000"), inst("b", "tcp://127.0.0.1:6000")]},
+        "tcp://127.0.0.1:6000 is both 'a''s replay_endpoint and 'b''s endpoint",
+    ),
+    (
+        "f.json",
+        {"instances": [inst(dp_size=2), inst("b", "tcp://127.0.0.1:5558")]},
+        "tcp://127.0.0.1:5558 is both 'a''s endpoint",
+    ),
     ("f.json", {"instances": [inst(endpoint="localhost:5557")]}, "'localhost:5557' is not a ZeroMQ address"),
     ("f.json", {"instances": [inst(endpoint="tcp://*:5557")]}, "that is where an engine binds"),
     ("f.json", {"instances": [inst(endpoint="tcp://10.0.0.5:70000")]}, "port 70000 is not between 1 and 65535"),
@@ -106,8 +131,7 @@ def write(tmp_path, name: str, content) -> str:
 
 
 @pytest.mark.parametrize("name,content,says", BAD, ids=[b[2][:40] for b in BAD])
-def test_every_bad_fleet_file_is_one_line_and_exit_2_headless_and_in_the_window(tmp_path, capsys, name, content,
-                                                                                  says):
+def test_every_bad_fleet_file_is_one_line_and_exit_2_headless_and_in_the_window(tmp_path, capsys, name, content, says):
     path = write(tmp_path, name, content)
     with pytest.raises(FleetError) as e:
         read_fleet_file(path)
@@ -132,19 +156,34 @@ FLAG_CASES = [
     (["--fleet", "F", "--bytes-per-block", "64"], "--bytes-per-block is set for each instance"),
     (["--fleet", "F", "--hash-seed", "0"], "--hash-seed is set for each instance"),
     (["--route-ids", "1,2"], "--route-prompt and --route-ids ask a fleet"),
-    (["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5559", "--replay-endpoint",
-      "tcp://127.0.0.1:5558"], "2 --attach but 1 --replay-endpoint"),
+    (
+        [
+            "--attach",
+            "tcp://127.0.0.1:5557",
+            "--attach",
+            "tcp://127.0.0.1:5559",
+            "--replay-endpoint",
+            "tcp://127.0.0.1:5558",
+        ],
+        "2 --attach but 1 --replay-endpoint",
+    ),
     (["--attach", "tcp://127.0.0.1:5557", "--route-prompt", "x", "--route-ids", "1"], "give the prompt to route once"),
-    (["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5559", "--trace", "t.jsonl"],
-     "a fleet is not recorded"),
+    (
+        ["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5559", "--trace", "t.jsonl"],
+        "a fleet is not recorded",
+    ),
     (["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5557"], "tcp://127.0.0.1:5557 is given twice"),
-    (["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5558", "--dp-size", "2"],
-     "tcp://127.0.0.1:5558 is both '127.0.0.1:5557''s endpoint and '127.0.0.1:5558''s endpoint"),
+    (
+        ["--attach", "tcp://127.0.0.1:5557", "--attach", "tcp://127.0.0.1:5558", "--dp-size", "2"],
+        "tcp://127.0.0.1:5558 is both '127.0.0.1:5557''s endpoint and '127.0.0.1:5558''s endpoint",
+    ),
     (["--attach", "tcp://*:5557", "--attach", "tcp://127.0.0.1:5559"], "that is where an engine binds"),
     (["--attach", "tcp://127.0.0.1:5557", "--route-prompt", ""], "the prompt is empty"),
     (["--attach", "tcp://127.0.0.1:5557", "--bytes-per-block", "64"], "--bytes-per-block is for a fleet"),
-    (["--attach", "tcp://127.0.0.1:5557", "--route-prompt", "hello", "--tokenizer", "/nonexistent/tokenizer"],
-     "cannot load tokenizer '/nonexistent/tokenizer'"),
+    (
+        ["--attach", "tcp://127.0.0.1:5557", "--route-prompt", "hello", "--tokenizer", "/nonexistent/tokenizer"],
+        "cannot load tokenizer '/nonexistent/tokenizer'",
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
 """The vLLM leak lab (resources/scenarios/lab-vllm-leak.json): a real vLLM's recording through the probe, played
 anywhere with no vLLM and no model; what its notes say happens, happens at the steps they say."""
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from kvscope.scenario import load_scenario
 
 def test_the_lab_plays_a_real_vllms_leak_as_its_notes_tell_it():
     from engine import EngineConfig
+
     src = build_source(SourceSpec(EngineConfig(), scenario="lab-vllm-leak"))
     assert src.info.read_only and src.info.scenario == load_scenario("lab-vllm-leak").title
     assert src.info.model_name.startswith("vLLM 0.32") and src.info.block_size == 32 and src.info.num_blocks == 16
@@ -40,6 +42,7 @@ def test_every_consumer_of_the_cache_follows_a_recorded_vllm():
     from engine.inspect.kv_wire import decode_batch, encode_batch
     from kvscope.history import RunHistory
     from kvscope.sources.remote_cache import RemoteCacheModel
+
     src = build_source(SourceSpec(EngineConfig(), scenario="lab-vllm-leak"))
     history, remote, explainer = RunHistory(keyframe_every=1), RemoteCacheModel(), CacheMissExplainer(32)
     while src.has_work():
@@ -55,8 +58,12 @@ def test_every_consumer_of_the_cache_follows_a_recorded_vllm():
 
 
 def test_the_lab_headless_names_the_leak_in_one_line():
-    out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--scenario", "lab-vllm-leak"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvscope", "--headless", "--json", "--scenario", "lab-vllm-leak"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["block_size"] == 32 and len(d["audit_problems"]) == 1 and "block 3: leaked" in d["audit_problems"][0]

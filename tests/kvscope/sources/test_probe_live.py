@@ -6,6 +6,7 @@ straight from vLLM at the same step (a second subscriber's fresh keyframe); the 
 KV events; Step runs exactly one schedule; a window that goes while vLLM is held lets it serve on; the leak fault
 switched on from kvscope is found, named with its request and step. The fault test runs last: its leak stays.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ from engine.inspect.kv_wire import decode_batch
 from kvscope.sources.probe import ProbeSource
 from kvscope_vllm_probe.wire import Keyframe
 
-SYSTEM = ("You are kvscope's test assistant. You answer every question in one short sentence, politely, "
-          "and you never repeat the question. ") * 3
+SYSTEM = (
+    "You are kvscope's test assistant. You answer every question in one short sentence, politely, "
+    "and you never repeat the question. "
+) * 3
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +36,9 @@ def server():
     need_vllm()
     probe, events = f"tcp://127.0.0.1:{free_port()}", free_port()
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}", "topic": "kv"}
-    with VllmServer(probe=probe, extra=("--num-gpu-blocks-override", "20", "--kv-events-config", json.dumps(cfg)),
-                    max_model_len=512) as s:
+    with VllmServer(
+        probe=probe, extra=("--num-gpu-blocks-override", "20", "--kv-events-config", json.dumps(cfg)), max_model_len=512
+    ) as s:
         s.probe, s.events = probe, f"tcp://127.0.0.1:{events}"
         yield s
 
@@ -42,6 +46,7 @@ def server():
 def load(server, n: int, max_tokens: int) -> list[threading.Thread]:
     def ask(i: int) -> None:
         server.complete(SYSTEM + f"Question {i}: what is {i} plus {i}?", max_tokens=max_tokens)
+
     threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
@@ -92,8 +97,9 @@ def test_the_audit_is_clean_and_kvscope_shows_what_vllm_holds(server):
         time.sleep(0.5)  # the KV-event subscription is in place before the first store
         threads = load(server, 8, max_tokens=48)
         records = []
-        while any(t.is_alive() for t in threads) or not records or records[-1].snapshot.counters[
-                "num_requests_running"]:
+        while (
+            any(t.is_alive() for t in threads) or not records or records[-1].snapshot.counters["num_requests_running"]
+        ):
             rec = src.step()
             records.append(rec)
             assert rec.audit.ok, f"step {rec.step}: {rec.audit}"
@@ -149,9 +155,13 @@ def test_step_runs_one_schedule_and_a_window_gone_while_held_leaves_vllm_serving
 
 def test_headless_on_the_live_server(server):
     threads = load(server, 4, max_tokens=40)
-    out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", server.probe,
-                          "--duration", "5"], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    out = subprocess.run(
+        [sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", server.probe, "--duration", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+    )
     for t in threads:
         t.join(120)
     assert out.returncode == 0, out.stderr

@@ -1,6 +1,7 @@
 """The probed vLLM's pool as kvscope rebuilds it, from hand-made probe messages (no vLLM needed): vLLM's free
 queue order (prepends and appends), kvscope's events, the audit, gaps, and every connection trouble in one line
 (a probe that is not there, a refusal, a message kvscope cannot read)."""
+
 from __future__ import annotations
 
 import threading
@@ -44,8 +45,15 @@ def keyframe(seq: int = 0, step: int = 0) -> Keyframe:
     return Keyframe(seq, step, info, [0] * N, [], [], list(range(1, N)), [], [], False, "", {})
 
 
-def row(rid: str, status: str, tokens: list[int], computed: int, blocks: list[int] | None, start: int = 0,
-        blocks_from: int = 0) -> RequestRow:
+def row(
+    rid: str,
+    status: str,
+    tokens: list[int],
+    computed: int,
+    blocks: list[int] | None,
+    start: int = 0,
+    blocks_from: int = 0,
+) -> RequestRow:
     return RequestRow(rid, status, 6, start, tokens, computed, 0, blocks_from, blocks, 1.0)
 
 
@@ -64,12 +72,31 @@ def test_free_list_follows_vllms_queue_operations():
 def test_a_step_becomes_kvscopes_events_and_snapshot():
     m = VllmPoolMirror(keyframe())
     h0, h1 = 0xAB, 0xCD
-    st = Step(1, 1, 0.01, [
-        [OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1],
-        [OP_HASH, 1, h0, [10, 11, 12, 13], None], [OP_MAP_INSERT, h0, 1],
-        [OP_REQUEST, "b"], [OP_REF, 1, 2], [OP_POP, [3]], [OP_REF, 3, 1],
-    ], [row("a", "RUNNING", [10, 11, 12, 13, 14, 15], 6, [1, 2]),
-        row("b", "RUNNING", [10, 11, 12, 13, 20, 21], 6, [1, 3])], [], None, {}, False)
+    st = Step(
+        1,
+        1,
+        0.01,
+        [
+            [OP_REQUEST, "a"],
+            [OP_POP, [1, 2]],
+            [OP_REF, 1, 1],
+            [OP_REF, 2, 1],
+            [OP_HASH, 1, h0, [10, 11, 12, 13], None],
+            [OP_MAP_INSERT, h0, 1],
+            [OP_REQUEST, "b"],
+            [OP_REF, 1, 2],
+            [OP_POP, [3]],
+            [OP_REF, 3, 1],
+        ],
+        [
+            row("a", "RUNNING", [10, 11, 12, 13, 14, 15], 6, [1, 2]),
+            row("b", "RUNNING", [10, 11, 12, 13, 20, 21], 6, [1, 3]),
+        ],
+        [],
+        None,
+        {},
+        False,
+    )
     events = m.apply(st)
     kinds = [type(e) for e in events]
     assert kinds[:4] == [BlockAllocated, BlockAllocated, BlockStored, BlockTouched]
@@ -80,13 +107,32 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     assert snap.block_hashes == {1: f"{h0:016x}"}
     assert m.audit().ok
     # a finished request's blocks: the unhashed one to the head (LIFO), the hashed one to the tail, as vLLM frees
-    st2 = Step(2, 2, 0.01, [[OP_REQUEST, "a"], [OP_REF, 2, 0], [OP_REF, 1, 1], [OP_PREPEND, [2]],
-                            [OP_REQUEST, "b"], [OP_REF, 3, 0], [OP_REF, 1, 0], [OP_PREPEND, [3]], [OP_APPEND, [1]],
-                            [OP_REQUEST, "c"], [OP_POP, [3]], [OP_REF, 3, 1],
-                            [OP_REMOVE, 1], [OP_REF, 1, 1]],
-               [row("c", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [3, 1])], [("a", "FINISHED_STOPPED"),
-                                                                       ("b", "FINISHED_LENGTH_CAPPED")],
-               None, {}, False)
+    st2 = Step(
+        2,
+        2,
+        0.01,
+        [
+            [OP_REQUEST, "a"],
+            [OP_REF, 2, 0],
+            [OP_REF, 1, 1],
+            [OP_PREPEND, [2]],
+            [OP_REQUEST, "b"],
+            [OP_REF, 3, 0],
+            [OP_REF, 1, 0],
+            [OP_PREPEND, [3]],
+            [OP_APPEND, [1]],
+            [OP_REQUEST, "c"],
+            [OP_POP, [3]],
+            [OP_REF, 3, 1],
+            [OP_REMOVE, 1],
+            [OP_REF, 1, 1],
+        ],
+        [row("c", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [3, 1])],
+        [("a", "FINISHED_STOPPED"), ("b", "FINISHED_LENGTH_CAPPED")],
+        None,
+        {},
+        False,
+    )
     events = m.apply(st2)
     assert events[0] == BlockFreed(2, "a", 0) and BlockTouched(1, "c", 1) in events  # a hit on a cached free block
     snap = m.snapshot(2)
@@ -95,8 +141,7 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     assert snap.request("b").status == "FINISHED_LENGTH"
     assert m.audit().ok
     # a cached free block handed out again: its hash leaves the cache (an eviction), then it is allocated
-    m.apply(Step(3, 3, 0.0, [[OP_REQUEST, "c"], [OP_REF, 1, 0], [OP_APPEND, [1]]], [], [], None,
-                 {}, False))
+    m.apply(Step(3, 3, 0.0, [[OP_REQUEST, "c"], [OP_REF, 1, 0], [OP_APPEND, [1]]], [], [], None, {}, False))
     order = m.snapshot(3).free_queue.tolist()
     ops = [[OP_REQUEST, "d"], [OP_POP, order], [OP_MAP_POP, h0, 1], [OP_HASH, 1, None, [], None]]
     ops += [[OP_REF, b, 1] for b in order]
@@ -108,22 +153,55 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
 
 def test_a_block_handed_out_for_no_named_request_is_the_one_whose_table_gained_it():
     m = VllmPoolMirror(keyframe())
-    events = m.apply(Step(1, 1, 0.0, [[OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
-                          [row("a", "RUNNING", [1] * 6, 6, [1]), row("b", "RUNNING", [2] * 6, 6, [2])], [], None, {},
-                          False))
+    events = m.apply(
+        Step(
+            1,
+            1,
+            0.0,
+            [[OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
+            [row("a", "RUNNING", [1] * 6, 6, [1]), row("b", "RUNNING", [2] * 6, 6, [2])],
+            [],
+            None,
+            {},
+            False,
+        )
+    )
     assert BlockAllocated(1, "a") in events and BlockAllocated(2, "b") in events
-    events = m.apply(Step(2, 2, 0.0, [[OP_REF, 2, 0], [OP_PREPEND, [2]]], [], [("b", "FINISHED_STOPPED")], None, {},
-                          False))
+    events = m.apply(
+        Step(2, 2, 0.0, [[OP_REF, 2, 0], [OP_PREPEND, [2]]], [], [("b", "FINISHED_STOPPED")], None, {}, False)
+    )
     assert BlockFreed(2, "b", 0) in events
 
 
 def test_the_audit_names_a_leaked_block_and_the_request_that_held_it():
     m = VllmPoolMirror(keyframe())
-    m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
-                 [row("a", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [1, 2])], [], None, {}, False))
+    m.apply(
+        Step(
+            1,
+            1,
+            0.0,
+            [[OP_REQUEST, "a"], [OP_POP, [1, 2]], [OP_REF, 1, 1], [OP_REF, 2, 1]],
+            [row("a", "RUNNING", [1, 2, 3, 4, 5, 6], 6, [1, 2])],
+            [],
+            None,
+            {},
+            False,
+        )
+    )
     # vLLM freed block 1 only: block 2 left the table but kept its reference
-    m.apply(Step(2, 2, 0.0, [[OP_REQUEST, "a"], [OP_REF, 1, 0], [OP_PREPEND, [1]]], [],
-                 [("a", "FINISHED_STOPPED")], None, {}, False))
+    m.apply(
+        Step(
+            2,
+            2,
+            0.0,
+            [[OP_REQUEST, "a"], [OP_REF, 1, 0], [OP_PREPEND, [1]]],
+            [],
+            [("a", "FINISHED_STOPPED")],
+            None,
+            {},
+            False,
+        )
+    )
     problems = m.audit().problems
     assert [(p.block_id, p.problem, p.last_owner) for p in problems] == [(2, "leaked", "a")]
     assert "block 2: leaked (ref count 1, tables hold 0, request a)" == str(problems[0])
@@ -131,14 +209,36 @@ def test_the_audit_names_a_leaked_block_and_the_request_that_held_it():
 
 def test_deferred_frees_count_as_held_and_the_hash_map_is_checked():
     m = VllmPoolMirror(keyframe())
-    m.apply(Step(1, 1, 0.0, [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]], [],
-                 [("a", "FINISHED_STOPPED")], [[1]], {}, False))
+    m.apply(
+        Step(
+            1,
+            1,
+            0.0,
+            [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]],
+            [],
+            [("a", "FINISHED_STOPPED")],
+            [[1]],
+            {},
+            False,
+        )
+    )
     assert m.audit().ok  # out of its table, waiting in vLLM's deferred frees: not a leak
     m.apply(Step(2, 2, 0.0, [], [], [], [], {}, False))
     assert [p.problem for p in m.audit().problems] == ["leaked"]
     # a hash without its map entry, and a map entry for a block without a hash: both wrong in the hash map
-    m.apply(Step(3, 3, 0.0, [[OP_REF, 1, 0], [OP_APPEND, [1]], [OP_HASH, 1, 5, [1, 2, 3, 4], None],
-                             [OP_MAP_INSERT, 9, 2]], [], [], None, {}, False))
+    m.apply(
+        Step(
+            3,
+            3,
+            0.0,
+            [[OP_REF, 1, 0], [OP_APPEND, [1]], [OP_HASH, 1, 5, [1, 2, 3, 4], None], [OP_MAP_INSERT, 9, 2]],
+            [],
+            [],
+            None,
+            {},
+            False,
+        )
+    )
     assert sorted((p.block_id, p.problem) for p in m.audit().problems) == [(1, "hash_map"), (2, "hash_map")]
     m.apply(Step(4, 4, 0.0, [[OP_MAP_INSERT, 5, 1], [OP_MAP_POP, 9, 2]], [], [], None, {}, False))
     assert m.audit().ok
@@ -186,15 +286,20 @@ class FakeProbe:
 
 
 def test_no_probe_at_the_address_is_one_line():
-    with pytest.raises(ValueError, match=r"no probe answered at tcp://127.0.0.1:1 in 1 s: start vLLM with "
-                                         r"KVSCOPE_PROBE_ENDPOINT=tcp://127.0.0.1:1"):
+    with pytest.raises(
+        ValueError,
+        match=r"no probe answered at tcp://127.0.0.1:1 in 1 s: start vLLM with "
+        r"KVSCOPE_PROBE_ENDPOINT=tcp://127.0.0.1:1",
+    ):
         ProbeSource("tcp://127.0.0.1:1", wait_s=1.0)
 
 
 def test_a_refusal_is_one_line():
     from kvscope_vllm_probe.wire import Refused
-    fake = FakeProbe(lambda msg: [encode(Refused("the probe in vLLM speaks probe protocol 7"))]
-                     if isinstance(msg, Hello) else [])
+
+    fake = FakeProbe(
+        lambda msg: [encode(Refused("the probe in vLLM speaks probe protocol 7"))] if isinstance(msg, Hello) else []
+    )
     try:
         with pytest.raises(ValueError, match="refused: the probe in vLLM speaks probe protocol 7"):
             ProbeSource(fake.endpoint, wait_s=5)
@@ -205,8 +310,12 @@ def test_a_refusal_is_one_line():
 def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
     def answer(msg):
         if isinstance(msg, Hello):
-            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe()), b"\x93not a message",
-                    encode(Step(1, 1, 0.0, [[OP_POP, [1]], [OP_REF, 1, 1]], [], [], None, {}, False))]
+            return [
+                encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")),
+                encode(keyframe()),
+                b"\x93not a message",
+                encode(Step(1, 1, 0.0, [[OP_POP, [1]], [OP_REF, 1, 1]], [], [], None, {}, False)),
+            ]
         if isinstance(msg, Resync):
             return [encode(keyframe(1, 1))]
         return []

@@ -7,6 +7,7 @@ schedule; a window that goes while vLLM is paused lets it run on; the leak fault
 probe does not know is refused in one line and vLLM runs untouched; kvscope may start before vLLM, and vLLM may
 restart while kvscope watches.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,7 @@ def test_kvscope_shows_what_vllm_holds_under_sharing_and_preemption(vllm_python)
             same_as_vllm(rec, h.cmd("dump"))
             assert any(r.block_ids for r in rec.snapshot.requests)  # read mid-run, with tables to compare
             src.hold(False)
-            recs += drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 0
-                          and not src.mirror.requests)
+            recs += drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 0 and not src.mirror.requests)
             same_as_vllm(recs[-1], h.cmd("dump"))
             c = recs[-1].snapshot.counters
             assert c["prefix_cache_hits"] > 0 and c["evictions"] > 0 and c["num_preemptions"] >= 1
@@ -185,8 +185,10 @@ def test_kvscope_started_before_vllm_and_vllm_restarted_while_watched(vllm_pytho
 
         drain(src, said)
         chats(h, 1, max_tokens=5, start=10)  # the new vLLM's request, seen from its first step to its last
-        rec = drain(src, lambda r: any(q.request_id == "chat-10" and q.status.startswith("FINISHED")
-                                       for q in r.snapshot.requests))[-1]
+        rec = drain(
+            src,
+            lambda r: any(q.request_id == "chat-10" and q.status.startswith("FINISHED") for q in r.snapshot.requests),
+        )[-1]
         assert any("has not answered" in n for n in notices), notices
         assert any(f"vLLM at {ep} restarted: its pool is read again" in n for n in notices), notices
         assert rec.step > last  # kvscope's steps go on from where they were
@@ -204,6 +206,7 @@ def test_kvscope_started_before_vllm_and_vllm_restarted_while_watched(vllm_pytho
 
 def test_a_probe_of_another_protocol_refuses_kvscope_in_one_line(vllm_python, monkeypatch):
     import kvscope_vllm_probe.client as client
+
     monkeypatch.setattr(client, "PROTOCOL", 999)
     ep = endpoint()
     with Harness(ep) as h:
@@ -220,19 +223,48 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
         h.cmd("spin", on=True, pace=0.05)
         chats(h, 6, max_tokens=60)
         env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-        out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", ep, "--duration", "6",
-                              "--trace", str(trace)], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvscope",
+                "--headless",
+                "--json",
+                "--probe",
+                ep,
+                "--duration",
+                "6",
+                "--trace",
+                str(trace),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         live = json.loads(out.stdout)
     for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "num_preemptions", "audit_problems"):
         assert key in live
     assert live["steps"] > 0 and live["blocks_used_peak"] > 1 and live["audit_problems"] == []
-    out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", "--json", "--replay", str(trace)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvscope", "--headless", "--json", "--replay", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     replayed = json.loads(out.stdout)
-    for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "prefix_cache_queries", "num_preemptions",
-                "evictions", "audit_problems", "num_blocks"):
+    for key in (
+        "steps",
+        "blocks_used_peak",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "num_preemptions",
+        "evictions",
+        "audit_problems",
+        "num_blocks",
+    ):
         assert replayed[key] == live[key], key
     src = ProbeReplay(str(trace))
     assert src.info.read_only and src.has_work()
@@ -240,10 +272,11 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
 
 def test_bad_probe_flags_are_refused_in_one_line():
     for argv, want in (
-            (["--probe", "localhost:5570"], "give the probe's ZeroMQ address"),
-            (["--probe", "tcp://127.0.0.1:5570", "--scenario", "four-score"], "not with --scenario"),
-            (["--probe-fault", "leak-last-block"], "needs --probe ADDR"),
+        (["--probe", "localhost:5570"], "give the probe's ZeroMQ address"),
+        (["--probe", "tcp://127.0.0.1:5570", "--scenario", "four-score"], "not with --scenario"),
+        (["--probe-fault", "leak-last-block"], "needs --probe ADDR"),
     ):
-        out = subprocess.run([sys.executable, "-m", "kvscope", "--headless", *argv], capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "kvscope", "--headless", *argv], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and want in out.stderr, out.stderr

@@ -5,6 +5,7 @@ panel's block table are walked over a few scenarios' steps on the tiny model; th
 red in all of them. The
 fragmentation figure's classes are all held by a request, so all greens, and none is a state's colour but used.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,13 +28,15 @@ def tiny():
     return make_tiny_hf(max_position_embeddings=4096, vocab_size=49152), byte_tokenizer()
 
 
-@pytest.mark.parametrize("name", ["shared-system-prompt", "parallel-sampling", "lab-caching-changes-output",
-                                  "leak-hunt"])
+@pytest.mark.parametrize(
+    "name", ["shared-system-prompt", "parallel-sampling", "lab-caching-changes-output", "leak-hunt"]
+)
 def test_a_blocks_state_is_one_colour_in_every_view(qtbot, tiny, name):
     model, tok = tiny
     sc = load_scenario(name)
-    source = LiveSource(LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name="tiny"),
-                        ScenarioRunner(sc), audit=True)
+    source = LiveSource(
+        LLMEngine.from_hf_model(model, tok, EngineConfig(**sc.config), name="tiny"), ScenarioRunner(sc), audit=True
+    )
     legend, figure, table = LegendView(), FigureView(), BlockTableView()
     for w in (legend, figure, table):
         qtbot.addWidget(w)

@@ -1,6 +1,7 @@
 """The fleet window (issue 35): its source played in slices is the headless run; each frame's pools are the
 instances' own; the window draws N pools, outlines the instance that got the latest request and says the
 route; a screenshot of it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,9 +23,10 @@ COST_OF_THIS_MACHINE = {"wall_s", "peak_rss_mb"}
 
 
 def source(instances: int = 3, router: str = "prefix-aware", limit: int = 40, blocks: int = 2000) -> SimFleetSource:
-    return build_sim_fleet_source(SimFleetSpec(str(CONVERSATION), SimConfig(time_scale=0.2),
-                                        FleetConfig(instances, router), limit),
-                              EngineConfig(block_size=16, num_gpu_blocks=blocks))
+    return build_sim_fleet_source(
+        SimFleetSpec(str(CONVERSATION), SimConfig(time_scale=0.2), FleetConfig(instances, router), limit),
+        EngineConfig(block_size=16, num_gpu_blocks=blocks),
+    )
 
 
 @pytest.mark.parametrize("router", ["round-robin", "prefix-load"])
@@ -46,10 +48,16 @@ def test_the_fleet_source_played_in_slices_is_the_headless_run(router):
     end = src.frame()
     assert end.done and end.routed + end.skipped == 40 and end.skipped > 0  # 2,000 blocks: two prompts too big
     live = src.result().summary()
-    headless = run_fleet(read_workload(CONVERSATION, limit=40), EngineConfig(block_size=16, num_gpu_blocks=2000),
-                         SimConfig(time_scale=0.2), 3, router).summary()
-    assert {k: v for k, v in live.items() if k not in COST_OF_THIS_MACHINE} == \
-        {k: v for k, v in headless.items() if k not in COST_OF_THIS_MACHINE}
+    headless = run_fleet(
+        read_workload(CONVERSATION, limit=40),
+        EngineConfig(block_size=16, num_gpu_blocks=2000),
+        SimConfig(time_scale=0.2),
+        3,
+        router,
+    ).summary()
+    assert {k: v for k, v in live.items() if k not in COST_OF_THIS_MACHINE} == {
+        k: v for k, v in headless.items() if k not in COST_OF_THIS_MACHINE
+    }
 
 
 def test_advance_stops_at_a_virtual_time():
@@ -62,6 +70,7 @@ def test_advance_stops_at_a_virtual_time():
 
 def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
     from kvscope.ui.views.fleet_sim_view import SimFleetDriver, SimFleetWindow, best_columns
+
     src = source(instances=4, router="prefix-aware")
     win = SimFleetWindow(src)
     qtbot.addWidget(win)
@@ -75,8 +84,10 @@ def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
     frame = win.last_frame
     latest = frame.routes[-1]
     assert len(win.panels) == 4 and [p.highlighted for p in win.panels] == [i == latest.instance for i in range(4)]
-    assert win.route.text().startswith(f"latest route: L{latest.line} (") and \
-        f"→ instance {latest.instance} · cached prefix, blocks: " in win.route.text()
+    assert (
+        win.route.text().startswith(f"latest route: L{latest.line} (")
+        and f"→ instance {latest.instance} · cached prefix, blocks: " in win.route.text()
+    )
     assert win.log.toPlainText().splitlines()[-1].startswith(f"L{latest.line} ")
     assert len(win.log.toPlainText().splitlines()) == frame.routed
     assert f"{frame.routed:,} of 40 requests routed" in win.status.text() and "skipped" in win.status.text()
@@ -93,6 +104,25 @@ def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
 
 def test_a_screenshot_of_a_fleet(tmp_path, capsys):
     png = tmp_path / "fleet.png"
-    assert main(["--workload", str(CONVERSATION), "--limit", "30", "--instances", "4", "--router", "session",
-                 "--screenshot", str(png), "--steps", "400", "--window-size", "1280x720"]) == 0
+    assert (
+        main(
+            [
+                "--workload",
+                str(CONVERSATION),
+                "--limit",
+                "30",
+                "--instances",
+                "4",
+                "--router",
+                "session",
+                "--screenshot",
+                str(png),
+                "--steps",
+                "400",
+                "--window-size",
+                "1280x720",
+            ]
+        )
+        == 0
+    )
     assert png.stat().st_size > 20_000

@@ -1,6 +1,7 @@
 """The fleet window: its table says each instance's counts and trouble, its forest draws one square per instance
 holding a block, its prompt box answers where a prompt would go (and rings the prompt's path), and the command line
 saves a screenshot of it."""
+
 from __future__ import annotations
 
 import os
@@ -28,17 +29,26 @@ HASHER = VllmBlockHasher("sha256_cbor", "0")
 def stored(tokens: list[int]) -> list[BlockStored]:
     out, parent = [], None
     for i, d in enumerate(HASHER.chain(tokens, BS)):
-        out.append(BlockStored(i, d.hex(), "r", tuple(tokens[i * BS:(i + 1) * BS]), parent))
+        out.append(BlockStored(i, d.hex(), "r", tuple(tokens[i * BS : (i + 1) * BS]), parent))
         parent = d.hex()
     return out
 
 
 @pytest.fixture
 def fleet():
-    pubs = [KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), BS)
-            for _ in range(3)]
-    spec = FleetSpec(tuple(InstanceSpec(n, connectable(p.endpoint), connectable(p.replay_endpoint), hash_seed="0",
-                                        bytes_per_block=1024) for n, p in zip("abc", pubs)), "test fleet")
+    pubs = [
+        KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), BS)
+        for _ in range(3)
+    ]
+    spec = FleetSpec(
+        tuple(
+            InstanceSpec(
+                n, connectable(p.endpoint), connectable(p.replay_endpoint), hash_seed="0", bytes_per_block=1024
+            )
+            for n, p in zip("abc", pubs)
+        ),
+        "test fleet",
+    )
     src = FleetSource(spec)
     shared = list(range(1, 3 * BS + 1))
     deadline = time.monotonic() + 20
@@ -104,6 +114,7 @@ def test_an_instance_that_goes_away_turns_its_state_red(qtbot, fleet):
 
 def test_holder_squares_sit_side_by_side_around_their_block():
     import numpy as np
+
     x, node, inst = holder_squares(np.array([0.0, 1.0]), [[0, 2], [1]], 0.2)
     assert x.tolist() == pytest.approx([-0.1, 0.1, 1.0]) and node.tolist() == [0, 0, 1] and inst == [0, 2, 1]
 
@@ -114,9 +125,30 @@ def test_the_fleet_window_screenshot_from_the_command_line(tmp_path, fleet):
     args = []
     for p in pubs:
         args += ["--attach", connectable(p.endpoint), "--replay-endpoint", connectable(p.replay_endpoint)]
-    r = subprocess.run([sys.executable, "-m", "kvscope", *args, "--block-size", str(BS), "--hash-seed", "0",
-                        "--route-ids", ",".join(map(str, shared)), "--screenshot", str(png), "--steps", "10",
-                        "--window-size", "1280x720"], cwd=ROOT, capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "QT_QPA_PLATFORM": "offscreen"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvscope",
+            *args,
+            "--block-size",
+            str(BS),
+            "--hash-seed",
+            "0",
+            "--route-ids",
+            ",".join(map(str, shared)),
+            "--screenshot",
+            str(png),
+            "--steps",
+            "10",
+            "--window-size",
+            "1280x720",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert r.returncode == 0, r.stderr
     assert png.stat().st_size > 10_000

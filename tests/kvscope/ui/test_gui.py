@@ -1,4 +1,5 @@
 """The inspector through its real widgets and signals, offscreen, on the tiny random model."""
+
 from __future__ import annotations
 
 import sys
@@ -72,7 +73,7 @@ def test_window_opens_and_grid_matches_engine_after_each_step(qtbot, make_window
     for _ in range(4):
         step_and_wait(qtbot, win)
         live = win.worker.engine.snapshot()  # the worker is idle between steps
-        shown = win.grid.grid.ravel()[:live.num_blocks]
+        shown = win.grid.grid.ravel()[: live.num_blocks]
         assert np.array_equal(shown, codes_for(live, "state")[0])
         assert np.array_equal(win.latest.snapshot.ref_cnt, live.ref_cnt)
     # The two requests share their 5 full prompt blocks.
@@ -138,8 +139,10 @@ def test_event_log_filters_and_selects(qtbot, make_window):
     assert win.grid.highlight == [shown[0].block_id]
     win.events.kind_boxes["hit"].setChecked(False)
     win.events.search.setText("request_id=1")
-    assert all("request_id=1" in f"{e.to_dict()}".replace("'request_id': '1'", "request_id=1")
-               for e in win.events.visible_events())
+    assert all(
+        "request_id=1" in f"{e.to_dict()}".replace("'request_id': '1'", "request_id=1")
+        for e in win.events.visible_events()
+    )
     assert 0 < win.events.proxy.rowCount() < win.events.model.rowCount()
 
 
@@ -161,6 +164,7 @@ def test_failing_step_shows_error_and_window_stays_alive(qtbot, make_window):
 def test_load_failure_is_a_message_not_a_crash(qtbot, make_window):
     def broken():
         raise ValueError("cannot find model 'nope'; tried: local path")
+
     win = make_window(broken)
     qtbot.waitUntil(lambda: win.banner.isVisible(), timeout=5000)
     assert "cannot find model 'nope'" in win.banner.text()
@@ -170,11 +174,13 @@ def test_load_failure_is_a_message_not_a_crash(qtbot, make_window):
 
 def slow_engine(tiny_hf, seconds: float):
     """A factory of engines whose every step first sleeps ``seconds``."""
+
     def factory():
         eng = LLMEngine.from_hf_model(tiny_hf, None, name="slow", num_gpu_blocks=16, block_size=4)
         real = eng.step
         eng.step = lambda: (time.sleep(seconds), real())[1]
         return eng
+
     return factory
 
 
@@ -228,6 +234,7 @@ def test_shared_prefix_screenshot_is_not_blank(qtbot, make_window, tmp_path):
     qtbot.waitUntil(lambda: path.exists(), timeout=30_000)
     assert driver.exit_code == 0
     from PySide6.QtGui import QImage
+
     img = QImage(str(path))
     assert img.width() >= 1000 and img.height() >= 600
     colours = {img.pixel(x, y) for x in range(0, img.width(), 7) for y in range(0, img.height(), 7)}
@@ -252,8 +259,7 @@ def test_many_redraws_keep_none_refcount(qtbot, make_window):
 
 
 def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
-    win = loaded(qtbot, make_window(num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=8,
-                                    fault="abort-leak"))
+    win = loaded(qtbot, make_window(num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=8, fault="abort-leak"))
     assert win.cpu_grid.isVisible() and "8 blocks" in win.cpu_grid.title.text()
     inject_and_wait(qtbot, win, [[1, 2, 3, 4, 5, 6]])
     step_and_wait(qtbot, win, 2)
@@ -292,6 +298,7 @@ def test_fork_button_cpu_grid_and_leak_banner(qtbot, make_window, tiny_hf):
 
 def test_replay_in_the_window(qtbot, tiny_hf, settings, tmp_path):
     from kvscope.sources.replay import ReplaySource
+
     engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16)
     rec = LiveSource(engine, trace_path=str(tmp_path / "t.trace"))
     rec.inject(SHARED, GREEDY)
@@ -323,6 +330,7 @@ def test_scenario_menu_lists_the_scenarios(qtbot, make_window):
 
 def test_inject_dialog_beam_search_shows_the_beams(qtbot, make_window, settings):
     from kvscope.ui.views.inject_dialog import InjectDialog
+
     win = loaded(qtbot, make_window(num_gpu_blocks=64))
     dlg = InjectDialog(win, settings)
     qtbot.addWidget(dlg)
@@ -352,6 +360,7 @@ def test_closing_the_window_mid_step_shuts_down_cleanly(qtbot, make_window, tiny
         eng.step = lambda: (started.set(), real())[1]
         engines.append(eng)
         return eng
+
     win = loaded(qtbot, make_window(factory))
     inject_and_wait(qtbot, win, [[1, 2, 3]])
     started.clear()

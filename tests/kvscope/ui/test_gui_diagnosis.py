@@ -1,5 +1,6 @@
 """The window's diagnosis tools through their widgets (offscreen, tiny model): a block's story, why a
 request missed the cache, caching on vs off, memory vs pool, and the fragmentation figure."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ def window(qtbot, tmp_path, tiny_dir):
         win.start()
         qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=60_000)
         return win
+
     yield make
     for w in wins:
         w.shutdown()
@@ -111,9 +113,16 @@ def test_an_exhausted_pool_is_told_against_free_device_memory(qtbot, window):
 
 def test_the_fragmentation_figure_and_a_scenarios_view(qtbot, window, tmp_path):
     sc = tmp_path / "frag.json"
-    sc.write_text(json.dumps({"view": "fragmentation", "watch": "w", "config": {
-        "kv_layout": "contiguous", "max_model_len": 32, "num_gpu_blocks": 24, "block_size": 4},
-        "requests": [{"at": 0, "prompt": [1, 2, 3, 4, 5], "max_tokens": 4}] * 3}))
+    sc.write_text(
+        json.dumps(
+            {
+                "view": "fragmentation",
+                "watch": "w",
+                "config": {"kv_layout": "contiguous", "max_model_len": 32, "num_gpu_blocks": 24, "block_size": 4},
+                "requests": [{"at": 0, "prompt": [1, 2, 3, 4, 5], "max_tokens": 4}] * 3,
+            }
+        )
+    )
     win = window(scenario=str(sc))
     assert not win.docks["fragmentation"].visibleRegion().isEmpty()  # the scenario brought it forward
     target = win.latest.step + 2
@@ -125,7 +134,8 @@ def test_the_fragmentation_figure_and_a_scenarios_view(qtbot, window, tmp_path):
     assert contiguous.wasted == paged.wasted < 3 * 4 and paged.reserved == 0
     # issue 34: the header and the caption count with one rule, so this run's numbers are the same in both
     c = contiguous
-    assert (f"{c.used:,} slots used, {c.wasted:,} wasted inside blocks, {c.reserved:,} in blocks reserved and not "
-            f"written") in win.fragmentation.pool_label.text()
+    assert (
+        f"{c.used:,} slots used, {c.wasted:,} wasted inside blocks, {c.reserved:,} in blocks reserved and not written"
+    ) in win.fragmentation.pool_label.text()
     assert win.fragmentation.canvas.running == "contiguous"
     assert "off in this engine" in win.diagnosis.miss_text(win.latest.snapshot, "0")

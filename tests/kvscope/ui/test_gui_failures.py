@@ -1,4 +1,5 @@
 """The window and --screenshot under failures: a message, never a crash or a hang."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,12 +23,18 @@ def failing_engine(tiny_hf, where: str):
         else:  # the session's step raises (a scenario request refused mid-run, a bug): the worker stops stepping
             eng.step = boom
         return eng
+
     return factory
 
 
 @pytest.mark.parametrize("where", ["model", "session"])
-def test_a_screenshot_after_a_failed_step_saves_and_exits_non_zero(qtbot, make_window, tiny_hf, tmp_path,  # noqa: F811
-                                                                   where):
+def test_a_screenshot_after_a_failed_step_saves_and_exits_non_zero(
+    qtbot,
+    make_window,  # noqa: F811
+    tiny_hf,
+    tmp_path,
+    where,
+):
     win = make_window(failing_engine(tiny_hf, where), start=False)
     path = tmp_path / "shot.png"
     driver = StartupDriver(win, str(path), 5, [[1, 2, 3, 4, 5]], 8)
@@ -49,8 +56,14 @@ def test_a_screenshot_that_cannot_be_saved_says_so(qtbot, make_window, tmp_path,
 
 def test_a_scenario_the_engine_refuses_is_a_message_in_the_window(qtbot, tiny_dir, tmp_path, settings):  # noqa: F811
     sc = tmp_path / "big.json"
-    sc.write_text(json.dumps({"config": {"block_size": 4, "num_gpu_blocks": 8},
-                              "requests": [{"prompt": list(range(1, 100)), "max_tokens": 4}]}))
+    sc.write_text(
+        json.dumps(
+            {
+                "config": {"block_size": 4, "num_gpu_blocks": 8},
+                "requests": [{"prompt": list(range(1, 100)), "max_tokens": 4}],
+            }
+        )
+    )
     args = argparse.Namespace(replay=None, scenario=str(sc), trace=None, audit=False)
     win = MainWindow(lambda _s: build_session(EngineConfig(model=tiny_dir), args), settings)
     qtbot.addWidget(win)
@@ -65,6 +78,7 @@ def test_a_scenario_the_engine_refuses_is_a_message_in_the_window(qtbot, tiny_di
 def test_a_prompt_with_a_lone_surrogate_is_a_refused_request_in_the_window(qtbot, make_window):  # noqa: F811
     from engine import SamplingParams
     from kvscope.ui.worker import InjectSpec
+
     win = loaded(qtbot, make_window())
     win.inject([InjectSpec("bad \udcff text", SamplingParams(max_tokens=4))])
     qtbot.waitUntil(lambda: win.banner.isVisible(), timeout=10_000)

@@ -1,4 +1,5 @@
 """The prefix-forest view and the attach panel, offscreen, from a model built out of wire events."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -72,6 +73,7 @@ def test_view_bounds_what_it_draws(qtbot):
 
 def test_attach_panel_shows_a_record_and_what_attach_cannot_show(qtbot):
     from engine.inspect.kv_wire import encode_batch
+
     a = _Applier(AttachConfig("tcp://127.0.0.1:1"), None)
     a.apply(0, 0, encode_batch([WireStored((1, 2), None, (1, 2, 3, 4), 2)], 0.0), "live", 0)
     a.gap(0, 1, 3, "no replay endpoint")
@@ -127,8 +129,10 @@ def test_the_attach_timeline_rebuilds_the_forest_at_any_poll(tiny_engine):
     try:
         for i in range(30):
             if i % 3 == 0:
-                session.inject(list(range(10, 18)) + [i + 1, i + 2, i + 3, i + 4, i + 5],
-                               SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+                session.inject(
+                    list(range(10, 18)) + [i + 1, i + 2, i + 3, i + 4, i + 5],
+                    SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                )
             if i == 20 and not engine.has_unfinished():
                 session.reset_prefix_cache()
             if session.has_work():

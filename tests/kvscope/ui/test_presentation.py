@@ -1,5 +1,6 @@
 """A projector at 1280x720 with 1.5x text (issue 34): presentation mode keeps each textbook lesson whole, tabs
 read whole, no legend lies over a bar, and in presentation nothing is drawn smaller than 12 px."""
+
 from __future__ import annotations
 
 import copy
@@ -16,11 +17,13 @@ from kvscope.ui.main_window import PRESENT_MIN_TEXT_PX, MainWindow
 from kvscope.ui.style import min_text_px, text_scale
 
 # the textbook's lessons at the step their note names, with the requests the lesson draws
-LESSONS = [("four-score", 1, ["0"]),  # figure 4: one request prefilled
-           ("four-score", 3, ["0"]),  # figure 4: its table gains a block
-           ("four-score", 7, ["0", "1"]),  # figure 5: two requests interleaved in one pool
-           ("parallel-sampling", 2, ["0", "0#1"]),  # figure 6: two samples sharing blocks, the copy-on-write step
-           ("parallel-sampling", 4, ["0", "0#1"])]  # figure 6: the tables diverged, full blocks still shared
+LESSONS = [
+    ("four-score", 1, ["0"]),  # figure 4: one request prefilled
+    ("four-score", 3, ["0"]),  # figure 4: its table gains a block
+    ("four-score", 7, ["0", "1"]),  # figure 5: two requests interleaved in one pool
+    ("parallel-sampling", 2, ["0", "0#1"]),  # figure 6: two samples sharing blocks, the copy-on-write step
+    ("parallel-sampling", 4, ["0", "0#1"]),
+]  # figure 6: the tables diverged, full blocks still shared
 
 
 @pytest.fixture
@@ -76,8 +79,11 @@ def test_each_lesson_is_whole_in_the_figure_and_every_text_at_least_12_px(qtbot,
     assert sorted(win.figure.request_ids) == sorted(select)
     assert win.figure.lesson_in_view(), f"{name} at step {steps}: the lesson's rows are cut {win.figure.last_lesson}"
     assert win.figure.min_text_px() >= PRESENT_MIN_TEXT_PX - 0.01
-    small = [(type(w).__name__, getattr(w, "text", lambda: "")()[:30], px) for w, px in visible_texts(win)
-             if px < PRESENT_MIN_TEXT_PX]
+    small = [
+        (type(w).__name__, getattr(w, "text", lambda: "")()[:30], px)
+        for w, px in visible_texts(win)
+        if px < PRESENT_MIN_TEXT_PX
+    ]
     assert not small, small
     layer = win.grid.layer
     assert layer.min_px == 0 or layer.min_px >= PRESENT_MIN_TEXT_PX  # the grid leaves out labels it cannot show
@@ -132,6 +138,7 @@ def test_selected_blocks_are_a_spotlight_not_a_pale_wash_and_a_preemption_says_h
     """Pale green is the fragmentation figure's "reserved, empty": a selection dims the other blocks instead of
     whitening its own; and the request table says recompute or swap where it said "preem"."""
     from kvscope.ui.qt_models import STATE_WORDS
+
     win = window
     win.resize(1280, 720)
     lesson(qtbot, win, "four-score", 3, ["0"])

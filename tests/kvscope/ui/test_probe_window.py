@@ -1,6 +1,7 @@
 """The main window on a probed vLLM (its real scheduler, stepped by the harness): it opens in Run on vLLM's pool,
 its Pause holds vLLM's scheduler, its Step runs exactly one schedule, and closing it while vLLM is held lets vLLM
 run on."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """The window with the server beside it: it starts in Run, steps HTTP requests as they come, shows
 each request's client, and its Abort answers the client even while paused."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,12 @@ def test_paused_window_holds_requests_and_its_abort_answers_the_client(qtbot, wi
     qtbot.waitUntil(lambda: not win.running, timeout=5000)
 
     def stream():
-        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30,
-                          json={"prompt": "step me", "max_tokens": 100, "temperature": 0, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/completions",
+            timeout=30,
+            json={"prompt": "step me", "max_tokens": 100, "temperature": 0, "stream": True},
+        ) as r:
             return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
 
     with ThreadPoolExecutor(1) as pool:
@@ -84,8 +89,10 @@ def test_paused_window_holds_requests_and_its_abort_answers_the_client(qtbot, wi
         win.flush()
         win.requests.select([info.request_id])
         win.act_abort.trigger()
-        qtbot.waitUntil(lambda: fut.done() and win.latest.snapshot.request(info.request_id).status
-                        == "FINISHED_ABORTED", timeout=10_000)
+        qtbot.waitUntil(
+            lambda: fut.done() and win.latest.snapshot.request(info.request_id).status == "FINISHED_ABORTED",
+            timeout=10_000,
+        )
     events = fut.result()
     assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
     assert win.latest.step == start + 3  # answered without another step

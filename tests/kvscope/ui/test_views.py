@@ -1,4 +1,5 @@
 """The views on their own (pytest-qt, offscreen), from real snapshots of the tiny engine."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,24 @@ from kvscope.ui.views.request_panel import BlockTableView, RequestPanel
 from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
 from kvscope.ui.views.welcome import WelcomeView
 
-WORDS = ["Four", " score", " and", " seven", " years", " ago", " our", " fathers", " brought", " forth", " on",
-         " this", " continent", " a", " new", " nation"]
+WORDS = [
+    "Four",
+    " score",
+    " and",
+    " seven",
+    " years",
+    " ago",
+    " our",
+    " fathers",
+    " brought",
+    " forth",
+    " on",
+    " this",
+    " continent",
+    " a",
+    " new",
+    " nation",
+]
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
@@ -94,6 +111,7 @@ def show(qtbot, w: QWidget, width: int, height: int) -> QWidget:
 
 # -- palette -----------------------------------------------------------------------------------
 
+
 def is_red(rgb) -> bool:
     r, g, b = rgb
     return r > 180 and g < 110 and b < 110
@@ -127,6 +145,7 @@ def test_block_table_cells_take_the_grids_state_colours(qtbot, busy_snapshot):
 
 # -- legend ---------------------------------------------------------------------------------------
 
+
 def test_legend_classes_and_counts_equal_the_snapshot(qtbot, busy_snapshot):
     s = busy_snapshot
     assert (s.state == BlockState.CACHED).sum() > 0 and (s.state == BlockState.SHARED).sum() > 0
@@ -134,9 +153,10 @@ def test_legend_classes_and_counts_equal_the_snapshot(qtbot, busy_snapshot):
     leg = show(qtbot, LegendView(), 220, 300)
     leg.set_snapshot(s, leaked)
     codes = codes_for(s, "state", leaked)[0]
-    assert leg.counts() == {palette.STATES[st].name: int((codes == st).sum())
-                            for st in (BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED,
-                                       BlockState.LEAKED)}
+    assert leg.counts() == {
+        palette.STATES[st].name: int((codes == st).sum())
+        for st in (BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED)
+    }
     assert sum(leg.counts().values()) == s.num_blocks and leg.counts()["audit problem"] == 1
     leg.set_snapshot(s, leaked, "written while shared")  # the audit's kinds name the red class
     assert leg.counts()["written while shared"] == 1 and "audit problem" not in leg.counts()
@@ -185,6 +205,7 @@ def test_grid_embeds_a_legend_that_follows_the_mode(qtbot, busy_snapshot):
 
 # -- block grid: level of detail --------------------------------------------------------------------
 
+
 def test_zoom_levels_switch_detail_at_the_thresholds(qtbot, tiny_hf):
     eng = engine(tiny_hf, num_gpu_blocks=4096)
     eng.add_request(list(range(1, 30)), GREEDY)
@@ -193,8 +214,11 @@ def test_zoom_levels_switch_detail_at_the_thresholds(qtbot, tiny_hf):
     grid.set_decode(decode)
     grid.set_snapshot(snap)
     centre = QPointF(3.5, 0.5)
-    levels = [(BORDER_PX, DetailLevel.BORDERS), (LABEL_PX, DetailLevel.LABELS),
-              (slots_px(snap.block_size), DetailLevel.SLOTS)]
+    levels = [
+        (BORDER_PX, DetailLevel.BORDERS),
+        (LABEL_PX, DetailLevel.LABELS),
+        (slots_px(snap.block_size), DetailLevel.SLOTS),
+    ]
     assert grid.thresholds[DetailLevel.SLOTS] == slots_px(4) and BORDER_PX < LABEL_PX < slots_px(4)
     for px, level in levels:
         grid.zoom_to(px * 0.9, centre)
@@ -218,7 +242,9 @@ def test_zoom_levels_switch_detail_at_the_thresholds(qtbot, tiny_hf):
     grid.zoom_to(LABEL_PX * 1.2, centre)
     grid.grab()
     assert grid.layer.bars[req.block_ids[0]] == 4 and grid.layer.texts[req.block_ids[0]][:2] == [
-        f"#{req.block_ids[0]}", "ref 1"]
+        f"#{req.block_ids[0]}",
+        "ref 1",
+    ]
     grid.zoom_to(2.0)
     grid.grab()
     assert grid.detail_level == DetailLevel.CELLS and grid.layer.painted_cells == 0
@@ -256,9 +282,19 @@ def test_a_zoom_to_a_threshold_reaches_its_level_through_float_rounding():
 def test_text_is_bounded_however_big_the_pool(qtbot):
     n = 1_048_576
     ref = np.ones(n, np.int32)
-    snap = assemble_snapshot(3, 16, ref_cnt=ref, has_hash=np.zeros(n, bool), last_access=np.zeros(n, np.int64),
-                             free_queue=np.zeros(0, np.int32), requests=[], cached_tokens={}, block_hashes={},
-                             counters={}, num_cpu_blocks=0)
+    snap = assemble_snapshot(
+        3,
+        16,
+        ref_cnt=ref,
+        has_hash=np.zeros(n, bool),
+        last_access=np.zeros(n, np.int64),
+        free_queue=np.zeros(0, np.int32),
+        requests=[],
+        cached_tokens={},
+        block_hashes={},
+        counters={},
+        num_cpu_blocks=0,
+    )
     grid = show(qtbot, BlockGridView("GPU"), 1200, 800)
     grid.set_snapshot(snap)
     for px in (LABEL_PX, slots_px(16) * 1.05):
@@ -318,6 +354,7 @@ def test_mouse_wheel_zooms_and_a_click_on_the_overview_jumps(qtbot, tiny_hf):
     from PySide6.QtCore import QPoint
     from PySide6.QtGui import QWheelEvent
     from PySide6.QtWidgets import QApplication
+
     eng = engine(tiny_hf, num_gpu_blocks=4096)
     eng.add_request(list(range(1, 30)), GREEDY)
     snap = run(eng, 1)
@@ -326,8 +363,16 @@ def test_mouse_wheel_zooms_and_a_click_on_the_overview_jumps(qtbot, tiny_hf):
     px = grid.pixels_per_cell()
     vp = grid.plot.viewport()
     centre = QPointF(vp.width() / 2, vp.height() / 2)
-    ev = QWheelEvent(centre, vp.mapToGlobal(centre), QPoint(0, 0), QPoint(0, -240), Qt.MouseButton.NoButton,
-                     Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    ev = QWheelEvent(
+        centre,
+        vp.mapToGlobal(centre),
+        QPoint(0, 0),
+        QPoint(0, -240),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
     QApplication.sendEvent(vp, ev)
     assert grid.pixels_per_cell() < px and not grid.auto_fit  # the user zoomed: stop following
     ov = grid.overview
@@ -347,9 +392,19 @@ def test_overview_keeps_a_single_leaked_block_and_jumps(qtbot):
     assert (small[-1, 250:] == 6).all() and small[-1, 249] == 0 and small[0, 0] == 0
     n = 1_048_576
     ref = np.zeros(n, np.int32)
-    snap = assemble_snapshot(3, 16, ref_cnt=ref, has_hash=np.zeros(n, bool), last_access=np.zeros(n, np.int64),
-                             free_queue=np.arange(n, dtype=np.int32), requests=[], cached_tokens={},
-                             block_hashes={}, counters={}, num_cpu_blocks=0)
+    snap = assemble_snapshot(
+        3,
+        16,
+        ref_cnt=ref,
+        has_hash=np.zeros(n, bool),
+        last_access=np.zeros(n, np.int64),
+        free_queue=np.arange(n, dtype=np.int32),
+        requests=[],
+        cached_tokens={},
+        block_hashes={},
+        counters={},
+        num_cpu_blocks=0,
+    )
     view = show(qtbot, BlockGridView("GPU"), 1000, 640)
     view.set_snapshot(snap, leaked=np.array([777 * 1024 + 333]))
     img = view.overview.image.image
@@ -373,6 +428,7 @@ def test_clear_forgets_the_previous_session(qtbot, busy_snapshot):
 
 # -- figure view ---------------------------------------------------------------------------------------
 
+
 def check_figure(fig: FigureView, snap, rids) -> None:
     cells = fig.cells()
     bs = snap.block_size
@@ -381,18 +437,21 @@ def check_figure(fig: FigureView, snap, rids) -> None:
     for rid in rids:
         r = snap.request(rid)
         got = cells["requests"][rid]
-        want_table = [(i, b, max(0, min(bs, r.num_computed_tokens - i * bs)), int(snap.ref_cnt[b]))
-                      for i, b in enumerate(r.block_ids)]
+        want_table = [
+            (i, b, max(0, min(bs, r.num_computed_tokens - i * bs)), int(snap.ref_cnt[b]))
+            for i, b in enumerate(r.block_ids)
+        ]
         assert got["table"] == want_table
-        assert got["logical"] == [(i, [label(t) for t in r.token_ids[i * bs:min((i + 1) * bs,
-                                                                                  r.num_computed_tokens)]])
-                                  for i in range(len(r.block_ids))]
+        assert got["logical"] == [
+            (i, [label(t) for t in r.token_ids[i * bs : min((i + 1) * bs, r.num_computed_tokens)]])
+            for i in range(len(r.block_ids))
+        ]
         if len(r.token_ids) > r.num_computed_tokens:
             i = r.num_computed_tokens
             assert got["pending"] == (i // bs, i % bs, label(r.token_ids[i]))
         arrows += [(rid, i, b) for i, b in enumerate(r.block_ids)]
         for i, b in enumerate(r.block_ids):  # the physical block holds the same tokens
-            assert cells["physical"][b][:len(got["logical"][i][1])] == got["logical"][i][1]
+            assert cells["physical"][b][: len(got["logical"][i][1])] == got["logical"][i][1]
     assert cells["arrows"] == arrows
     mapped = {b for rid in rids for b in snap.request(rid).block_ids}
     assert mapped <= set(cells["physical"])
@@ -471,9 +530,22 @@ def test_figure_without_a_selection_says_what_to_do(qtbot, busy_snapshot):
 
 # -- small sizes -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [lambda: BlockGridView("GPU"), lambda: BlockGridView("CPU", cpu=True), LegendView,
-                                  FigureView, EventLogView, PlotsPanel, RequestPanel, Banner, ScenarioNotesPanel,
-                                  WelcomeView])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockGridView("GPU"),
+        lambda: BlockGridView("CPU", cpu=True),
+        LegendView,
+        FigureView,
+        EventLogView,
+        PlotsPanel,
+        RequestPanel,
+        Banner,
+        ScenarioNotesPanel,
+        WelcomeView,
+    ],
+)
 def test_each_view_can_be_small(qtbot, make):
     w = make()
     qtbot.addWidget(w)
@@ -490,6 +562,7 @@ def test_event_log_kind_filter_does_not_widen_the_window(qtbot):
 
 
 # -- banner ---------------------------------------------------------------------------------------------------
+
 
 def test_banner_closes_and_clears(qtbot):
     parent = show(qtbot, QWidget(), 600, 100)
@@ -509,6 +582,7 @@ def test_banner_closes_and_clears(qtbot):
 
 
 # -- inject dialog ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def settings(tmp_path):
@@ -564,6 +638,7 @@ def test_token_ids_from_the_dialog_run_on_the_engine(qtbot, tiny_hf, settings):
 
 # -- event log, plots ---------------------------------------------------------------------------------------------
 
+
 def test_event_log_max_step_and_token_text(qtbot):
     log = EventLogView()
     qtbot.addWidget(log)
@@ -592,6 +667,7 @@ def test_event_log_max_step_and_token_text(qtbot):
 
 def test_plots_cursor_on_every_plot(qtbot):
     from kvscope.history import RunHistory
+
     plots = show(qtbot, PlotsPanel(), 700, 500)
     h = RunHistory()
     plots.update_from(h)  # an empty history, and series the history does not record, draw nothing
@@ -604,6 +680,7 @@ def test_plots_cursor_on_every_plot(qtbot):
 
 # -- scenarios, notes, welcome ----------------------------------------------------------------------------------------
 
+
 def test_every_scenario_has_what_to_watch_and_step_notes():
     for name in available():
         sc = load_scenario(name)
@@ -615,9 +692,16 @@ def test_every_scenario_has_what_to_watch_and_step_notes():
     assert fs.requests[1]["prompt"] == "It was the best of times"
 
 
-@pytest.mark.parametrize("notes, match", [("x", "'notes' must be a list"), ([{"at": -1, "text": "t"}], r"notes\[0\]"),
-                                          ([{"at": 1}], r"notes\[0\]"), ([{"at": "2", "text": "t"}], r"notes\[0\]"),
-                                          ([{"at": 1, "text": "ok"}, 3], r"notes\[1\]")])
+@pytest.mark.parametrize(
+    "notes, match",
+    [
+        ("x", "'notes' must be a list"),
+        ([{"at": -1, "text": "t"}], r"notes\[0\]"),
+        ([{"at": 1}], r"notes\[0\]"),
+        ([{"at": "2", "text": "t"}], r"notes\[0\]"),
+        ([{"at": 1, "text": "ok"}, 3], r"notes\[1\]"),
+    ],
+)
 def test_malformed_notes_are_a_clear_error(tmp_path, notes, match):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps({"requests": [], "notes": notes}))
@@ -664,6 +748,7 @@ def test_welcome_lists_the_scenarios_and_emits(qtbot):
     with qtbot.waitSignal(w.inject_requested):
         qtbot.mouseClick(w.inject_button, Qt.MouseButton.LeftButton)
     from kvscope.ui.views.welcome import SHORTCUTS
+
     keys = " ".join(k for k, _ in SHORTCUTS)
     for key in ("F10", "F5", "Ctrl+I", "Del", "Ctrl+F", "Home"):
         assert key in keys
@@ -672,6 +757,7 @@ def test_welcome_lists_the_scenarios_and_emits(qtbot):
 def test_welcome_gives_each_scenario_a_whole_first_sentence():
     """A lab's line is its question, not the label before it ("Question:" alone, as it was)."""
     from kvscope.ui.views.welcome import first_sentence, scenario_lines
+
     lines = {name: line for name, _, line in scenario_lines()}
     assert lines["lab-caching-changes-output"].startswith("Question: why does the second chat answer")
     assert lines["lab-caching-changes-output"].endswith("?")
@@ -683,10 +769,12 @@ def test_welcome_gives_each_scenario_a_whole_first_sentence():
 
 # -- style ----------------------------------------------------------------------------------------------------
 
+
 def test_disabled_controls_look_disabled(qtbot):
     from PySide6.QtWidgets import QApplication, QToolButton
 
     from kvscope.ui.style import apply_style
+
     apply_style(QApplication.instance())
     try:
         buttons = []
@@ -696,8 +784,10 @@ def test_disabled_controls_look_disabled(qtbot):
             b.setEnabled(enabled)
             show(qtbot, b, 80, 28)
             buttons.append(b.grab().toImage())
-        brightest = [max(QColor_lightness(img.pixel(x, y)) for x in range(img.width()) for y in range(img.height()))
-                     for img in buttons]
+        brightest = [
+            max(QColor_lightness(img.pixel(x, y)) for x in range(img.width()) for y in range(img.height()))
+            for img in buttons
+        ]
         assert brightest[1] < brightest[0] - 60, brightest
     finally:
         QApplication.instance().setStyleSheet("")
@@ -705,6 +795,7 @@ def test_disabled_controls_look_disabled(qtbot):
 
 def QColor_lightness(argb: int) -> int:  # noqa: N802
     from PySide6.QtGui import QColor
+
     return QColor.fromRgb(argb).lightness()
 
 

@@ -1,6 +1,7 @@
 """A window left open on a served engine: every store that grows with steps, requests or events stays
 within its bound (``kvscope.limits``), the timeline's budget counts what it really holds, and reaching a
 bound never drops what is on screen (the live step, the selected request, the rows in view)."""
+
 from __future__ import annotations
 
 import gc
@@ -27,8 +28,9 @@ from snapshot_scale import deep_size  # noqa: E402
 from common import install_fake_runner  # noqa: E402
 
 BLOCKS, SEQS = 48, 8
-SMALL = WindowLimits(timeline_bytes=600_000, timeline_requests=250, event_log_rows=3_000, miss_explanations=150,
-                     evicted_blocks=200)
+SMALL = WindowLimits(
+    timeline_bytes=600_000, timeline_requests=250, event_log_rows=3_000, miss_explanations=150, evicted_blocks=200
+)
 
 
 def the_present(h: RunHistory) -> list:
@@ -62,10 +64,10 @@ class Served:
         rng = self.rng
         for i in range(count):
             while len(self.engine.requests) < SEQS and rng.random() < 0.7:
-                prompt = (rng.choice(self.prefixes) if rng.random() < 0.6 else []) + \
-                         [rng.randrange(1, 256) for _ in range(rng.randint(1, 12))]
-                self.src.inject(prompt, SamplingParams(max_tokens=rng.randint(1, 8), temperature=0.0,
-                                                       ignore_eos=True))
+                prompt = (rng.choice(self.prefixes) if rng.random() < 0.6 else []) + [
+                    rng.randrange(1, 256) for _ in range(rng.randint(1, 12))
+                ]
+                self.src.inject(prompt, SamplingParams(max_tokens=rng.randint(1, 8), temperature=0.0, ignore_eos=True))
                 self.n += 1
                 yield from self._through_wire(self.src.current(), True)
             if rng.random() < 0.03 and self.engine.requests:
@@ -80,6 +82,7 @@ def test_every_store_of_the_window_stays_within_its_bound(tiny_engine):
     diagnosis = Diagnosis(limits=SMALL)
     rows_seen = stored = 0
     from kvscope.ui.qt_models import EventLogModel  # Qt-free in use: a model needs no application
+
     log = EventLogModel(SMALL.event_log_rows)
     for st in served.steps(3_000):
         rec = st.record
@@ -170,8 +173,12 @@ def _with(snap, rid: str, status: str = "RUNNING"):
         block_size = snap.block_size
 
         def request(self, r):
-            return RequestInfo(rid, 0, status, 8, 1, 0, 8, (), "", tuple(range(9)), None, rid, None, ()) \
-                if r == rid else None
+            return (
+                RequestInfo(rid, 0, status, 8, 1, 0, 8, (), "", tuple(range(9)), None, rid, None, ())
+                if r == rid
+                else None
+            )
+
     return One()
 
 
@@ -186,6 +193,7 @@ def test_the_limits_have_defaults_and_lines():
 @pytest.fixture
 def log_view(qtbot):
     from kvscope.ui.views.event_log import EventLogView
+
     view = EventLogView(max_rows=500)
     qtbot.addWidget(view)
     view.resize(600, 300)
@@ -196,6 +204,7 @@ def log_view(qtbot):
 
 def _events(n: int, start: int):
     from engine.inspect.events import BlockAllocated
+
     return [BlockAllocated(block_id=start + i, request_id="r") for i in range(n)]
 
 
@@ -257,8 +266,21 @@ def test_each_bound_is_a_flag_of_the_window(qtbot, tmp_path):
 
     from kvscope.cli.parser import build_parser, window_limits
     from kvscope.ui.main_window import MainWindow
-    args = build_parser().parse_args(["--timeline-mib", "8", "--timeline-requests", "300", "--event-log-rows", "500",
-                                      "--miss-explanations", "40", "--evicted-blocks", "60"])
+
+    args = build_parser().parse_args(
+        [
+            "--timeline-mib",
+            "8",
+            "--timeline-requests",
+            "300",
+            "--event-log-rows",
+            "500",
+            "--miss-explanations",
+            "40",
+            "--evicted-blocks",
+            "60",
+        ]
+    )
     limits = window_limits(args)
     assert limits == WindowLimits(8 * 2**20, 300, 500, 40, 60)
     assert window_limits(build_parser().parse_args([])) == LIMITS  # the defaults are the limits' own

@@ -1,5 +1,6 @@
 """The window explains what it shows (issue 14): first screen, fit on 1280x720, the timeline moves every view,
 banners close and clear, nothing of a previous session shows, a model without a tokenizer takes token ids."""
+
 from __future__ import annotations
 
 import pytest
@@ -103,8 +104,9 @@ def test_nothing_of_the_previous_session_shows_after_a_load(qtbot, window):
     win.requests.select(["0"])
     assert win.grid.highlight and win.figure.request_ids == ["0"]
     win.load_scenario("")
-    qtbot.waitUntil(lambda: win.info is not None and win.latest is not None and not win.latest.snapshot.requests,
-                    timeout=20_000)
+    qtbot.waitUntil(
+        lambda: win.info is not None and win.latest is not None and not win.latest.snapshot.requests, timeout=20_000
+    )
     win.flush()
     assert not win.grid.highlight and win.figure.request_ids == [] and win.grid.hover_label.text().strip() == ""
     assert win.requests.model.rows == []
@@ -113,8 +115,25 @@ def test_nothing_of_the_previous_session_shows_after_a_load(qtbot, window):
 def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, capsys, tiny_dir):
     win = window()
     assert not win.info.has_tokenizer and "no tokenizer" in win.grid.title.text()
-    assert main(["--headless", "--json", "--model", tiny_dir, "--num-gpu-blocks", "16", "--block-size", "4",
-                 "--inject-ids", "1,5,9", "--max-tokens", "3"]) == 0
+    assert (
+        main(
+            [
+                "--headless",
+                "--json",
+                "--model",
+                tiny_dir,
+                "--num-gpu-blocks",
+                "16",
+                "--block-size",
+                "4",
+                "--inject-ids",
+                "1,5,9",
+                "--max-tokens",
+                "3",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert '"prompt_tokens": 3' in out and '"output_tokens": 3' in out
     with pytest.raises(SystemExit) as bad:  # argparse refuses it: one line, exit 2
@@ -124,6 +143,7 @@ def test_a_model_without_a_tokenizer_says_so_and_takes_token_ids(qtbot, window, 
 
 def test_a_screenshot_selects_the_requests_of_select_and_refuses_unknown_ids(qtbot, window):
     from kvscope.ui.app import StartupDriver
+
     win = window()
     run(qtbot, win, [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]], 2)
     ids = [r.request_id for r in win.requests.model.rows]
@@ -142,6 +162,7 @@ def test_at_1280x720_the_figure_text_the_legend_and_the_cached_column_are_readab
     from PySide6.QtCore import QPoint
 
     from kvscope.ui.views.figure_view import MIN_TEXT_PX
+
     win = window()
     win.resize(1280, 720)
     run(qtbot, win, [list(range(1, 30)), list(range(1, 20)) + [99, 98]], 3)
@@ -169,6 +190,7 @@ def test_at_1280x720_and_a_larger_text_size_the_cached_column_still_shows(qtbot,
     from PySide6.QtWidgets import QApplication
 
     from kvscope.ui.style import set_text_scale
+
     win = window()
     win.resize(1280, 720)
     run(qtbot, win, [list(range(1, 30))], 2)
@@ -200,6 +222,7 @@ def test_at_1280x720_every_plot_keeps_its_least_height_and_the_panel_scrolls(qtb
     """Plots at 1280x720 were ~30 px high with tick labels overlapping: each keeps MIN_PLOT_H and the panel
     scrolls; a legend is its title's second line, so it never covers a line."""
     from kvscope.ui.views.plots import MIN_PLOT_H
+
     win = window()
     win.resize(1280, 720)
     run(qtbot, win, [list(range(1, 30)), list(range(1, 20))], 4)
