@@ -9,6 +9,7 @@ from itertools import chain
 
 import numpy as np
 
+from .pool_ledger import PoolLedger
 from .slot_init import slot_init
 
 
@@ -295,21 +296,21 @@ class LiveState:
     num_cpu_blocks: int
     block_bytes: int
     model_name: str
-    pool: object  # engine.core.block_pool.BlockPool
+    ledger: PoolLedger  # the pool's record, kept as it changes
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks
+        return self.ledger.num_blocks
 
     @property
     def unchanged(self) -> bool:
         """Whether the pool is still as it was (every change of a block is an event, drained into the
         record this state belongs to)."""
-        return not self.pool.events
+        return not self.ledger.events
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The pool's own per-block arrays (``PoolState``'s), not copied: read them before the engine goes on."""
-        p = self.pool
+        """The pool's per-block arrays (``PoolState``'s), not copied: read them before the engine goes on."""
+        p = self.ledger
         return {
             "ref_cnt": p.ref_cnt_arr,
             "has_hash": p.has_hash_arr,
@@ -319,7 +320,7 @@ class LiveState:
 
     def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
         """The prefix cache's token and hash maps, copied."""
-        return dict(self.pool.tokens_by_block.items()), dict(self.pool.hash_hex_by_block.items())
+        return dict(self.ledger.tokens_by_block.items()), dict(self.ledger.hash_hex_by_block.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,14 +358,14 @@ def _counts(state: np.ndarray) -> tuple[int, ...]:
 def pool_state(
     step: int,
     block_size: int,
-    pool,
+    pool: PoolLedger,
     requests: list[RequestInfo],
     counters: dict,
     num_cpu_blocks: int,
     block_bytes: int = 0,
     model_name: str = "",
 ) -> PoolState:
-    """The raw state of a live ``BlockPool``, copied (the replay rebuilds the same from its event stream)."""
+    """The raw state of a live pool from its ledger, copied (the replay rebuilds the same from its event stream)."""
     for a in (
         ref_cnt := pool.ref_cnt_arr.copy(),
         has_hash := pool.has_hash_arr.copy(),

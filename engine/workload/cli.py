@@ -14,6 +14,7 @@ import sys
 from dataclasses import fields
 
 from ..config import EVICTION_POLICIES, HASH_ALGOS, PREEMPTION_MODES, EngineConfig, field_type
+from ..messages import one_line
 from .costmodel import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from .driver import SimConfig, WorkloadResult, run_workload
 from .fleet import run_fleet
@@ -177,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-
-
-def one_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def check_sweeps(

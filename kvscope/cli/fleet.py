@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
+from engine.messages import one_line
 from kvscope.cli.headless import drive
-from kvscope.messages import bytes_text, one_line
+from kvscope.messages import bytes_text
 from kvscope.sources.fleet import FleetSource, FleetSummary
 from kvscope.sources.fleet_route import RouteAnswer
 from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec, check_fleet, check_zmq_address, read_fleet_file

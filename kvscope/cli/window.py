@@ -8,6 +8,7 @@ import sys
 
 from engine import EngineConfig
 from engine.inspect.trace import count_steps
+from engine.messages import one_line
 from kvscope.cli.checks import window_problem
 from kvscope.cli.parser import serve_options, source_spec, window_limits
 
@@ -67,7 +68,7 @@ def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
             SimFleetSpec(args.workload, sim_config(args), fleet_config(args), args.limit), config
         )
     except ValueError as e:
-        print(f"kvscope: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2
     from kvscope.ui.views.fleet_sim_view import run_sim_fleet_window as run
 

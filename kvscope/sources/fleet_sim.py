@@ -116,12 +116,12 @@ class SimFleetSource:
         shown = []
         hits = queries = 0
         for inst in fleet.instances:
-            pool, kv = inst.engine.pool, inst.engine.kv
+            pool, kv, ledger = inst.engine.pool, inst.engine.kv, inst.engine.ledger
             hits, queries = hits + kv.prefix_cache_hits, queries + kv.prefix_cache_queries
             shown.append(
                 InstanceFrame(
                     inst.index,
-                    block_states(pool.ref_cnt_arr, pool.has_hash_arr),
+                    block_states(ledger.ref_cnt_arr, ledger.has_hash_arr),
                     pool.usage(),
                     len(inst.scheduler.running),
                     inst.waiting(),

@@ -19,6 +19,8 @@ import json
 import time
 from pathlib import Path
 
+from engine.inspect.jsonl import JsonLinesWriter, file_format, read_versioned_header
+from engine.messages import one_line
 from engine.outputs import StepOutput
 from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
@@ -41,35 +43,19 @@ POLL_S = 0.1  # how long one step waits for vLLM while running (an idle vLLM giv
 STEP_WAIT_S = 10.0  # how long Step waits for the schedule it asked for
 
 
-class ProbeTraceWriter:
+class ProbeTraceWriter(JsonLinesWriter):
     """The probe's messages as they came, one JSON line each (``t`` seconds from the start, the payload)."""
 
     def __init__(self, path: str, header: dict) -> None:
-        try:
-            self._f = Path(path).open("w", encoding="utf-8")
-        except OSError as e:
-            raise ValueError(f"cannot write trace {path}: {e.strerror or e}") from None
         self._t0 = time.monotonic()
-        self._write({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
+        super().__init__(path, TRACE_FORMAT, TRACE_VERSION, header)
 
     def message(self, payload: bytes) -> None:
-        self._write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
-
-    def close(self) -> None:
-        self._f.close()
+        self.write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
 
 
 def is_probe_trace(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(header, dict) and header.get("format") == TRACE_FORMAT
+    return file_format(path) == TRACE_FORMAT
 
 
 class _Base:
@@ -344,15 +330,8 @@ class ProbeReplay(_Base):
         """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
         self.path = path
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read trace {path}: {e}") from None
-        header = json.loads(lines[0])
-        if header.get("version") != TRACE_VERSION:
-            raise ValueError(
-                f"{path}: probe trace version {header.get('version')!r}; this kvscope reads version {TRACE_VERSION}"
-            )
+        read_versioned_header(path, TRACE_FORMAT, TRACE_VERSION, "a probe trace")  # one line if it is not one
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
         self._messages = []
         for n, line in enumerate(lines[1:], start=2):
             try:
@@ -360,7 +339,7 @@ class ProbeReplay(_Base):
             except (ValueError, KeyError, TypeError) as e:
                 if n == len(lines):
                     break  # a torn last line (the recording was cut): the rest plays
-                raise ValueError(f"{path}:{n}: not a probe message ({str(e).splitlines()[0]})") from None
+                raise ValueError(f"{path}:{n}: not a probe message ({one_line(e)})") from None
         first = self._messages.pop(0) if self._messages else None
         if not isinstance(first, Keyframe):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")

@@ -112,7 +112,7 @@ def test_the_pool_counts_blocks_per_state_as_they_change(tiny_engine, fault, mod
         steps += 1
         if steps % 7 == 0 and engine.requests:
             engine.abort(next(iter(engine.requests)))
-        counts = engine.pool.state_counts()
+        counts = engine.ledger.state_counts()
         assert counts == block_counts(engine.snapshot()), f"step {steps}"
         seen.update(BlockState(i) for i, c in enumerate(counts) if c)
     assert {BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED} <= seen

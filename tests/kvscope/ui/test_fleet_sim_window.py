@@ -40,7 +40,7 @@ def test_the_fleet_source_played_in_slices_is_the_headless_run(router):
             pool = inst.engine.pool
             counts = np.bincount(f.states, minlength=len(BlockState))
             assert counts[BlockState.FREE] + counts[BlockState.CACHED] == pool.num_free_blocks
-            assert counts[BlockState.CACHED] == pool.num_cached_free and f.usage == pool.usage()
+            assert counts[BlockState.CACHED] == inst.engine.ledger.num_cached_free and f.usage == pool.usage()
             assert f.running == len(inst.scheduler.running) and f.routed == inst.routed
         assert frame.routed == sum(f.routed for f in frame.instances) and not frame.done
         src.advance(events=slices[k % len(slices)])
