@@ -86,7 +86,7 @@ class EngineInspection:
 
     def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
-        return self.pool_state(max_finished).assemble()
+        return self.pool_state(max_finished).assembled()
 
     def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
         """What ``snapshot`` is derived from, without the derived views, copied."""

@@ -1,7 +1,7 @@
 """``kvscope --headless``: run (or replay) with no Qt at all and print what happened.
 
 ``drive`` is the one headless loop over any ``Source`` (a live engine, a trace replay, an attached engine
-or its replay); what is printed after it is the source's summary (``Summary``, or ``AttachSummary`` in
+or its replay); what is printed after it is the source's summary (``Summary``, or ``PollSummary`` in
 ``cli.attach``).
 """
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from engine.inspect.jsonl import JsonLinesWriter, file_format, read_versioned_header
 from engine.messages import one_line
 from engine.outputs import StepOutput
-from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
@@ -58,7 +58,7 @@ def is_probe_trace(path: str) -> bool:
     return file_format(path) == TRACE_FORMAT
 
 
-class _Base:
+class _Base(ReadOnlySource):
     """What a live probe and its replay share: the mirror, records, the audit and the refusals."""
 
     info: SourceInfo
@@ -147,10 +147,7 @@ class _Base:
     def current(self) -> StepRecord:
         return self._record([], 0.0, False)
 
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope")
-
-    inject = abort = fork = reset_prefix_cache = _refuse
+    refusal = "a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope"
 
     def set_audit(self, on: bool) -> None:
         pass  # a probed pool is audited every step: it costs O(blocks) in numpy
@@ -326,6 +323,9 @@ class ProbeSource(_Base):
 class ProbeReplay(_Base):
     """A probe trace played back: the same messages through the same mirror, one record a vLLM step."""
 
+    refusal = "a replay is read-only: it shows what was recorded"
+    current = ReadOnlySource.current  # a recording has no "now" to show (the live probe's reads vLLM's pool)
+
     def __init__(self, path: str, scenario=None) -> None:
         """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
@@ -363,9 +363,6 @@ class ProbeReplay(_Base):
                 self._load(msg)
                 return self._record([], 0.0, False)
         return self._record([], 0.0, False)
-
-    def current(self) -> StepRecord:
-        raise ReadOnlyError("a replay is read-only")
 
     def close(self) -> None:
         pass

@@ -398,7 +398,7 @@ class AttachDriver(QObject):
             return
         if self.before_poll is not None:
             self.before_poll()
-        rec = src.step().snapshot  # the poll's record
+        rec = src.step().cache  # the poll's record
         self.polls += 1
         last = bool(self.screenshot and self.steps is not None and self.polls >= self.steps)
         self.win.on_record(rec, last)
