@@ -598,7 +598,7 @@ class MainWindow(QMainWindow):
         self.act_restart.setEnabled(True)
         self.banner.show_message(
             f"{message}. The last state and the trace so far are kept; Engine ▸ Restart starts a new engine process.",
-            "error",
+            "engine",  # a record the dying engine sent before it stopped must not clear this (on_stepped would)
         )
         self.errors.append(message)
 
