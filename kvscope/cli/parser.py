@@ -16,7 +16,7 @@ from engine import EngineConfig
 from engine.config import config_fields
 from engine.config_options import OneLineParser, add_field_option
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
-from kvscope.arg_types import (
+from kvscope.cli.arg_types import (
     font_scale,
     port,
     positive_float,

@@ -19,6 +19,7 @@ from engine.outputs import StepOutput
 if TYPE_CHECKING:
     from kvscope.sources.attach_record import AttachRecord
     from kvscope.sources.fleet_record import FleetRecord
+    from kvscope.sources.fleet_sim import FleetFrame
 
 # What a source can give (SourceInfo.capabilities).
 COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache
@@ -34,11 +35,14 @@ REMOTE_STEPPING = "remote_stepping"
 # Several attached engines watched together (sources/fleet): each record's snapshot is the poll's FleetRecord, the
 # source's ``index`` the fleet's one forest and who holds each block, ``route`` where a prompt would go.
 FLEET = "fleet"
+# A request trace over a simulated fleet (sources/fleet_sim): each record's ``sim_fleet`` is what its window draws.
+SIM_FLEET = "sim_fleet"
 LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
 REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
 ATTACH_CAPABILITIES = frozenset({PREFIX_FOREST})
 PROBE_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS, AUDIT, REMOTE_STEPPING})
 FLEET_CAPABILITIES = frozenset({FLEET})
+SIM_FLEET_CAPABILITIES = frozenset({SIM_FLEET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,8 @@ class StepRecord:
     The state is in one typed field by what the source is (its capabilities say which): a block pool's
     ``snapshot`` (kvscope's engine, a replay, a probed vLLM: a ``PoolRecord``, at the level of detail the
     record travelled with), an attached engine's ``cache`` poll (PREFIX_FOREST: the forest's summary,
-    counters, rates and gaps) or a ``fleet``'s poll (FLEET: every instance's). The others are None.
+    counters, rates and gaps), a ``fleet``'s poll (FLEET: every instance's) or a simulated fleet's frame
+    (SIM_FLEET: each pool's states, queue and the latest routes). The others are None.
     """
 
     step: int
@@ -103,6 +108,7 @@ class StepRecord:
     notice: str | None = None  # one line about the source itself (a probed vLLM restarted, say), not an error
     cache: AttachRecord | None = None
     fleet: FleetRecord | None = None
+    sim_fleet: FleetFrame | None = None
 
     @property
     def leaked(self) -> list[int]:
