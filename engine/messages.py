@@ -16,3 +16,14 @@ def one_line(e: BaseException | str, *, with_type: bool = False) -> str:
     if not first:
         return name
     return f"{name}: {first}" if with_type else first
+
+
+def log_to_terminal(level: int) -> None:
+    """The log of a kvscope process (the engine's pool, the weights, warnings) on stderr, one line a record; the
+    libraries below it at WARNING (torch logs its caches' statistics at INFO as a process exits: lines after a
+    run's last one)."""
+    import logging
+
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("torch", "triton", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -27,6 +27,7 @@ BASE = (
     "kvscope.diagnosis",
     "kvscope.platform_check",
     "kvscope.messages",
+    "kvscope.stopping",
 )
 LAYERS = [
     ("engine.config", "engine.messages"),

@@ -1,7 +1,8 @@
 """``kvscope``'s command line: parse, refuse bad input with one line, and start one mode.
 
 Exit codes: 0 done; 2 bad input or configuration (flags, files, a missing display or system library, a
-device that is not there), always with one line on stderr; 1 a run that failed; 130 interrupted (Ctrl+C).
+device that is not there), always with one line on stderr; 1 a run that failed; 130 interrupted (Ctrl+C), 143
+terminated (SIGTERM), each with one line (``kvscope.stopping``: a run that only ends when stopped exits 0).
 The modes: the window (``cli.window``), ``--headless`` (``cli.headless``), ``--headless --serve``
 (``cli.serve``), ``--workload`` (``cli.workload``; the window plays it live), ``--attach`` to another
 engine's KV events (``cli.attach``), a fleet of them (``--fleet`` or several ``--attach``: ``cli.fleet``).
@@ -12,14 +13,26 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine.messages import one_line
+from engine.messages import log_to_terminal, one_line
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvscope.stopping import code_and_line, sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            return _main(argv)
+    except KeyboardInterrupt as e:  # Ctrl+C or SIGTERM outside a window (the window's host says its own)
+        code, line = code_and_line(e)
+        print(line, file=sys.stderr)
+        return code
+
+
+def _main(argv: list[str] | None) -> int:
     from kvscope.cli.parser import engine_config, parse_args
 
     args = parse_args(argv)  # a bad flag exits 2 with one line
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log_to_terminal(logging.INFO)
     if args.list_scenarios:
         from kvscope.scenario import scenario_listing
 

@@ -36,8 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     from kvscope.runtime.demo import attach_demo, fleet_demo
-    from kvscope.ui.host import HostOptions
-    from kvscope.ui.windows import run_attach, run_fleet
+    from kvscope.stopping import signals_held
+
+    with signals_held():  # a signal while Qt is imported waits for the import
+        from kvscope.ui.host import HostOptions
+        from kvscope.ui.windows import run_attach, run_fleet
 
     opts = HostOptions(args.screenshot, args.window_size, args.font_scale)
     if args.window == "attach":

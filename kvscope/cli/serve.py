@@ -13,6 +13,7 @@ from kvscope.runtime.build import build_source
 from kvscope.runtime.loop import HostLoop
 from kvscope.serve.server import start_server
 from kvscope.sources.live import LiveSource
+from kvscope.stopping import code_and_line
 
 
 def _fail(msg: str, code: int) -> int:
@@ -30,9 +31,10 @@ def serve_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     print(f"kvscope: listening on {server.url} (503 until the model is loaded)", file=sys.stderr)
     try:
         session = build_source(source_spec(config, args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl+C or SIGTERM (kvscope.stopping)
         server.stop()
-        return _fail("interrupted while loading the model", 130)
+        code, line = code_and_line(e)
+        return _fail(f"{line.removeprefix('kvscope: ')} while loading the model", code)
     except ValueError as e:
         server.stop()
         return _fail(one_line(e), 2)

@@ -11,6 +11,7 @@ from engine.inspect.trace import count_steps
 from engine.messages import one_line
 from kvscope.cli.checks import window_problem
 from kvscope.cli.parser import serve_options, source_spec, window_limits
+from kvscope.stopping import signals_held
 
 
 def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
@@ -32,7 +33,8 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         )
         return 2
     early = spawn_early(config, args)
-    from kvscope.ui.app import WindowOptions, run_app  # Qt and pyqtgraph: ~a second, while the engine starts
+    with signals_held():  # Qt and pyqtgraph: ~a second, while the engine starts; a signal waits for the import
+        from kvscope.ui.app import WindowOptions, run_app
 
     own = args.scenario or args.replay or args.workload or args.probe or welcome  # a run with requests of its own
     prompts = args.inject + args.inject_ids or (demo_prompts() if args.screenshot and not own else [])
@@ -81,7 +83,8 @@ def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2
-    from kvscope.ui.windows import run_sim_fleet
+    with signals_held():
+        from kvscope.ui.windows import run_sim_fleet
 
     return run_sim_fleet(source, host_options(args), args.steps)
 
@@ -107,7 +110,8 @@ def run_attach_window(source, args: argparse.Namespace) -> int:
         source.close()
         print(problem, file=sys.stderr)
         return 2
-    from kvscope.ui.windows import run_attach
+    with signals_held():
+        from kvscope.ui.windows import run_attach
 
     return run_attach(source, host_options(args), args.poll_interval, args.steps)
 
@@ -122,7 +126,8 @@ def run_fleet_window(
         source.close()
         print(problem, file=sys.stderr)
         return 2
-    from kvscope.ui.windows import run_fleet
+    with signals_held():
+        from kvscope.ui.windows import run_fleet
 
     tokenize = (lambda text: list(tokenizer.encode(text))) if tokenizer is not None else None
     return run_fleet(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 
 from engine.gc_policy import tune_gc
+from engine.messages import log_to_terminal
 from kvscope.runtime import protocol as p
 from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.host import EngineHost
@@ -101,7 +102,7 @@ def engine_process_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The engine's log (the pool's size, the weights, warnings) goes to the terminal as it would
     # with the engine in the window's process.
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    log_to_terminal(log_level)
     lock = threading.Lock()
     alive = threading.Event()
     alive.set()

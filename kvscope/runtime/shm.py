@@ -8,6 +8,8 @@ last, ``PoolState``'s); the window's process derives the rest (``PoolState.assem
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -31,6 +33,12 @@ def _layout(n: int) -> tuple[dict[str, tuple[int, np.dtype, int]], int]:
     return out, max(off, 8)
 
 
+def slot_prefix(pid: int | None = None) -> str:
+    """The start of every shared-memory name a window's process makes: a person (or a test) listing /dev/shm sees
+    which process it belongs to, and whether one was left behind."""
+    return f"kvscope-{os.getpid() if pid is None else pid}-"
+
+
 @dataclass(frozen=True, slots=True)
 class SlotSpec:
     names: tuple[str, ...]
@@ -47,7 +55,15 @@ class ShmSlots:
     @classmethod
     def create(cls, n: int) -> ShmSlots:
         _, size = _layout(n)
-        return cls([shared_memory.SharedMemory(create=True, size=size) for _ in range(NUM_SLOTS)], n, owner=True)
+        shms: list[shared_memory.SharedMemory] = []
+        for _ in range(NUM_SLOTS):
+            while True:  # a name that says whose it is (``slot_prefix``: /dev/shm/kvscope-<pid>-...), never taken
+                try:
+                    shms.append(shared_memory.SharedMemory(f"{slot_prefix()}{secrets.token_hex(4)}", True, size))
+                    break
+                except FileExistsError:
+                    continue
+        return cls(shms, n, owner=True)
 
     @classmethod
     def attach(cls, spec: SlotSpec) -> ShmSlots:

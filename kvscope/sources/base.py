@@ -19,7 +19,7 @@ from engine.outputs import StepOutput
 if TYPE_CHECKING:
     from kvscope.sources.attach_record import AttachRecord
     from kvscope.sources.fleet_record import FleetRecord
-    from kvscope.sources.fleet_sim import FleetFrame
+    from kvscope.sources.fleet_sim_record import FleetFrame
 
 # What a source can give (SourceInfo.capabilities).
 COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import numpy as np
-
 from engine.inspect.snapshot import block_states
 from kvscope.sources.base import SIM_FLEET_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
+from kvscope.sources.fleet_sim_record import FleetFrame, InstanceFrame
 
 TICK_S = 0.05  # the wall seconds a step stands for when it plays virtual time (the window's timer period)
 
@@ -31,32 +30,6 @@ class SimFleetSpec:
     sim: object  # engine.workload.sim_config.SimConfig
     fleet: object  # engine.workload.fleet_config.FleetConfig (one router)
     limit: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InstanceFrame:
-    """One instance as the window draws it."""
-
-    index: int
-    states: np.ndarray  # each block's BlockState (uint8)
-    usage: float  # blocks in use over the pool
-    running: int
-    waiting: int
-    routed: int  # requests the router sent it so far
-    hit_rate: float | None  # prefix-cache hits over queries so far, in tokens (vLLM's counters); None before any
-    busy_s: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FleetFrame:
-    clock: float  # the fleet's virtual seconds: its present (the next event's time)
-    instances: tuple[InstanceFrame, ...]
-    routes: tuple  # the latest routing decisions (engine.workload.fleet.Route), oldest first
-    routed: int
-    skipped: int
-    requests: int  # in the trace
-    hit_rate: float | None  # the fleet's, as each instance's
-    done: bool
 
 
 def build_sim_fleet_source(spec: SimFleetSpec, config) -> SimFleetSource:

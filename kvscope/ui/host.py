@@ -20,13 +20,12 @@ from typing import Protocol, TypeVar
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QMainWindow
 
+from kvscope.stopping import STOPPED_BY
 from kvscope.ui.lifetime import dispose
 from kvscope.ui.style import apply_style, set_text_scale
 
 SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a timer lets it in
 SCREENSHOT_SIZE = (1600, 1000)  # a screenshot's window without --window-size
-# what each signal that stops a window exits with (the shell's 128 + the signal), and the line it says
-STOPPED_BY = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from PySide6.QtWidgets import (
 )
 
 from engine.inspect.snapshot import BlockState
-from kvscope.sources.fleet_sim import FleetFrame, InstanceFrame, SimFleetSource
+from kvscope.sources.fleet_sim import SimFleetSource
+from kvscope.sources.fleet_sim_record import FleetFrame, InstanceFrame
 from kvscope.ui.host import HostedWindow
 from kvscope.ui.palette import ROUTE_HIGHLIGHT, STATES, hex_colour
 from kvscope.ui.views.grid_cells import codes_lut, to_grid
