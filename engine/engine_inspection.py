@@ -6,15 +6,17 @@ block), and its state as a snapshot (copied) or a live state (what the engine pr
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import cast
 
 from .core.request import Request
+from .engine_state import EngineState
 from .inspect.audit import AuditProblem, AuditReport, audit_pool
 from .inspect.events import LeakFound
 from .inspect.snapshot import KVSnapshot, LiveRow, LiveState, PoolState, RequestInfo, pool_state, request_info
 from .request_groups import MAX_FINISHED
 
 
-class EngineInspection:
+class EngineInspection(EngineState):
     """``LLMEngine``'s inspection (a mixin over the engine's pool, KV cache manager, scheduler and runner)."""
 
     def metrics(self) -> dict[str, float]:
@@ -104,7 +106,7 @@ class EngineInspection:
     def live_state(self, max_finished: int = MAX_FINISHED) -> LiveState:
         """The state now, not copied (what an engine process sends): the live requests' rows as ``LiveRow``s
         (the wire sends their changes), the pool's blocks per state as it counts them, the pool itself."""
-        live, rows = self._live_rows, []
+        live, rows = self._live_rows, cast(list[RequestInfo | LiveRow], [])
         for r in self._shown(max_finished):
             if r.snapshot_row is None and not r.status.finished:
                 row = live.get(r.request_id)
@@ -135,7 +137,7 @@ class EngineInspection:
 
     def _snapshot_row(self, r: Request) -> RequestInfo:
         """A finished request's row never changes again: it is built once, not at every snapshot."""
-        row = r.snapshot_row
+        row = cast(RequestInfo | None, r.snapshot_row)
         if row is not None:
             return row
         row = request_info(r, self.kv.block_ids_view(r.request_id))  # request_info copies it

@@ -16,6 +16,7 @@ from .core.block_pool import BlockPool
 from .core.cpu_pool import CpuBlockPool
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler
+from .engine_state import EngineState
 from .inspect.audit import AuditProblem
 from .inspect.pool_ledger import PoolLedger
 from .inspect.snapshot import LiveRow
@@ -28,7 +29,7 @@ logger = logging.getLogger("engine")
 _Engine = TypeVar("_Engine", bound="EngineLoading")  # typing.Self is 3.11+; the project promises 3.10
 
 
-class EngineLoading:
+class EngineLoading(EngineState):
     """``LLMEngine``'s constructors (a mixin: the engine is one object; its loading reads apart)."""
 
     @classmethod
@@ -169,10 +170,6 @@ class EngineLoading:
         # each running request's one LiveRow (live_state), kept here: one more attribute on every
         # Request cost its instances their shared-key dicts, and the step ~6% at 256 requests
         self._live_rows: dict[str, LiveRow] = {}
-
-    @property
-    def model_name(self) -> str:
-        return self.source.name
 
     def _eos_ids(self, hf_config) -> frozenset[int]:
         ids: set[int] = set()

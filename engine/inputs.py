@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, TypeGuard, Union
 
 PromptType = Union[str, Sequence[int], Sequence[dict]]
 
 
-def is_chat(prompt: Any) -> bool:
+def is_chat(prompt: Any) -> TypeGuard[Sequence[dict]]:
     return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, dict) for m in prompt)
 
 

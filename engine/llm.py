@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import cast
 
 from .config import EngineConfig, RequestOutputKind, SamplingParams
 from .inputs import PromptType, is_chat, is_token_ids
@@ -30,9 +31,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. A bad prompt raises before any request is queued."""
-        if isinstance(prompts, str) or is_chat(prompts) or is_token_ids(prompts):
-            prompts = [prompts]
-        prompts = list(prompts)
+        one = isinstance(prompts, str) or is_chat(prompts) or is_token_ids(prompts)
+        prompts = cast(list[PromptType], [prompts] if one else list(cast(Sequence[PromptType], prompts)))
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:

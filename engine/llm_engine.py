@@ -61,29 +61,6 @@ class LLMEngine(EngineLoading, EngineInspection):
         self.load_seconds = time.perf_counter() - t0
         report("ready", 1.0)
 
-    # -- what the groups hold (the names tests and tools read) ----------------------------
-    @property
-    def requests(self) -> dict[str, Request]:
-        """Every unfinished sequence, by id."""
-        return self.request_groups.requests
-
-    @property
-    def groups(self) -> dict[str, list[Request]]:
-        return self.request_groups.groups
-
-    @property
-    def beam_groups(self):
-        return self.request_groups.beam_groups
-
-    @property
-    def finished_log(self):
-        """The last ``MAX_FINISHED`` finished sequences (what snapshots show)."""
-        return self.request_groups.finished_log
-
-    @property
-    def num_generated_tokens(self) -> int:
-        return self.output.num_generated_tokens
-
     # -- requests ------------------------------------------------------------------------
     def validate_request(
         self, prompt: PromptType, params: SamplingParams | None = None

@@ -71,15 +71,14 @@ class BlockPool:
         for _ in range(n):
             b = popleft()
             if b.block_hash is not None:
-                self._evict(b)
+                self._evict(b, b.block_hash)
             assert b.ref_cnt == 0
             b.ref_cnt = 1
             allocated(b, request_id)
             out.append(b)
         return out
 
-    def _evict(self, b: KVCacheBlock) -> None:
-        h = b.block_hash
+    def _evict(self, b: KVCacheBlock, h: BlockHash) -> None:
         if self.cached.get(h) is b:
             del self.cached[h]
         b.block_hash, b.token_ids = None, ()

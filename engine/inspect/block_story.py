@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .cache_rules import CacheChange, cache_change
 from .events import (
@@ -59,7 +60,8 @@ class BlockStory:
     def feed(self, step: int, events: Iterable[Event]) -> None:
         b = self.block_id
         leak_reported = False
-        for e in events:
+        for event in events:
+            e: Any = event  # its fields, by the kind the prefix cache's rules or isinstance gave
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
             if change is not None:
                 if change is CacheChange.CLEARED:

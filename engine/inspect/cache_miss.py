@@ -36,12 +36,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from .cache_rules import CacheChange, cache_change
 from .events import (
     BlockAllocated,
+    BlockEvicted,
     BlockFreed,
+    BlockStored,
     BlockTouched,
+    BlockUnpublished,
     Event,
     RequestAdmitted,
 )
@@ -122,14 +126,15 @@ class CacheMissExplainer:
         for e in events:
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
             if change is CacheChange.STORED:  # visible at once: a later admission in this step hits it
+                e = cast(BlockStored, e)
                 mirror[e.block_hash] = _Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id)
                 own.setdefault(e.request_id, []).append(e.block_hash)
             elif change is CacheChange.EVICTED:
-                gone = mirror.pop(e.block_hash, None)
+                gone = mirror.pop(cast(BlockEvicted, e).block_hash, None)
                 if gone is not None:
                     self._remember_eviction(step, gone)
             elif change is CacheChange.WITHDRAWN:
-                mirror.pop(e.block_hash, None)
+                mirror.pop(cast(BlockUnpublished, e).block_hash, None)
             elif change is CacheChange.CLEARED:
                 mirror.clear()
             elif isinstance(e, BlockAllocated):
@@ -141,15 +146,15 @@ class CacheMissExplainer:
                 for h in own.pop(e.request_id, ()):  # its own blocks, stored as it was scheduled, never hit it
                     view.pop(h, None)
                 admitted.append((e, view))
-        if admitted and callable(prompts):
-            prompts = prompts()
+        table = prompts() if admitted and callable(prompts) else prompts
         for e, view in admitted:
-            prompt = prompts.get(e.request_id)
+            assert not callable(table)  # built above when anything was admitted
+            prompt = table.get(e.request_id)
             if prompt is not None:
                 self.misses[e.request_id] = self.explain(tuple(prompt), e.num_cached_tokens, view)
         excess = len(self.misses) - self.max_requests if self.max_requests is not None else 0
         if excess > 0:  # the oldest go, never one in ``keep``
-            drop = []
+            drop: list[str] = []
             for rid in self.misses:
                 if len(drop) >= excess:
                     break
@@ -257,7 +262,7 @@ class CacheMissExplainer:
             at = pos + depth * bs  # where the chain puts a block of this depth
             if not level or at > len(prompt) + MAX_SHIFT:
                 return None
-            found = []
+            found: list[tuple[tuple, tuple]] = []
             for entry in level:
                 if len(set(entry[0].tokens)) < 2:  # a run of one token matches anywhere
                     continue
@@ -265,7 +270,7 @@ class CacheMissExplainer:
                     if q == at or abs(q - at) > MAX_SHIFT:
                         continue
                     chain: tuple[int, ...] = ()
-                    e = entry
+                    e: tuple | None = entry
                     while e is not None:
                         chain, e = e[0].tokens + chain, e[1]
                     seam, _ = _seam(prompt, pos, chain, q, depth * bs)

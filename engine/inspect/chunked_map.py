@@ -54,7 +54,7 @@ class FrozenChunkedMap(Mapping[int, V], Generic[V]):
 
     def thaw(self) -> ChunkedMap[V]:
         """A writable map starting from this one (chunks are shared until written)."""
-        m = ChunkedMap(len(self._chunks) << CHUNK_BITS)
+        m: ChunkedMap[V] = ChunkedMap(len(self._chunks) << CHUNK_BITS)
         m._chunks = list(self._chunks)
         m._shared = [True] * len(self._chunks)
         m._len = self._len
@@ -62,7 +62,7 @@ class FrozenChunkedMap(Mapping[int, V], Generic[V]):
 
 
 def _rebuild(items: dict, num_chunks: int) -> FrozenChunkedMap:
-    m = ChunkedMap(num_chunks << CHUNK_BITS)
+    m: ChunkedMap = ChunkedMap(num_chunks << CHUNK_BITS)
     for k, v in items.items():
         m[k] = v
     return m.freeze()

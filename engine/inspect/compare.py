@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import SamplingParams
 
@@ -90,7 +91,7 @@ def _run_each(engine, prompts, params: SamplingParams):
 
 
 def compare_caching(
-    make_engine: Callable[[bool], object],
+    make_engine: Callable[[bool], Any],  # an LLMEngine (the engine's top level, above this module)
     prompts: list,
     max_tokens: int = 16,
     decode: Callable[[list[int]], str] | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import typing
 from dataclasses import asdict, dataclass, fields
+from typing import Any, cast
 
 from .slot_init import slot_init
 
@@ -247,7 +248,7 @@ def event_from_dict(d: dict) -> Event:
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown event kind {kind!r}")
-    types = _field_types(cls)
+    types: dict[str, Any] = _field_types(cast(Any, cls))
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in types}
     for k, v in values.items():
         if not _well_typed(types[k], v):

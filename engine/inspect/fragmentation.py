@@ -89,8 +89,9 @@ def layouts(snap: KVSnapshot, max_model_len: int) -> tuple[Layout, Layout]:
     """(contiguous, paged) for the requests that hold KV in ``snap``, each request alone."""
     bs = snap.block_size
     live = [r for r in snap.requests if r.block_ids and r.num_computed_tokens > 0]
-    return tuple(
-        Layout(
+
+    def layout(name: str) -> Layout:
+        return Layout(
             name,
             tuple(
                 Row(
@@ -100,8 +101,8 @@ def layouts(snap: KVSnapshot, max_model_len: int) -> tuple[Layout, Layout]:
                 for r in live
             ),
         )
-        for name in ("contiguous", "paged")
-    )
+
+    return layout("contiguous"), layout("paged")
 
 
 def pool_counts(snap: KVSnapshot) -> dict:

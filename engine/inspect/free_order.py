@@ -20,7 +20,7 @@ class FreeOrder:
         self.start = 0  # log entries before this are all gone
         self.end = num_blocks
         # Python-int views of the same memory for the one-block calls (a numpy scalar access costs ~5x)
-        self._log, self._pos = memoryview(self.log), memoryview(self.pos)
+        self._log, self._pos = self.log.data, self.pos.data
 
     @classmethod
     def from_order(cls, num_blocks: int, order) -> FreeOrder:

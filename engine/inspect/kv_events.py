@@ -68,9 +68,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from .cache_rules import CacheChange, cache_change
-from .events import Event
+from .events import BlockEvicted, BlockStored, BlockUnpublished, Event
 
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # end-of-replay marker
@@ -122,6 +123,7 @@ def to_wire_events(
     for ev in events:
         change = cache_change(ev)
         if change is CacheChange.STORED:
+            ev = cast(BlockStored, ev)
             h = external_hash(ev.block_hash, hash_format)
             last = out[-1] if out else None
             if isinstance(last, WireStored) and ev.parent_hash is not None and ev.parent_hash == chain_tail:
@@ -137,7 +139,7 @@ def to_wire_events(
                 out.append(WireStored((h,), parent, tuple(ev.token_ids), block_size, medium))
             chain_tail = ev.block_hash
         elif change is not None and change.removes:  # evicted, or withdrawn: its step failed
-            h = external_hash(ev.block_hash, hash_format)
+            h = external_hash(cast(BlockEvicted | BlockUnpublished, ev).block_hash, hash_format)
             last = out[-1] if out else None
             if isinstance(last, WireRemoved):
                 out[-1] = WireRemoved(last.block_hashes + (h,), medium)

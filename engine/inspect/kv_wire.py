@@ -91,7 +91,10 @@ class _RawBatchM(msgspec.Struct, gc=False):
 _ENC = {"array": _encode_structs(True), "map": _encode_structs(False)}
 _DEC = {"array": _decode_structs(True), "map": _decode_structs(False)}
 _DEC_UNION = {k: msgspec.msgpack.Decoder(v[0] | v[1] | v[2]) for k, v in _DEC.items()}
-_BATCH_DEC = {"array": msgspec.msgpack.Decoder(_RawBatchA), "map": msgspec.msgpack.Decoder(_RawBatchM)}
+_BATCH_DEC: dict[str, msgspec.msgpack.Decoder] = {
+    "array": msgspec.msgpack.Decoder(_RawBatchA),
+    "map": msgspec.msgpack.Decoder(_RawBatchM),
+}
 _ENCODER = msgspec.msgpack.Encoder()
 KNOWN_TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
@@ -172,7 +175,7 @@ def decode_batch(payload: bytes) -> DecodedBatch:
     if shape is None:
         raise MalformedBatch("payload is not a msgpack array or map")
     try:
-        batch = _BATCH_DEC[shape].decode(payload)
+        batch: Any = _BATCH_DEC[shape].decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise MalformedBatch(f"not an event batch: {e}") from None
     events: list[WireEvent] = []

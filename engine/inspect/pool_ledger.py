@@ -78,8 +78,8 @@ class PoolLedger(PoolListener):
         self.has_hash_arr = np.zeros(num_blocks, bool)
         self.last_access_arr = np.zeros(num_blocks, np.int64)
         # the same memory as Python-int views, for one-block writes (a numpy scalar write costs ~3x)
-        self._ref, self._access = memoryview(self.ref_cnt_arr), memoryview(self.last_access_arr)
-        self._hashed = memoryview(self.has_hash_arr)
+        self._ref, self._access = self.ref_cnt_arr.data, self.last_access_arr.data
+        self._hashed = self.has_hash_arr.data
         self.tokens_by_block: ChunkedMap[tuple[int, ...]] = ChunkedMap(num_blocks)
         self.hash_hex_by_block: ChunkedMap[str] = ChunkedMap(num_blocks)
         # The order blocks were freed in: the eviction order under LRU only (under lfu, snapshots' free_queue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -117,10 +118,11 @@ class PoolReplayer:
         a[list(self.hashes)] = True
         return a
 
-    def _check(self, ev: Event) -> None:
-        kind = _BLOCK_FIELDS.get(type(ev))
+    def _check(self, event: Event) -> None:
+        kind = _BLOCK_FIELDS.get(type(event))
         if kind is None:
             return
+        ev: Any = event  # its fields, by the kind the table gave
         if kind == 1:
             ids: tuple[int, ...] = (ev.block_id,)
         elif kind == 2:
@@ -155,7 +157,7 @@ class PoolReplayer:
     def _set_arrays(self, ref_cnt: np.ndarray, last_access: np.ndarray) -> None:
         self.ref_cnt, self.last_access = ref_cnt, last_access
         # the same memory as Python-int views: the rules below touch one block at a time
-        self._ref, self._access = memoryview(ref_cnt), memoryview(last_access)
+        self._ref, self._access = ref_cnt.data, last_access.data
 
     # -- the pool's rules, mirroring BlockPool
     def _allocated(self, step: int, block_id: int, request_id: str) -> None:

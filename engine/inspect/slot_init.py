@@ -9,12 +9,13 @@ raises ``FrozenInstanceError``; equality, hashing, pickling and ``repr`` are the
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
+from typing import Any
 
 
 def slot_init(cls: type) -> type:
     """Replace ``cls.__init__`` (a frozen ``slots=True`` dataclass without ``__post_init__`` or
     default factories) with one that writes the slots directly; returns ``cls``."""
-    ns: dict[str, object] = {}
+    ns: dict[str, Any] = {}
     params, body = [], []
     for f in fields(cls):
         if f.default_factory is not MISSING:
@@ -31,5 +32,5 @@ def slot_init(cls: type) -> type:
     exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]), ns)  # noqa: S102
     init = ns["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init
+    setattr(cls, "__init__", init)  # noqa: B010 - a class's __init__ replaced on purpose
     return cls

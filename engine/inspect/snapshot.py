@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .pool_ledger import PoolLedger
 from .slot_init import slot_init
+
+if TYPE_CHECKING:
+    from ..core.kv_cache_manager import KVCacheManager
+    from ..core.request import Request
 
 
 class BlockState(enum.IntEnum):
@@ -58,8 +62,8 @@ class KVSnapshot:
     filled: np.ndarray  # int16, slots holding computed KV
     free_queue: np.ndarray  # int32 block ids in eviction order
     requests: tuple[RequestInfo, ...]
-    cached_tokens: dict[int, tuple[int, ...]]  # token ids of every hashed block
-    block_hashes: dict[int, str]  # hex hash of every hashed block
+    cached_tokens: Mapping[int, tuple[int, ...]]  # token ids of every hashed block
+    block_hashes: Mapping[int, str]  # hex hash of every hashed block
     counters: dict[str, float]
     block_bytes: int = 0
     model_name: str = ""
@@ -104,9 +108,9 @@ def assemble_snapshot(
     has_hash: np.ndarray,
     last_access: np.ndarray,
     free_queue: np.ndarray,
-    requests: list[RequestInfo],
-    cached_tokens: dict[int, tuple[int, ...]],
-    block_hashes: dict[int, str],
+    requests: Sequence[RequestInfo],
+    cached_tokens: Mapping[int, tuple[int, ...]],
+    block_hashes: Mapping[int, str],
     counters: dict,
     num_cpu_blocks: int,
     **extra,
@@ -224,8 +228,8 @@ class LiveRow:
     from the request: building every row's whole token tuple each step, and then comparing it, was most
     of a record at 256 long requests). A request keeps its one ``LiveRow`` while it runs."""
 
-    request: object  # engine.core.request.Request
-    tables: object  # engine.core.kv_cache_manager.KVCacheManager
+    request: Request
+    tables: KVCacheManager
 
     @property
     def request_id(self) -> str:
@@ -257,8 +261,8 @@ class PoolState:
     last_access: np.ndarray
     free_queue: np.ndarray
     requests: tuple[RequestInfo, ...]  # sorted by index, as the snapshot has them
-    cached_tokens: dict[int, tuple[int, ...]]
-    block_hashes: dict[int, str]
+    cached_tokens: Mapping[int, tuple[int, ...]]
+    block_hashes: Mapping[int, str]
     counters: dict[str, float]
     num_cpu_blocks: int
     block_bytes: int = 0

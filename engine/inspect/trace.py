@@ -13,6 +13,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .events import Event, event_from_dict
 from .jsonl import JsonLinesWriter, read_versioned_header
@@ -130,8 +131,8 @@ def _request_row(d: object, num_blocks: int, num_cpu_blocks: int) -> RequestInfo
     """One request row of a record, checked: the snapshot indexes arrays by its block ids."""
     if not isinstance(d, dict):
         raise ValueError(f"a request row must be an object, got {type(d).__name__}")
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    info = RequestInfo(**d)
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    info = RequestInfo(**fields)
     for name, limit in (("block_ids", num_blocks), ("cpu_block_ids", num_cpu_blocks)):
         ids = getattr(info, name)
         if not isinstance(ids, tuple) or not all(_is_int(b) and 0 <= b < limit for b in ids):

@@ -126,7 +126,10 @@ def describe(res: WorkloadResult | dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)  # a bad flag is one line and exit 2 (OneLineParser), --help 0
+    except SystemExit as e:
+        return int(e.code or 0)
     try:
         config, sim = configs(args)
         fleet = FleetConfig(**{f.name: getattr(args, f.name) for f in fields(FleetConfig)})
@@ -263,6 +266,7 @@ def _play_fleet(
         rows = []
         for policy in policies:
             for router in fleet.routers:
+                assert fleet.instances is not None  # a fleet's run (the sweep's branch is below)
                 res = run_fleet(
                     workload,
                     dataclasses.replace(config, eviction_policy=policy),

@@ -207,7 +207,7 @@ class WorkloadFeeder:
         self.time_scale = time_scale
         self.tokens = tokens
         self.next = 0  # the next request of the workload to add
-        self.live: dict[str, tuple[RequestRecord, object]] = {}  # request id -> (record, Request)
+        self.live: dict[str, tuple[RequestRecord, Request]] = {}  # request id -> (record, Request)
         self.result = WorkloadResult(
             workload.name,
             workload.format,
@@ -272,7 +272,7 @@ class WorkloadFeeder:
                 res.records.append(rec)
 
     # -- adding one request -------------------------------------------------------------------
-    def _add(self, engine, r: TraceRequest, arrival: float) -> bool:
+    def _add(self, engine, r: TraceRequest, arrival: float) -> bool:  # noqa: D401
         """Add ``r``, or count it as skipped; returns whether it was added."""
         why = skip_reason(engine, r, self.sequential)
         if why is not None:
@@ -284,8 +284,10 @@ class WorkloadFeeder:
     def request_for(self, engine, r: TraceRequest) -> Request:
         """``r`` as the engine's ``Request``, not added yet (``admit`` adds it and gives it its index)."""
         if r.hash_ids is not None:
+            assert self.tokens is not None  # a Mooncake trace's feeder has its token maker
             ids = self.tokens.prompt(r.hash_ids, r.prompt_len)
         else:
+            assert r.token_ids is not None  # a kvscope trace's request: its own token ids
             ids = r.token_ids
             top = max(ids)
             if top >= engine.vocab_size:
@@ -359,9 +361,10 @@ def build_engine(workload: Workload, config: EngineConfig | None = None, sim: Si
         tokens.check_block_size(config.block_size, workload.max_hash_id, workload.path)
     else:  # token ids the simulated model cannot have: said before the run starts
         for r in workload.requests:
-            if max(r.token_ids) >= cost.model.vocab_size:
+            top = max(r.token_ids or [0])
+            if top >= cost.model.vocab_size:
                 raise WorkloadError(
-                    f"{workload.path}:{r.line}: token id {max(r.token_ids)} is outside the simulated "
+                    f"{workload.path}:{r.line}: token id {top} is outside the simulated "
                     f"model's vocabulary (0..{cost.model.vocab_size - 1})"
                 )
     runner = SimRunner(config, cost, num_blocks)

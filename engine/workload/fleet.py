@@ -100,7 +100,7 @@ def session_keys(workload: Workload) -> list[Hashable]:
     (ids are chained), so a system prompt that opens every conversation is skipped: hashing on it would send
     the whole trace to one instance. Token-id prompts are cut into 512-token blocks for this."""
     reqs = workload.requests
-    blocks = [r.hash_ids if r.hash_ids is not None else _token_blocks(r.token_ids) for r in reqs]
+    blocks = [r.hash_ids if r.hash_ids is not None else _token_blocks(r.token_ids or []) for r in reqs]
     seen = Counter(b for bs in blocks for b in set(bs))
     half = len(reqs) / 2
     keys: list[Hashable] = []

@@ -96,7 +96,7 @@ def check_fleet(
             raise ValueError(
                 "the window plays one fleet: give --router one policy (a list compares them with --headless)"
             )
-        if fleet.instances > WINDOW_MAX_INSTANCES:
+        if fleet.instances is not None and fleet.instances > WINDOW_MAX_INSTANCES:
             raise ValueError(
                 f"the window draws at most {WINDOW_MAX_INSTANCES} pools side by side: use --headless "
                 f"for --instances {fleet.instances}"

@@ -245,8 +245,9 @@ def _give_private_ids(w: Workload) -> None:
     bs = w.hash_block_size
     for r in w.requests:
         want = -(-r.prompt_len // bs)
-        if len(r.hash_ids) < want:
-            extra = want - len(r.hash_ids)
-            r.hash_ids = r.hash_ids + tuple(range(next_id, next_id + extra))
+        have = r.hash_ids or ()  # a Mooncake line's: set
+        if len(have) < want:
+            extra = want - len(have)
+            r.hash_ids = have + tuple(range(next_id, next_id + extra))
             next_id += extra
             w.num_private_blocks += extra

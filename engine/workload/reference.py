@@ -72,7 +72,7 @@ def _by_hash_ids(reqs: list[TraceRequest], bs: int, hash_block: int) -> list[int
     fill: list[int] = []  # node -> most full engine blocks of its hash block any request had
     out = []
     for r in reqs:
-        n, ids = r.prompt_len, r.hash_ids
+        n, ids = r.prompt_len, r.hash_ids or ()  # a Mooncake request's (the caller checked)
         full = n // bs  # full engine blocks of the prompt
         hit, node = 0, -1
         for j, h in enumerate(ids):  # the longest cached prefix, in engine blocks
@@ -104,7 +104,7 @@ def _by_tokens(reqs: list[TraceRequest], bs: int) -> list[int]:
     node_of: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent node, a block's tokens) -> node
     out = []
     for r in reqs:
-        ids = r.token_ids
+        ids = r.token_ids or []  # a token-id request's (the caller checked)
         full = len(ids) // bs
         keys = [tuple(ids[i * bs : (i + 1) * bs]) for i in range(full)]
         hit, node = 0, -1
