@@ -19,7 +19,7 @@ Wire format (written from vLLM's schema, none of its code):
   with the tag under ``"type"`` (``{"type": "BlockStored", "block_hashes": [...], ...}``), as
   vLLM does since #42892; the batch stays positional in both. Decoding accepts either, and a
   map-shaped batch too, so one subscriber reads old and new vLLM and SGLang. Checked against the
-  released wheels' struct definitions (tests/engine/inspect/test_kv_events_vllm_releases.py): "array" is vLLM 0.11.0
+  released wheels' struct definitions (tests/engine/inspect/test_kv_wire_vllm_releases.py): "array" is vLLM 0.11.0
   and 0.20.0's shape, "map" 0.27.0 and 0.33.0's (whose new fields, ``locality``, ``session_id``...,
   the decoder ignores).
 - Hashes: vLLM hashes blocks with a 32-byte digest and publishes ``ExternalBlockHash``: by

@@ -27,7 +27,7 @@ from engine.inspect.events import (
     CacheReset,
 )
 from engine.inspect.pool_ledger import PoolLedger
-from tests.engine.core.test_kv_manager_stateful import BS, NB, KVMachine
+from tests.engine.core.test_kv_cache_manager_stateful import BS, NB, KVMachine
 
 _n = 0
 
