@@ -32,6 +32,11 @@ SERVE_ENV = {
 }
 
 
+# what a test that pauses and steps vLLM, or switches a fault on from kvscope, starts vLLM with (both off by default)
+CONTROL = {"KVSCOPE_PROBE_CONTROL": "1"}
+REMOTE_FAULTS = {"KVSCOPE_PROBE_REMOTE_FAULTS": "1"}
+
+
 def vllm_python() -> str | None:
     exe = os.environ.get("KVSCOPE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
     return exe if Path(exe).is_file() else None

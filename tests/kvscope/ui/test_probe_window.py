@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QSettings
-from vllm_live import Harness, free_port, need_vllm
+from vllm_live import CONTROL, Harness, free_port, need_vllm
 
 from kvscope.sources.probe import ProbeSource
 from kvscope.ui.main_window import MainWindow
@@ -16,7 +16,7 @@ from kvscope.ui.main_window import MainWindow
 def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
     need_vllm()
     ep = f"tcp://127.0.0.1:{free_port()}"
-    with Harness(ep, num_blocks=48) as h:
+    with Harness(ep, num_blocks=48, env=CONTROL) as h:
         h.cmd("spin", on=True, pace=0.02)
         for i in range(3):
             h.cmd("add", id=f"chat-{i}", prompt=list(range(100, 164)) + [300 + i] * 9, max_tokens=2000)
