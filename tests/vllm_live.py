@@ -59,6 +59,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports (a data-parallel vLLM's probes listen at PORT+rank)."""
+    for _ in range(100):
+        first = free_port()
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", first + k))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
 def model_folder() -> str:
     from engine.runner.models.loader import embedded_folder
 

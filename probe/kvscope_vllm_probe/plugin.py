@@ -122,20 +122,22 @@ def _export_dp_size() -> None:
     setattr(EngineArgs, _PATCHED, True)
 
 
+class _ToVllmsLog(logging.Handler):
+    """Hands each line to vLLM's logger when it is said: vLLM may set its handlers up after the plugin loads (its
+    engine core does it before, its front end may do it after), and a script that never does sends them to the
+    root logger's."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
+
+
 def _say_to_vllms_log() -> None:
     """Our lines go where vLLM's go (vLLM's logger does not propagate to the root)."""
     if logger.handlers:
         return
-    try:
-        from vllm.logger import init_logger
-
-        parent = init_logger("vllm")
-        for h in parent.handlers:
-            logger.addHandler(h)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    except Exception:  # noqa: BLE001
-        logging.basicConfig(level=logging.INFO)
+    logger.addHandler(_ToVllmsLog())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def probed_scheduler(base: type, endpoint: str, version: str, fault: str, access=None) -> type:
