@@ -15,7 +15,8 @@ records go to ``on_rank_record`` (``--headless``'s ``dp_ranks``).
 Every connection trouble is one line (``StepRecord.notice``) and nothing wrong is shown: a probe not there
 yet is waited for, a vLLM that restarts is read again from its new keyframe (kvscope's step numbers go on),
 a message kvscope cannot read is skipped and the pool read again, a gap in the steps likewise. A trace
-(``--trace``) records the shown rank's messages as they came; ``--replay`` plays them through the same mirror.
+(``--trace``) records the messages of the rank at ``endpoint`` as they came (shown or not: a replay has one pool);
+``--replay`` plays them through the same mirror.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ class ProbeRank(_Base):
             self.notice = f"the probe at {self.endpoint} refused: {msg.reason}"
             return self.current() if self.loaded else None
         if isinstance(msg, Link):
-            if msg.kind == "unreadable":
+            if msg.kind in ("unreadable", "behind"):
                 self._resync()
             return self._record([], 0.0, False, notice=msg.text) if self.loaded else None
         if not self.loaded:
@@ -485,8 +486,6 @@ class ProbeSource:
             return []
         paused = not old.running
         old.hold(False)
-        if new.writer is None and old.writer is not None:
-            new.writer, old.writer = old.writer, None  # the trace follows what is shown
         self.shown_rank = rank
         new.drain()  # what it did while it was not shown: its pool is current, its history starts now
         new.running = True

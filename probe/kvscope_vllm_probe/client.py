@@ -38,12 +38,13 @@ from .wire import (
 SILENCE_S = 3.0  # nothing from the probe this long (it answers every heartbeat): it is gone
 HELLO_EVERY_S = 1.0
 MAX_MESSAGE_BYTES = 512 * 2**20  # a keyframe of a million blocks is a few tens of MB
+MAX_INBOX = 20_000  # messages kept for a reader that does not read; past it they are dropped and a keyframe asked for
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """What happened to the connection: ``kind`` is "silent", "answering", "unreadable" or "refused" (the
-    handshake: keys)."""
+    """What happened to the connection: ``kind`` is "silent", "answering", "unreadable", "behind" (messages dropped
+    unread: resync) or "refused" (the handshake: keys)."""
 
     kind: str
     text: str
@@ -115,6 +116,16 @@ class ProbeClient:
             self._stop.set()
             self._thread.join(timeout)
 
+    def _drop_inbox(self) -> None:
+        dropped = 0
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            dropped += 1
+        self.inbox.put(Link("behind", f"kvscope fell {dropped} messages behind the probe: reading its pool again"))
+
     def _run(self) -> None:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
@@ -185,6 +196,8 @@ class ProbeClient:
                         if isinstance(msg, Welcome):
                             self.instance = msg.instance
                             subscribed = True
+                        if self.inbox.qsize() >= MAX_INBOX:  # nobody reads (a window paused for hours): start over
+                            self._drop_inbox()
                         self.inbox.put(msg)
                 now = time.monotonic()
                 if now - last_beat >= HEARTBEAT_S:
