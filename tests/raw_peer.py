@@ -60,6 +60,17 @@ class RawPeer:
                     return msg
         return None
 
+    def refused(self, *items, timeout: float = 5.0) -> str | None:
+        """Send a message and return the probe's ``Refused`` reason for it (sent again once a second: the probe
+        answers refusals once a second at most, among all peers that never said Hello), or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.send(*items)
+            got = self.wait_for("Refused", min(1.2, max(0.0, deadline - time.monotonic())))
+            if got is not None:
+                return got[1]
+        return None
+
     def die(self) -> None:
         """Gone without a goodbye (a killed process, a cable pulled)."""
         self.sock.close(0)

@@ -134,6 +134,7 @@ class ProbeClient:
         sock.setsockopt(zmq.RCVHWM, 100_000)
         # queue nothing for a probe that is not there yet: a vLLM started later must not get a backlog of hellos
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.IPV6, int("[" in self.endpoint))  # tcp://[::1]:PORT
         if self.keys is not None:
             sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = self.keys
         failures = (

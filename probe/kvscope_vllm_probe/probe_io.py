@@ -89,6 +89,7 @@ class ProbeIO:
         self.router.setsockopt(zmq.SNDHWM, 10_000)  # past it a slow subscriber misses steps and resyncs
         self.router.setsockopt(zmq.RCVHWM, 1_000)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_IN_BYTES)
+        self.router.setsockopt(zmq.IPV6, int("[" in probe.endpoint))  # tcp://[::1]:PORT
         self.auth = None
         try:
             self.auth = serve_securely(self.ctx, self.router, probe.access)

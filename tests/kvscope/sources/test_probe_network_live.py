@@ -138,9 +138,8 @@ def test_a_peer_without_an_authorized_key_gets_nothing(server):
 
 def test_an_unknown_message_type_is_refused(server):
     peer = RawPeer(server.rank0, server.keys)
-    peer.send("Launch", "missiles", 3)
-    refused = peer.wait_for("Refused", 5)
-    assert refused is not None and "cannot read that message" in refused[1]
+    refused = peer.refused("Launch", "missiles", 3)
+    assert refused is not None and "cannot read that message" in refused
     peer.die()
     answers(server)
 
@@ -188,9 +187,8 @@ def test_ten_thousand_messages_a_second(server):
 
 def test_a_command_with_no_hello_is_refused(server):
     peer = RawPeer(server.rank0, server.keys)
-    peer.send("Command", "pause", 1)
-    refused = peer.wait_for("Refused", 5)
-    assert refused is not None and "say Hello first" in refused[1]
+    refused = peer.refused("Command", "pause", 1)
+    assert refused is not None and "say Hello first" in refused
     peer.die()
     answers(server)
 

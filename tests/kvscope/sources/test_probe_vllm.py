@@ -221,9 +221,8 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
     trace = tmp_path / "vllm.probe.jsonl"
     with Harness(ep, num_blocks=12) as h:
         h.cmd("spin", on=True, pace=0.05)
-        chats(h, 6, max_tokens=60)
         env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-        out = subprocess.run(
+        kvscope = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -233,17 +232,25 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
                 "--probe",
                 ep,
                 "--duration",
-                "6",
+                "8",
                 "--trace",
                 str(trace),
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
-            timeout=120,
         )
-        assert out.returncode == 0, out.stderr
-        live = json.loads(out.stdout)
+        try:
+            # the chats start once kvscope reads (a loaded machine may take longer to start it than they take)
+            assert logged(h, "subscribed", timeout=120), "kvscope did not subscribe"
+            chats(h, 6, max_tokens=60)
+            stdout, stderr = kvscope.communicate(timeout=120)
+        finally:
+            if kvscope.poll() is None:
+                kvscope.kill()
+        assert kvscope.returncode == 0, stderr
+        live = json.loads(stdout)
     for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "num_preemptions", "audit_problems"):
         assert key in live
     assert live["steps"] > 0 and live["blocks_used_peak"] > 1 and live["audit_problems"] == []
