@@ -12,6 +12,7 @@ from raw_peer import RawPeer
 from vllm_live import CONTROL, Harness, free_port, logged, need_vllm
 
 from kvscope.sources.probe import READ_ONLY, ProbeSource
+from kvscope_vllm_probe.constants import PROTOCOL
 from kvscope_vllm_probe.keys import make_keys
 from kvscope_vllm_probe.security import client_keys
 
@@ -167,3 +168,34 @@ def test_keys_let_the_probe_on_the_network_and_no_one_else(vllm_python, tmp_path
         finally:
             src.close()
         assert steps_go_on(h)
+
+
+def test_subscribers_and_keyframes_are_bounded(vllm_python):
+    """A keyframe is the one costly answer (the whole pool, under the scheduler's lock): a peer asking for one a
+    hundred times a second gets one a second; and past 16 subscribers a Hello is refused."""
+    from kvscope_vllm_probe.probe_io import MAX_SUBSCRIBERS
+
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    with Harness(ep, num_blocks=64) as h:
+        busy(h)
+        greedy = RawPeer(ep)
+        greedy.hello("greedy")
+        assert greedy.wait_for("Keyframe") is not None
+        t0, keyframes = time.monotonic(), 0
+        while time.monotonic() - t0 < 3.0:
+            for _ in range(10):
+                greedy.send("Resync")
+            keyframes += sum(m[0] == "Keyframe" for m in greedy.received(0.1))
+        assert 1 <= keyframes <= 4  # about one a second, for 300 asked
+        peers = [greedy]
+        for i in range(MAX_SUBSCRIBERS - 1):
+            p = RawPeer(ep)
+            p.hello(f"peer {i}")
+            peers.append(p)
+        assert all(p.wait_for("Welcome", 10) is not None for p in peers[1:])
+        one_too_many = RawPeer(ep)
+        refused = one_too_many.refused("Hello", PROTOCOL, "one too many")
+        assert refused == f"the probe has {MAX_SUBSCRIBERS} subscribers already"
+        assert steps_go_on(h)
+        for p in [*peers, one_too_many]:
+            p.close()
