@@ -27,10 +27,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.inspect.jsonl import read_versioned_header
+from engine.messages import one_line
 from engine.outputs import StepOutput
-from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
-from kvscope.sources.probe_trace import TRACE_VERSION, ProbeTraceWriter, is_probe_trace  # noqa: F401 - one import
+from kvscope.sources.probe_trace import (  # noqa: F401 - is_probe_trace: one import for the probe's readers
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    ProbeTraceWriter,
+    is_probe_trace,
+)
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
 from kvscope_vllm_probe.endpoints import base_endpoint, rank_endpoint
@@ -55,7 +62,7 @@ READ_ONLY = (
 )
 
 
-class _Base:
+class _Base(ReadOnlySource):
     """What a live probe and its replay share: the mirror, records, the audit and the refusals."""
 
     info: SourceInfo
@@ -151,10 +158,7 @@ class _Base:
     def current(self) -> StepRecord:
         return self._record([], 0.0, False)
 
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope")
-
-    inject = abort = fork = reset_prefix_cache = _refuse
+    refusal = "a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope"
 
     def set_audit(self, on: bool) -> None:
         pass  # a probed pool is audited every step: it costs O(blocks) in numpy
@@ -379,7 +383,7 @@ class ProbeRank(_Base):
             self.writer = None
 
 
-class ProbeSource:
+class ProbeSource(ReadOnlySource):
     """A probed vLLM: every data-parallel rank's probe read, one rank shown (the one at ``endpoint``, at first).
 
     ``keys``: CURVE (this subscriber's public key, its secret key, the probe's public key), for a probe on the
@@ -509,13 +513,10 @@ class ProbeSource:
                     if self.on_rank_record is not None:
                         self.on_rank_record(r, rec)
 
+    refusal = _Base.refusal
+
     def current(self) -> StepRecord:
         return self.shown.current()
-
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope")
-
-    inject = abort = fork = reset_prefix_cache = _refuse
 
     def set_audit(self, on: bool) -> None:
         pass  # a probed pool is audited every step: it costs O(blocks) in numpy
@@ -535,19 +536,15 @@ class ProbeSource:
 class ProbeReplay(_Base):
     """A probe trace played back: the same messages through the same mirror, one record a vLLM step."""
 
+    refusal = "a replay is read-only: it shows what was recorded"
+    current = ReadOnlySource.current  # a recording has no "now" to show (the live probe's reads vLLM's pool)
+
     def __init__(self, path: str, scenario=None) -> None:
         """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
         self.path = path
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read trace {path}: {e}") from None
-        header = json.loads(lines[0])
-        if header.get("version") != TRACE_VERSION:
-            raise ValueError(
-                f"{path}: probe trace version {header.get('version')!r}; this kvscope reads version {TRACE_VERSION}"
-            )
+        read_versioned_header(path, TRACE_FORMAT, TRACE_VERSION, "a probe trace")  # one line if it is not one
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
         self._messages = []
         for n, line in enumerate(lines[1:], start=2):
             try:
@@ -555,7 +552,7 @@ class ProbeReplay(_Base):
             except (ValueError, KeyError, TypeError) as e:
                 if n == len(lines):
                     break  # a torn last line (the recording was cut): the rest plays
-                raise ValueError(f"{path}:{n}: not a probe message ({str(e).splitlines()[0]})") from None
+                raise ValueError(f"{path}:{n}: not a probe message ({one_line(e)})") from None
         first = self._messages.pop(0) if self._messages else None
         if not isinstance(first, Keyframe):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")
@@ -579,9 +576,6 @@ class ProbeReplay(_Base):
                 self._load(msg)
                 return self._record([], 0.0, False)
         return self._record([], 0.0, False)
-
-    def current(self) -> StepRecord:
-        raise ReadOnlyError("a replay is read-only")
 
     def close(self) -> None:
         pass

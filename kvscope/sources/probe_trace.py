@@ -7,40 +7,24 @@ build); writing one is the live ``ProbeSource``'s, playing one ``ProbeReplay``'s
 from __future__ import annotations
 
 import base64
-import json
 import time
-from pathlib import Path
+
+from engine.inspect.jsonl import JsonLinesWriter, file_format
 
 TRACE_FORMAT = "kvscope-probe-trace"
 TRACE_VERSION = 1
 
 
-class ProbeTraceWriter:
+class ProbeTraceWriter(JsonLinesWriter):
     """The probe's messages as they came, one JSON line each (``t`` seconds from the start, the payload)."""
 
     def __init__(self, path: str, header: dict) -> None:
-        try:
-            self._f = Path(path).open("w", encoding="utf-8")
-        except OSError as e:
-            raise ValueError(f"cannot write trace {path}: {e.strerror or e}") from None
         self._t0 = time.monotonic()
-        self._write({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
+        super().__init__(path, TRACE_FORMAT, TRACE_VERSION, header)
 
     def message(self, payload: bytes) -> None:
-        self._write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
-
-    def close(self) -> None:
-        self._f.close()
+        self.write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
 
 
 def is_probe_trace(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(header, dict) and header.get("format") == TRACE_FORMAT
+    return file_format(path) == TRACE_FORMAT
