@@ -36,9 +36,9 @@ QUESTIONS = (
 
 def main(out: str) -> None:
     ep = f"tcp://127.0.0.1:{free_port()}"
-    with VllmServer(probe=ep, extra=("--num-gpu-blocks-override", "16"), max_model_len=256) as server:
-        src = ProbeSource(ep, wait_s=60, trace=out, client="lab recorder")
-        src.client.set_fault("leak-last-block", True)
+    env = {"KVSCOPE_PROBE_REMOTE_FAULTS": "1"}  # the fault is switched on from here, once the trace records
+    with VllmServer(probe=ep, extra=("--num-gpu-blocks-override", "16"), max_model_len=256, env=env) as server:
+        src = ProbeSource(ep, wait_s=60, trace=out, client="lab recorder", fault="leak-last-block")
         time.sleep(0.5)
         stop = threading.Event()
 

@@ -32,6 +32,11 @@ SERVE_ENV = {
 }
 
 
+# what a test that pauses and steps vLLM, or switches a fault on from kvscope, starts vLLM with (both off by default)
+CONTROL = {"KVSCOPE_PROBE_CONTROL": "1"}
+REMOTE_FAULTS = {"KVSCOPE_PROBE_REMOTE_FAULTS": "1"}
+
+
 def vllm_python() -> str | None:
     exe = os.environ.get("KVSCOPE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
     return exe if Path(exe).is_file() else None
@@ -52,6 +57,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports (a data-parallel vLLM's probes listen at PORT+rank)."""
+    for _ in range(100):
+        first = free_port()
+        socks = []
+        try:
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", first + k))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports")
 
 
 def model_folder() -> str:

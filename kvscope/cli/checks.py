@@ -11,6 +11,9 @@ import os
 import sys
 from pathlib import Path
 
+from kvscope.cli.parser import probe_keys
+from kvscope.sources.probe_package import require_probe
+
 NO_DISPLAY = (
     "kvscope: no display found (DISPLAY/WAYLAND_DISPLAY unset). Run `kvscope --headless`, "
     "or `xvfb-run kvscope`, or set QT_QPA_PLATFORM=offscreen."
@@ -66,16 +69,34 @@ _NOT_WITH_PROBE = (
 
 
 def check_probe(args: argparse.Namespace) -> None:
-    """``--probe`` shows a vLLM that runs elsewhere: nothing that needs kvscope's own engine goes with it."""
+    """``--probe`` shows a vLLM that runs elsewhere: nothing that needs kvscope's own engine goes with it; it
+    needs the probe's package, and its keys, if given, must be readable certificates."""
     if not getattr(args, "probe", None):
-        if getattr(args, "probe_fault", None):
-            raise ValueError("--probe-fault switches a fault on inside a probed vLLM: it needs --probe ADDR")
+        for name in ("probe_fault", "probe_key", "probe_server_key"):
+            flag = "--" + name.replace("_", "-")
+            if getattr(args, name, None):
+                raise ValueError(f"{flag} is for a probed vLLM: it needs --probe ADDR")
         return
     if not args.probe.startswith(("tcp://", "ipc://")):
         raise ValueError(f"--probe {args.probe}: give the probe's ZeroMQ address, e.g. tcp://127.0.0.1:5570")
     for name, flag in _NOT_WITH_PROBE:
         if getattr(args, name, None):
             raise ValueError(f"--probe shows a running vLLM: not with {flag} (those run kvscope's own engine)")
+    require_probe("--probe")
+    from kvscope_vllm_probe.endpoints import check_endpoint
+    from kvscope_vllm_probe.security import client_keys
+
+    try:
+        check_endpoint(args.probe)
+    except ValueError as e:
+        raise ValueError(f"--probe {e}") from None
+    key, server = probe_keys(args)
+    if bool(key) != bool(server):
+        raise ValueError(
+            "--probe-key and --probe-server-key go together: kvscope's secret certificate and the probe's public one"
+        )
+    if key:
+        client_keys(key, server)  # readable, and the right kinds
 
 
 def check_files(args: argparse.Namespace) -> None:
@@ -86,16 +107,20 @@ def check_files(args: argparse.Namespace) -> None:
         raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
     check_probe(args)
     if args.replay:
-        from kvscope.sources.probe import is_probe_trace
+        from kvscope.sources.probe_trace import is_probe_trace
 
-        if not is_probe_trace(args.replay):  # a probe trace is read whole by its replay
+        if is_probe_trace(args.replay):  # a probe trace is read whole by its replay
+            require_probe(f"--replay {args.replay} (a probed vLLM's recording)")
+        else:
             from engine.inspect.trace import read_header
 
             read_header(args.replay)
     elif args.scenario:
         from kvscope.scenario import load_scenario
 
-        load_scenario(args.scenario)
+        sc = load_scenario(args.scenario)
+        if sc.probe_trace:
+            require_probe(f"--scenario {sc.name} (a probed vLLM's recording)")
     if args.screenshot:
         check_screenshot_path(args.screenshot)
 

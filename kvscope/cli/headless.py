@@ -84,9 +84,18 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     tune_gc()  # the loaded heap frozen, fewer collections
     if getattr(args, "compare_caching", False):
         return _compare_caching(session, args)
-    summary = Summary(
-        decode=session.decode, max_model_len=session.info.max_model_len, prefix_caching=session.info.prefix_caching
-    )
+
+    def new_summary() -> Summary:
+        return Summary(
+            decode=session.decode, max_model_len=session.info.max_model_len, prefix_caching=session.info.prefix_caching
+        )
+
+    summary = new_summary()
+    ranks = None
+    if getattr(session, "ranks", None) is not None:  # a probed vLLM: every data-parallel rank's summary too
+        from kvscope.cli.probe_ranks import RankSummaries
+
+        ranks = RankSummaries(session, summary, new_summary)
     explain = getattr(args, "explain_block", None)
     if explain is not None and not 0 <= explain < session.info.num_blocks:
         session.close()
@@ -126,6 +135,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
     out["kv_pool_bytes"] = session.info.num_blocks * session.info.block_bytes  # sized once, at start-up
     out["device_free_bytes"] = device_free(session.info.device)
     out["kv_layout"] = session.info.kv_layout
+    if ranks is not None:
+        out.update(ranks.as_dict())
     if story is not None:
         out["block_story"] = {
             "block_id": explain,

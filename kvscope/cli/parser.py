@@ -28,7 +28,6 @@ from kvscope.cli.arg_types import (
 from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.serve.options import ServeOptions
 from kvscope.sources.fleet_spec import HASH_ALGO_CHOICES
-from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
 
 ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
 
@@ -248,17 +247,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def probe_faults() -> tuple[str, ...] | None:
+    """The faults the probe can switch on, or None without its package (``--probe`` then says how to install it)."""
+    try:
+        from kvscope_vllm_probe.constants import FAULTS
+    except ImportError:
+        return None
+    return FAULTS
+
+
 def add_probe_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "a running vLLM through kvscope's probe (pip install ./probe into vLLM's environment, "
+        "a running vLLM through kvscope's probe (pip install ./probe into vLLM's environment and kvscope's, "
         "then start vLLM with KVSCOPE_PROBE_ENDPOINT=tcp://HOST:PORT)"
     )
     g.add_argument(
         "--probe",
         default=None,
         metavar="ADDR",
-        help="show that vLLM's whole block pool, audited every step; Pause, Step and Run hold its "
-        "scheduler (with --headless: --duration seconds, or --steps vLLM steps)",
+        help="show that vLLM's whole block pool, audited every step, every data-parallel rank (rank r at PORT+r); "
+        "Pause, Step and Run hold its scheduler if vLLM allows it (KVSCOPE_PROBE_CONTROL=1) "
+        "(with --headless: --duration seconds, --steps vLLM steps, or Ctrl+C)",
     )
     g.add_argument(
         "--probe-wait",
@@ -270,9 +279,22 @@ def add_probe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--probe-fault",
         default=None,
-        choices=PROBE_FAULTS,
-        help="with --probe: switch this fault on inside vLLM (leak-last-block: the next finished "
-        "request's last block is never freed; the audit finds it)",
+        choices=probe_faults(),
+        help="with --probe: switch this fault on inside vLLM, if vLLM allows it (KVSCOPE_PROBE_REMOTE_FAULTS=1) "
+        "(leak-last-block: the next finished request's last block is never freed; the audit finds it)",
+    )
+    g.add_argument(
+        "--probe-key",
+        default=None,
+        metavar="FILE",
+        help="with --probe: kvscope's secret CURVE certificate, for a probe that asks for keys (one on the network); "
+        "default $KVSCOPE_PROBE_KEY (python -m kvscope_vllm_probe.keys DIR makes the certificates)",
+    )
+    g.add_argument(
+        "--probe-server-key",
+        default=None,
+        metavar="FILE",
+        help="with --probe-key: the probe's public certificate (default $KVSCOPE_PROBE_SERVER_KEY)",
     )
 
 
@@ -362,7 +384,8 @@ def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOpti
     if getattr(args, "probe", None):
         from kvscope.runtime.build import ProbeSpec
 
-        probe = ProbeSpec(args.probe, args.probe_wait, args.probe_fault)
+        key, server_key = probe_keys(args)
+        probe = ProbeSpec(args.probe, args.probe_wait, args.probe_fault, key, server_key)
     return SourceSpec(
         config,
         args.scenario,
@@ -375,6 +398,14 @@ def source_spec(config: EngineConfig, args: argparse.Namespace, serve: ServeOpti
         probe=probe,
         given=getattr(args, "engine_flags_given", frozenset()),
     )
+
+
+def probe_keys(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--probe-key`` and ``--probe-server-key``, or their environment variables (read here, not in the parser:
+    --help must not print a path to a secret)."""
+    key = getattr(args, "probe_key", None) or os.environ.get("KVSCOPE_PROBE_KEY") or None
+    server = getattr(args, "probe_server_key", None) or os.environ.get("KVSCOPE_PROBE_SERVER_KEY") or None
+    return key, server
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:

@@ -13,6 +13,7 @@ from kvscope.serve.options import ServeOptions
 if TYPE_CHECKING:
     from kvscope.runtime.kv_events_options import KVEventsConfig
 from kvscope.sources.live import LiveSource
+from kvscope.sources.probe_package import require_probe
 from kvscope.sources.replay import ReplaySource
 from kvscope.sources.workload import WorkloadSpec
 
@@ -24,6 +25,8 @@ class ProbeSpec:
     endpoint: str
     wait_s: float = 60.0  # vLLM may start after kvscope
     fault: str | None = None  # switched on inside vLLM once subscribed (kvscope_vllm_probe's FAULTS)
+    key: str | None = None  # kvscope's secret CURVE certificate (a probe on the network asks for keys)
+    server_key: str | None = None  # the probe's public certificate
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +64,16 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
     ``hooks``: more ``StepHook``s of a live source (an HTTP server's bridge).
     """
     if spec.probe is not None:  # the command line refused what a probed vLLM cannot do (cli.checks)
-        from kvscope.sources.probe import ProbeSource
-
-        source = ProbeSource(spec.probe.endpoint, spec.probe.wait_s, progress, spec.trace)
-        if spec.probe.fault:
-            source.client.set_fault(spec.probe.fault, True)
-        return source
+        return _probe_source(spec.probe, spec.trace, progress)
     if spec.replay:
         if spec.kv_events is not None:
             raise ValueError("--kv-events-endpoint publishes a live engine's events, not a trace replay")
-        from kvscope.sources.probe import ProbeReplay, is_probe_trace
+        from kvscope.sources.probe_trace import is_probe_trace
 
         if is_probe_trace(spec.replay):
+            require_probe(f"--replay {spec.replay} (a probed vLLM's recording)")
+            from kvscope.sources.probe import ProbeReplay
+
             return ProbeReplay(spec.replay)
         return ReplaySource(spec.replay)
     if spec.workload is not None:  # the command line refused what a workload cannot do (cli.workload)
@@ -83,6 +84,7 @@ def build_source(spec: SourceSpec, hooks: list | None = None, progress=None) -> 
     if spec.scenario:
         sc = load_scenario(spec.scenario)
         if sc.probe_trace:  # a lab recorded from a real vLLM: played back, no engine of kvscope's
+            require_probe(f"--scenario {sc.name} (a probed vLLM's recording)")
             from kvscope.sources.probe import ProbeReplay
 
             return ProbeReplay(sc.probe_trace, scenario=sc)
@@ -122,3 +124,13 @@ class KVEventsObserver:
 
     def close(self) -> None:
         self.publisher.close()
+
+
+def _probe_source(probe: ProbeSpec, trace: str | None, progress):
+    """``kvscope --probe``: every rank of a probed vLLM, with kvscope's keys if the probe asks for them."""
+    require_probe("--probe")
+    from kvscope.sources.probe import ProbeSource
+    from kvscope_vllm_probe.security import client_keys
+
+    keys = client_keys(probe.key, probe.server_key) if probe.key else None
+    return ProbeSource(probe.endpoint, probe.wait_s, progress, trace, keys=keys, fault=probe.fault)

@@ -150,6 +150,8 @@ class EngineHost:
                     self._send(self.source.current())
             case p.CompareCaching(prompts, max_tokens):
                 self.compare_caching(prompts, max_tokens)
+            case p.SelectRank(rank):
+                self.select_rank(rank)
             case p.Shutdown():
                 self.shutdown()
                 return False
@@ -176,6 +178,22 @@ class EngineHost:
             self.emit(p.Error(f"caching comparison failed: {one_line(e)}"))
             return
         self.emit(p.Compared(c.summary(), c.divergence.to_dict() if c.divergence else None))
+
+    def select_rank(self, rank: int) -> None:
+        """A probed vLLM's data-parallel rank to show: its pool is loaded as a source's is (``Loaded``)."""
+        select = getattr(self.source, "select_rank", None)
+        if select is None:
+            self.emit(p.Error("this source has one pool: no data-parallel ranks to pick from"))
+            return
+        try:
+            records = select(rank)
+        except ValueError as e:
+            self.emit(p.Error(one_line(e), refused=True))
+            return
+        self.emit(p.Loaded(self.source.info, vocab_of(self.source)))
+        for rec in records:
+            self._send(rec)
+        self._send(self.source.current())
 
     # -- lifecycle -------------------------------------------------------------------
     def load(self, scenario: str | None) -> None:

@@ -69,6 +69,13 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class SelectRank:
+    """Show this data-parallel rank of a probed vLLM (answered with ``Loaded``: its pool is another)."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class CompareCaching:
     """Run these prompts (token ids, in order) greedily with prefix caching on and off, on the same weights."""
 
@@ -89,6 +96,7 @@ Command = (
     | SetAudit
     | Shutdown
     | CompareCaching
+    | SelectRank
 )
 
 

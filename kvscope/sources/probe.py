@@ -4,12 +4,19 @@ vLLM runs with the probe installed (``pip install ./probe``) and ``KVSCOPE_PROBE
 sends a keyframe of the pool and then each vLLM step's changes, which ``VllmPoolMirror`` applies. A record
 here is one vLLM step, so the window, the timeline, the audit, the miss explainer and ``--headless`` read a
 probed vLLM exactly as they read kvscope's own engine. Pause, Step and Run hold vLLM's scheduler
-(``REMOTE_STEPPING``): Step asks the probe for one schedule and waits for that step to arrive.
+(``REMOTE_STEPPING``) when vLLM allows it (``KVSCOPE_PROBE_CONTROL=1``): Step asks the probe for one schedule and
+waits for that step to arrive. A read-only probe (the default) is watched as it goes: Pause stops kvscope's view,
+not vLLM, and Step shows the next step vLLM made.
+
+With data parallelism each rank's engine core has its own probe (``kvscope_vllm_probe.endpoints``): the source
+reads every rank (``ProbeRank`` each) and shows one (``select_rank``); the others are read as they go, and their
+records go to ``on_rank_record`` (``--headless``'s ``dp_ranks``).
 
 Every connection trouble is one line (``StepRecord.notice``) and nothing wrong is shown: a probe not there
 yet is waited for, a vLLM that restarts is read again from its new keyframe (kvscope's step numbers go on),
 a message kvscope cannot read is skipped and the pool read again, a gap in the steps likewise. A trace
-(``--trace``) records the probe's messages as they came; ``--replay`` plays them through the same mirror.
+(``--trace``) records the messages of the rank at ``endpoint`` as they came (shown or not: a replay has one pool);
+``--replay`` plays them through the same mirror.
 """
 
 from __future__ import annotations
@@ -17,15 +24,23 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from engine.inspect.jsonl import JsonLinesWriter, file_format, read_versioned_header
+from engine.inspect.jsonl import read_versioned_header
 from engine.messages import one_line
 from engine.outputs import StepOutput
 from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
+from kvscope.sources.probe_trace import (  # noqa: F401 - is_probe_trace: one import for the probe's readers
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    ProbeTraceWriter,
+    is_probe_trace,
+)
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
+from kvscope_vllm_probe.endpoints import base_endpoint, rank_endpoint
 from kvscope_vllm_probe.wire import (
     Held,
     Keyframe,
@@ -37,25 +52,14 @@ from kvscope_vllm_probe.wire import (
     encode,
 )
 
-TRACE_FORMAT = "kvscope-probe-trace"
-TRACE_VERSION = 1
 POLL_S = 0.1  # how long one step waits for vLLM while running (an idle vLLM gives the same record again)
 STEP_WAIT_S = 10.0  # how long Step waits for the schedule it asked for
-
-
-class ProbeTraceWriter(JsonLinesWriter):
-    """The probe's messages as they came, one JSON line each (``t`` seconds from the start, the payload)."""
-
-    def __init__(self, path: str, header: dict) -> None:
-        self._t0 = time.monotonic()
-        super().__init__(path, TRACE_FORMAT, TRACE_VERSION, header)
-
-    def message(self, payload: bytes) -> None:
-        self.write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
-
-
-def is_probe_trace(path: str) -> bool:
-    return file_format(path) == TRACE_FORMAT
+RANK_WAIT_S = 10.0  # how long the other data-parallel ranks are waited for once the first has answered
+RESYNC_WAIT_S = 3.0  # steps that cannot apply while a fresh keyframe is on its way are dropped, this long at most
+READ_ONLY = (
+    "vLLM's probe at {at} is read-only: Pause stops kvscope's view and vLLM runs on (start vLLM with "
+    "KVSCOPE_PROBE_CONTROL=1 to hold its scheduler)"
+)
 
 
 class _Base(ReadOnlySource):
@@ -70,17 +74,23 @@ class _Base(ReadOnlySource):
         self.notice: str | None = None
         self.tokenizer = None  # the served model's, when its folder is on this machine
 
-    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None) -> SourceInfo:
+    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None, extra=None) -> SourceInfo:
         i = kf.info
         notes = list(i.notes)
         if i.num_kv_groups > 1:
             notes.append("the audit counts group 0's tables only")
+        stepping = (
+            "Pause holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
+            "runs exactly one schedule; Run lets it go."
+            if (extra or {}).get("control", True)
+            else "The probe is read-only (vLLM was started without KVSCOPE_PROBE_CONTROL=1): Pause stops kvscope's "
+            "view, Step shows the next step vLLM made, and vLLM runs on."
+        )
         watch = (
             f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
-            "free queue, and every request's block table, as vLLM holds them, audited after every step. Pause "
-            "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
-            "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
-            "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes)
+            f"free queue, and every request's block table, as vLLM holds them, audited after every step. {stepping} "
+            "Block 0 is vLLM's null block (a placeholder it never hands out). Requests come through vLLM's own "
+            "API." + "".join(f" Note: {n}." for n in notes)
         )
         if scenario is not None:  # a lab on a recorded vLLM: the lesson's own words
             return SourceInfo(
@@ -122,6 +132,7 @@ class _Base(ReadOnlySource):
                 "fault": i.fault,
                 "async_scheduling": i.async_scheduling,
                 "always_audited": True,
+                **(extra or {}),
             },
         )
 
@@ -164,68 +175,83 @@ class _Base(ReadOnlySource):
         return tuple(tok.batch_decode([[i] for i in range(len(tok))], skip_special_tokens=False))
 
 
-class ProbeSource(_Base):
-    def __init__(
-        self, endpoint: str, wait_s: float = 60.0, progress=None, trace: str | None = None, client: str = "kvscope"
-    ) -> None:
+class ProbeRank(_Base):
+    """One probe (one data-parallel rank's engine core): its connection, the mirror of its pool, its records."""
+
+    def __init__(self, endpoint: str, client: str, keys=None) -> None:
         super().__init__()
         self.endpoint = endpoint
-        self.running = True  # the host's Run: vLLM runs on; paused, a step asks vLLM for one schedule
-        self.paused_remote = False
-        self.client = ProbeClient(endpoint, f"{client} (kvscope-vllm-probe {PROBE_VERSION})")
+        self.client = ProbeClient(endpoint, client, keys)
         self.client.start()
+        self.welcome: Welcome | None = None
         self.instance = ""
-        self._writer: ProbeTraceWriter | None = None
-        t0 = time.monotonic()
-        kf = self._first_keyframe(wait_s, progress)
-        self.tokenizer = _tokenizer(kf.info.model)
-        self._load(kf)
-        self.info = self._info(kf, f"vLLM at {endpoint}", time.monotonic() - t0)
-        if trace:
-            self._writer = ProbeTraceWriter(trace, {"endpoint": endpoint})
-            self._writer.message(self._first_payload)
+        self.mirror: VllmPoolMirror | None = None
+        self.first_payload = b""
+        self.running = True  # the host's Run: vLLM runs on; paused, a step asks vLLM for one schedule
+        self.holding = False  # this subscriber asked vLLM to hold (a Run from it lets vLLM go; else it sends none)
+        self.writer: ProbeTraceWriter | None = None
+        self.ended: str | None = None  # why it has nothing more to show (a vLLM restarted with another pool)
         self._pending: list[StepRecord] = []
+        self._resync_since: float | None = None
+        self._said_read_only = False
 
-    def _first_keyframe(self, wait_s: float, progress) -> Keyframe:
-        deadline = time.monotonic() + wait_s
-        said = False
+    @property
+    def loaded(self) -> bool:
+        return self.mirror is not None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.welcome.dp_rank if self.welcome else 0
+
+    @property
+    def dp_size(self) -> int:
+        return self.welcome.dp_size if self.welcome else 1
+
+    @property
+    def control(self) -> bool:
+        return bool(self.welcome and self.welcome.control)
+
+    def wait_keyframe(self, deadline: float, progress=None) -> Keyframe | None:
+        """Until the probe's first keyframe (loaded) or ``deadline`` (None). A refusal is ``ValueError``."""
+        said, t0 = False, time.monotonic()
         while time.monotonic() < deadline:
             msg = self.client.get(0.2)
             if isinstance(msg, Refused):
-                self.client.close()
                 raise ValueError(f"the probe at {self.endpoint} refused: {msg.reason}")
+            if isinstance(msg, Link) and msg.kind == "refused":
+                raise ValueError(msg.text)
             if isinstance(msg, Welcome):
-                self.instance = msg.instance
+                self.welcome, self.instance = msg, msg.instance
             elif isinstance(msg, Keyframe):
-                self._first_payload = encode(msg)
+                self._first(msg, time.monotonic() - t0)
                 return msg
             elif msg is None and not said and progress is not None:
                 progress(f"waiting for vLLM's probe at {self.endpoint}…")
                 said = True
-        self.client.close()
-        raise ValueError(
-            f"no probe answered at {self.endpoint} in {wait_s:.0f} s: start vLLM with "
-            f"KVSCOPE_PROBE_ENDPOINT={self.endpoint} and kvscope's probe installed (pip install ./probe)"
-        )
+        return None
 
     # -- the host's pace ----------------------------------------------------------------------------------
-    ended: str | None = None  # why this source has nothing more to show (a vLLM restarted with another pool)
-
-    def has_work(self) -> bool:
-        return self.ended is None  # a live vLLM: there is always a next step to wait for
-
     def hold(self, paused: bool) -> list[StepRecord]:
-        """The host paused (True) or ran (False): vLLM's scheduler is held at its next schedule, or let go.
-        Holding returns the records of the steps vLLM made before it stopped (the window shows where vLLM stands
-        before its next Step)."""
+        """The host paused (True) or ran (False): vLLM's scheduler is held at its next schedule, or let go (a
+        read-only probe: kvscope's view only). Holding returns the records of the steps vLLM made before it
+        stopped (the window shows where vLLM stands before its next Step)."""
         self.running = not paused
-        self.client.command("pause" if paused else "run")
-        if not paused:
+        if not self.control:
+            if paused and not self._said_read_only:
+                self._said_read_only = True
+                return [self._record([], 0.0, False, notice=READ_ONLY.format(at=self.endpoint))]
             return []
+        if not paused:
+            if self.holding:
+                self.client.command("run")
+                self.holding = False
+            return []
+        self.client.command("pause")
+        self.holding = True
         out, deadline = list(self._pending), time.monotonic() + 5.0
         self._pending.clear()
         while time.monotonic() < deadline:
-            rec = self._next(0.2)
+            rec = self.next_record(0.2)
             if rec is not None:
                 out.append(rec)
             elif self.mirror.paused:  # vLLM said it holds, and nothing more came
@@ -233,20 +259,21 @@ class ProbeSource(_Base):
         return out
 
     def step(self) -> StepRecord:
-        """The next vLLM step's record. Running: what vLLM did next (within ``POLL_S``, else the same state
-        again). Held: one schedule asked of vLLM, and its record once it arrives."""
+        """The next vLLM step's record. Running (or read-only): what vLLM did next (within ``POLL_S``, else the
+        same state again). Held: one schedule asked of vLLM, and its record once it arrives."""
         if self.ended:
             return self._record([], 0.0, False)
         if self._pending:
             return self._pending.pop(0)
-        if self.running:
-            rec = self._next(POLL_S)
+        if self.running or not self.control:
+            rec = self.next_record(POLL_S)
             return rec if rec is not None else self.current()
         before = self.mirror.vllm_step
         self.client.command("step", 1)
+        self.holding = True
         deadline = time.monotonic() + STEP_WAIT_S
         while time.monotonic() < deadline:
-            rec = self._next(0.2)
+            rec = self.next_record(0.2)
             if rec is not None and (self.mirror.vllm_step > before or rec.notice):
                 return rec
             if rec is not None:
@@ -258,30 +285,64 @@ class ProbeSource(_Base):
             notice=f"vLLM did not schedule within {STEP_WAIT_S:.0f} s: it has no request to run (Step waits for one)",
         )
 
-    def _next(self, timeout: float) -> StepRecord | None:
-        """Apply what arrives until one record is made (or ``timeout`` passes with nothing)."""
+    def next_record(self, timeout: float) -> StepRecord | None:
+        """Apply what arrives until one record is made (or ``timeout`` passes with nothing; 0: what is there)."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            msg = self.client.get(max(left, 0.0) if left > 0 else None)
+            msg = self.client.get(left if left > 0 else None)
             if msg is None:
                 return None
-            if self._writer is not None and not isinstance(msg, (Link, Pong)):
-                self._writer.message(encode(msg))
+            if self.writer is not None and not isinstance(msg, (Link, Pong)):
+                self.writer.message(encode(msg))
             rec = self._handle(msg)
             if rec is not None:
                 return rec
 
+    def drain(self) -> list[StepRecord]:
+        """Every record that what has arrived makes, waiting for nothing (a rank read but not shown)."""
+        out = []
+        while (rec := self.next_record(0.0)) is not None:
+            out.append(rec)
+        return out
+
+    def _resync(self) -> None:
+        """Ask for a fresh keyframe, once: steps that cannot apply until it comes are dropped meanwhile."""
+        now = time.monotonic()
+        if self._resync_since is None or now - self._resync_since > RESYNC_WAIT_S:
+            self._resync_since = now
+            self.client.resync()
+
     def _handle(self, msg) -> StepRecord | None:
+        if isinstance(msg, Welcome):
+            if self.instance and msg.instance != self.instance:
+                self.notice = f"vLLM at {self.endpoint} restarted: its pool is read again from the start"
+            self.welcome, self.instance = msg, msg.instance
+            return None
+        if isinstance(msg, Refused):
+            self.notice = f"the probe at {self.endpoint} refused: {msg.reason}"
+            return self.current() if self.loaded else None
+        if isinstance(msg, Link):
+            if msg.kind in ("unreadable", "behind"):
+                self._resync()
+            return self._record([], 0.0, False, notice=msg.text) if self.loaded else None
+        if not self.loaded:
+            if isinstance(msg, Keyframe):  # a rank that answered after the others: read from now on
+                self._first(msg, 0.0)
+                return self._record([], 0.0, False, notice=f"vLLM's probe at {self.endpoint} answers: read from now on")
+            return None
         if isinstance(msg, Step):
+            if self._resync_since is not None and msg.seq > self.mirror.seq + 1:
+                return None  # a keyframe is on its way
             try:
                 events = self.mirror.apply(msg)
             except MirrorError as e:
-                self.client.resync()
+                self._resync()
                 self.notice = f"the probe's steps did not apply ({e}): reading vLLM's pool again"
                 return None
             return self._record(events, msg.seconds, not msg.between)
         if isinstance(msg, Keyframe):
+            self._resync_since = None
             i = msg.info
             if (i.num_blocks, i.block_size) != (self.info.num_blocks, self.info.block_size):
                 self.ended = (
@@ -292,32 +353,184 @@ class ProbeSource(_Base):
                 return self._record([], 0.0, False, notice=self.ended)
             self._load(msg)
             return self._record([], 0.0, False)
-        if isinstance(msg, Welcome):
-            if self.instance and msg.instance != self.instance:
-                self.notice = f"vLLM at {self.endpoint} restarted: its pool is read again from the start"
-            self.instance = msg.instance
-            return None
         if isinstance(msg, Held):
             self.mirror.paused, self.mirror.holder = msg.paused, msg.holder
             if msg.paused and msg.step > self.mirror.vllm_step:
                 self.mirror.paused = False  # held after a step not applied yet: it is on its way
-            if not msg.paused and msg.reason:
-                self.notice = f"vLLM runs again: {msg.reason}"
+            if not msg.paused:
+                self.holding = False
+                if msg.reason:
+                    self.notice = f"vLLM runs again: {msg.reason}"
             return None
-        if isinstance(msg, Refused):
-            self.notice = f"the probe refused: {msg.reason}"
-            return self.current()
-        if isinstance(msg, Link):
-            if msg.kind == "unreadable":
-                self.client.resync()
-            return self._record([], 0.0, False, notice=msg.text)
         return None  # Pong
 
+    def _first(self, kf: Keyframe, load_seconds: float) -> None:
+        self.first_payload = encode(kf)
+        self.tokenizer = _tokenizer(kf.info.model)
+        self._load(kf)
+        self.info = self._rank_info(kf, load_seconds)
+
+    def _rank_info(self, kf: Keyframe, load_seconds: float) -> SourceInfo:
+        size = self.dp_size
+        where = f"vLLM at {self.endpoint}" + (f", data-parallel rank {self.dp_rank} of {size}" if size > 1 else "")
+        extra = {"control": self.control, "dp_rank": self.dp_rank, "dp_ranks": list(range(size))}
+        return self._info(kf, where, load_seconds, extra=extra)
+
     def close(self) -> None:
-        self.client.close()  # its goodbye ends any pause this window holds
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.client.close()  # its goodbye ends any pause this subscriber holds
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class ProbeSource(ReadOnlySource):
+    """A probed vLLM: every data-parallel rank's probe read, one rank shown (the one at ``endpoint``, at first).
+
+    ``keys``: CURVE (this subscriber's public key, its secret key, the probe's public key), for a probe on the
+    network (``kvscope_vllm_probe.security.client_keys`` reads them from certificate files). ``fault``: switched
+    on in every rank once subscribed (vLLM must allow it: ``KVSCOPE_PROBE_REMOTE_FAULTS=1``)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        wait_s: float = 60.0,
+        progress=None,
+        trace: str | None = None,
+        client: str = "kvscope",
+        keys: tuple[bytes, bytes, bytes] | None = None,
+        fault: str | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        name = f"{client} (kvscope-vllm-probe {PROBE_VERSION})"
+        # a rank's records when it is not the one shown (--headless keeps a summary of each rank with them)
+        self.on_rank_record: Callable[[int, StepRecord], None] | None = None
+        t0 = time.monotonic()
+        first = ProbeRank(endpoint, name, keys)
+        self.ranks: dict[int, ProbeRank] = {}
+        try:
+            kf = first.wait_keyframe(t0 + wait_s, progress)
+            if kf is None:
+                raise ValueError(
+                    f"no probe answered at {endpoint} in {wait_s:.0f} s: start vLLM with "
+                    f"KVSCOPE_PROBE_ENDPOINT={endpoint} and kvscope's probe installed (pip install ./probe)"
+                )
+            self.ranks[first.dp_rank] = first
+            if first.dp_size > 1:
+                self._read_other_ranks(first, name, keys, min(wait_s, RANK_WAIT_S), progress)
+            if fault:
+                self._set_fault(fault)
+        except BaseException:
+            first.close()
+            for r in self.ranks.values():
+                r.close()
+            raise
+        self.shown_rank = first.dp_rank
+        if trace:
+            first.writer = ProbeTraceWriter(trace, {"endpoint": endpoint})
+            first.writer.message(first.first_payload)
+
+    def _read_other_ranks(self, first: ProbeRank, name: str, keys, wait_s: float, progress) -> None:
+        base = base_endpoint(first.endpoint, first.dp_rank)
+        for r in range(first.dp_size):
+            if r != first.dp_rank:
+                self.ranks[r] = ProbeRank(rank_endpoint(base, r), name, keys)
+        deadline = time.monotonic() + wait_s
+        for r, rank in self.ranks.items():
+            if rank is first:
+                continue
+            if rank.wait_keyframe(deadline, progress) is None:
+                first.notice = (
+                    f"data-parallel rank {r} of {first.dp_size} did not answer at {rank.endpoint} in "
+                    f"{wait_s:.0f} s: it is read when it does"
+                )
+
+    def _set_fault(self, fault: str) -> None:
+        for rank in self.ranks.values():
+            if rank.welcome is not None and not rank.welcome.remote_faults:
+                raise ValueError(
+                    f"--probe-fault {fault}: vLLM's probe at {rank.endpoint} takes no faults from kvscope (start "
+                    "vLLM with KVSCOPE_PROBE_REMOTE_FAULTS=1, for tests only)"
+                )
+            rank.client.set_fault(fault, True)
+
+    # -- the rank shown ----------------------------------------------------------------------------------
+    @property
+    def shown(self) -> ProbeRank:
+        return self.ranks[self.shown_rank]
+
+    @property
+    def info(self) -> SourceInfo:
+        return self.shown.info
+
+    @property
+    def mirror(self) -> VllmPoolMirror:
+        return self.shown.mirror
+
+    @property
+    def client(self) -> ProbeClient:
+        return self.shown.client
+
+    @property
+    def ended(self) -> str | None:
+        return self.shown.ended
+
+    @property
+    def tokenizer(self):
+        return self.shown.tokenizer
+
+    def select_rank(self, rank: int) -> list[StepRecord]:
+        """Show data-parallel rank ``rank`` from now on (its own pool, steps and timeline): the host loads its
+        ``info`` again. Paused, the rank left runs on and the rank shown is held. ``ValueError`` if it is not read."""
+        new = self.ranks.get(rank)
+        if new is None or not new.loaded:
+            have = ", ".join(str(r) for r, k in sorted(self.ranks.items()) if k.loaded)
+            raise ValueError(f"data-parallel rank {rank} is not read (ranks read: {have})")
+        old = self.shown
+        if new is old:
+            return []
+        paused = not old.running
+        old.hold(False)
+        self.shown_rank = rank
+        new.drain()  # what it did while it was not shown: its pool is current, its history starts now
+        new.running = True
+        return new.hold(True) if paused else []
+
+    # -- the Source protocol -----------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.ended is None  # a live vLLM: there is always a next step to wait for
+
+    def hold(self, paused: bool) -> list[StepRecord]:
+        return self.shown.hold(paused)
+
+    def step(self) -> StepRecord:
+        self._read_others()
+        return self.shown.step()
+
+    def _read_others(self) -> None:
+        for r, rank in self.ranks.items():
+            if r != self.shown_rank:
+                for rec in rank.drain():
+                    if self.on_rank_record is not None:
+                        self.on_rank_record(r, rec)
+
+    refusal = _Base.refusal
+
+    def current(self) -> StepRecord:
+        return self.shown.current()
+
+    def set_audit(self, on: bool) -> None:
+        pass  # a probed pool is audited every step: it costs O(blocks) in numpy
+
+    def decode(self, token_ids) -> str | None:
+        return self.shown.decode(token_ids)
+
+    def vocab(self) -> tuple[str, ...]:
+        return self.shown.vocab()
+
+    def close(self) -> None:
+        self._read_others()  # what the ranks not shown sent last reaches on_rank_record
+        for rank in self.ranks.values():
+            rank.close()
 
 
 class ProbeReplay(_Base):

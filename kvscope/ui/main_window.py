@@ -47,6 +47,7 @@ from kvscope.ui.views.figure_view import FigureView
 from kvscope.ui.views.fragmentation import FragmentationView
 from kvscope.ui.views.inject_dialog import InjectDialog
 from kvscope.ui.views.plots import PlotsPanel
+from kvscope.ui.views.rank_picker import RankPicker
 from kvscope.ui.views.request_panel import RequestPanel
 from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
 from kvscope.ui.views.welcome import WelcomeView
@@ -249,6 +250,10 @@ class MainWindow(QMainWindow):
         self.audit_chosen = False  # the user's choice (a probed vLLM's box shows its own audit, always on)
         self.audit_box.toggled.connect(self._audit_toggled)
         bar.addWidget(self.audit_box)
+        self.rank_picker = RankPicker()  # a probed vLLM with data-parallel ranks: which one is shown
+        self.rank_picker.rank_chosen.connect(lambda r: self.worker.send(cmd.SelectRank(r)))
+        self.act_rank = bar.addWidget(self.rank_picker)
+        self.act_rank.setVisible(False)
         self.controls = [
             self.act_step,
             self.act_step_n,
@@ -517,6 +522,9 @@ class MainWindow(QMainWindow):
         self.audit_box.setChecked(always or self.audit_chosen)
         self.audit_box.blockSignals(False)
         self.audit_box.setEnabled(not info.read_only and not always)
+        ranks = list(info.extra.get("dp_ranks", ()))
+        self.rank_picker.set_ranks(ranks, info.extra.get("dp_rank", 0))
+        self.act_rank.setVisible(len(ranks) > 1)
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
         self.cpu_grid.set_title(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")

@@ -1,11 +1,20 @@
 """The probe wire's constants, importable without msgspec or ZeroMQ (``kvscope --help`` lists the faults)."""
 
-PROTOCOL = 1
+PROTOCOL = 2
 ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
 ENV_FAULT = "KVSCOPE_PROBE_FAULT"
 ENV_ANY_RELEASE = "KVSCOPE_PROBE_ANY_RELEASE"  # try a vLLM release the probe was not checked against
+# What a subscriber may do besides watching: both off unless vLLM's environment switches them on (security.py).
+ENV_CONTROL = "KVSCOPE_PROBE_CONTROL"  # =1: pause, step and run vLLM's scheduler
+ENV_REMOTE_FAULTS = "KVSCOPE_PROBE_REMOTE_FAULTS"  # =1: switch faults on from a subscriber (tests only)
+# CURVE keys (``python -m kvscope_vllm_probe.keys DIR`` makes them): needed to bind anything but loopback.
+ENV_SECRET_KEY = "KVSCOPE_PROBE_SECRET_KEY"  # the probe's own secret certificate file
+ENV_AUTHORIZED_KEYS = "KVSCOPE_PROBE_AUTHORIZED_KEYS"  # a folder of the public certificates let in
+# Data parallel: each rank's probe at its own endpoint (endpoints.rank_endpoint); how many ranks vLLM runs (the
+# plugin sets it where vLLM starts its engine cores, which no longer know it; set it by hand for Ray or many nodes).
+ENV_DP_SIZE = "KVSCOPE_PROBE_DP_SIZE"
 HEARTBEAT_S = 1.0  # a subscriber's heartbeat period
-SILENT_S = 5.0  # a subscriber silent this long is gone (and so is any pause it holds)
+SILENT_S = 5.0  # a peer silent this long is gone (and so is any pause it holds)
 
 # Ops of a Step, each a list whose first item is the code. They are vLLM's own pool operations, in order.
 OP_REF = 0  # [0, block, ref_cnt]: a block's ref count became this

@@ -2,7 +2,8 @@
 
 Waiting there keeps vLLM's front end answering (``/health``, new requests queue in the engine core's input
 queue) and leaves the pool between two steps, where every table and ref count agree. A pause belongs to the
-subscriber that asked for it; when that subscriber says goodbye or goes silent, vLLM runs on.
+peer that asked for it (``holder_id``, its socket identity; ``holder`` is its name, for people): when that peer
+says goodbye or goes silent, vLLM runs on.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ class Gate:
         self._cv = threading.Condition()
         self.paused = False
         self.credits = 0  # schedules allowed before holding again
-        self.holder = ""  # the subscriber holding the pause
+        self.holder = ""  # the name of the peer holding the pause
+        self.holder_id = b""  # and its socket identity (names are the peers' own words: two may share one)
         self.closed = False
 
     def wait_turn(self) -> None:
@@ -31,20 +33,20 @@ class Gate:
         """Paused with no step left to run: the next ``schedule()`` will wait."""
         return self.paused and self.credits == 0
 
-    def pause(self, holder: str) -> None:
+    def pause(self, holder: str, holder_id: bytes = b"") -> None:
         with self._cv:
-            self.paused, self.credits, self.holder = True, 0, holder
+            self.paused, self.credits, self.holder, self.holder_id = True, 0, holder, holder_id
             self._cv.notify_all()
 
-    def step(self, n: int, holder: str) -> None:
+    def step(self, n: int, holder: str, holder_id: bytes = b"") -> None:
         with self._cv:
-            self.paused, self.holder = True, holder
+            self.paused, self.holder, self.holder_id = True, holder, holder_id
             self.credits += max(1, n)
             self._cv.notify_all()
 
     def run(self) -> None:
         with self._cv:
-            self.paused, self.credits, self.holder = False, 0, ""
+            self.paused, self.credits, self.holder, self.holder_id = False, 0, "", b""
             self._cv.notify_all()
 
     def close(self) -> None:

@@ -1,9 +1,11 @@
 """The vLLM general plugin: ``register()`` runs in every vLLM process (API server, engine core, workers).
 
 It only patches: ``SchedulerConfig.get_scheduler_cls`` returns a subclass of whichever scheduler vLLM chose,
-and that subclass starts the probe once, where the scheduler is built (the engine core). Nothing happens
-unless ``KVSCOPE_PROBE_ENDPOINT`` is set; a vLLM release the probe was not checked against, or one whose
-internals differ from what it reads, is refused in one line in vLLM's log and vLLM runs untouched.
+and that subclass starts the probe once, where the scheduler is built (the engine core: one per data-parallel
+rank, each probe at its rank's endpoint, ``endpoints.rank_endpoint``). Nothing happens unless
+``KVSCOPE_PROBE_ENDPOINT`` is set; a vLLM release the probe was not checked against, one whose internals differ
+from what it reads, or an endpoint on the network without keys (``security.py``) is refused in one line in vLLM's
+log and vLLM runs untouched.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import logging
 import os
 
 from .compat import KNOWN_RELEASES, missing, release_of
-from .constants import ENV_ANY_RELEASE, ENV_ENDPOINT, ENV_FAULT, FAULTS
+from .constants import ENV_ANY_RELEASE, ENV_DP_SIZE, ENV_ENDPOINT, ENV_FAULT, FAULTS
+from .endpoints import rank_endpoint
+from .security import access_from_env
 
 logger = logging.getLogger("kvscope_vllm_probe")
 _PATCHED = "_kvscope_probe_patched"
@@ -45,6 +49,12 @@ def register() -> None:
             "kvscope probe: unknown fault %r (%s); not probing, vLLM runs untouched", fault, ", ".join(FAULTS)
         )
         return
+    try:
+        access = access_from_env(endpoint)
+        dp_size_from_env()
+    except ValueError as e:
+        logger.warning("kvscope probe: %s; not probing, vLLM runs untouched", e)
+        return
     if getattr(SchedulerConfig, _PATCHED, False):
         return
     original = SchedulerConfig.get_scheduler_cls
@@ -53,30 +63,84 @@ def register() -> None:
     def get_scheduler_cls(self):
         base = original(self)
         if base not in made:
-            made[base] = probed_scheduler(base, endpoint, version, fault)
+            made[base] = probed_scheduler(base, endpoint, version, fault, access)
         return made[base]
 
     SchedulerConfig.get_scheduler_cls = get_scheduler_cls
     setattr(SchedulerConfig, _PATCHED, True)
+    _export_dp_size()
+
+
+def dp_size_from_env() -> int:
+    """``KVSCOPE_PROBE_DP_SIZE``, or 0 when not set; ``ValueError`` in one line when it is not a count."""
+    text = os.environ.get(ENV_DP_SIZE, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{ENV_DP_SIZE}={text!r}: give the number of data-parallel ranks")
+    return int(text)
+
+
+def data_parallel(scheduler) -> tuple[int, int]:
+    """This engine core's data-parallel (rank, size). vLLM keeps the rank in ``parallel_config.data_parallel_index``
+    (0.32+; ``data_parallel_rank`` before); a dense model's engine cores run as independent ranks whose config says
+    ``data_parallel_size`` 1, so the size comes from ``KVSCOPE_PROBE_DP_SIZE``, which ``_export_dp_size`` set where
+    vLLM made its config (its engine cores inherit the environment)."""
+    pc = getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None)
+    rank = getattr(pc, "data_parallel_index", None)
+    if rank is None:
+        rank = getattr(pc, "data_parallel_rank", 0)
+    size = int(getattr(pc, "data_parallel_size", 1) or 1)
+    if size <= 1:
+        size = dp_size_from_env() or 1
+    rank = int(rank or 0)
+    return rank, max(size, rank + 1)
+
+
+def _export_dp_size() -> None:
+    """Where vLLM makes its config (``EngineArgs.create_engine_config``, in the process that then starts the engine
+    cores), put its data-parallel size in the environment they inherit, forked or spawned."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception:  # noqa: BLE001 - without it a rank knows its rank, not how many: set ENV_DP_SIZE by hand
+        return
+    if getattr(EngineArgs, _PATCHED, False):
+        return
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        try:
+            size = int(config.parallel_config.data_parallel_size)
+        except (AttributeError, TypeError, ValueError):
+            return config
+        if size > 1:
+            os.environ.setdefault(ENV_DP_SIZE, str(size))
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config
+    setattr(EngineArgs, _PATCHED, True)
+
+
+class _ToVllmsLog(logging.Handler):
+    """Hands each line to vLLM's logger when it is said: vLLM may set its handlers up after the plugin loads (its
+    engine core does it before, its front end may do it after), and a script that never does sends them to the
+    root logger's."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
 
 
 def _say_to_vllms_log() -> None:
     """Our lines go where vLLM's go (vLLM's logger does not propagate to the root)."""
     if logger.handlers:
         return
-    try:
-        from vllm.logger import init_logger
-
-        parent = init_logger("vllm")
-        for h in parent.handlers:
-            logger.addHandler(h)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    except Exception:  # noqa: BLE001
-        logging.basicConfig(level=logging.INFO)
+    logger.addHandler(_ToVllmsLog())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
-def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> type:
+def probed_scheduler(base: type, endpoint: str, version: str, fault: str, access=None) -> type:
     """``base`` with the probe: every scheduler entry under the probe's lock, a pause at ``schedule()``."""
 
     class ProbedScheduler(base):
@@ -95,12 +159,15 @@ def probed_scheduler(base: type, endpoint: str, version: str, fault: str) -> typ
                 return
             from .probe import Probe
 
+            rank, size = data_parallel(self)
+            at = endpoint
             try:
-                self._kvscope_probe = Probe(self, endpoint, version, fault)
+                at = rank_endpoint(endpoint, rank)
+                self._kvscope_probe = Probe(self, at, version, fault, access, rank, size)
             except Exception as e:  # noqa: BLE001 - e.g. the endpoint's port is taken
                 logger.warning(
                     "kvscope probe: could not start at %s (%s); vLLM runs untouched",
-                    endpoint,
+                    at,
                     str(e).splitlines()[0] if str(e) else type(e).__name__,
                 )
                 from .recorder import _active

@@ -10,46 +10,40 @@ in the middle of one. The engine core waits in ``schedule()`` while a subscriber
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
 
-import zmq
-
 from . import __version__
 from .faults import Faults
 from .gate import Gate
+from .probe_io import ProbeIO
 from .recorder import Recorder
 from .rows import RowTracker
-from .wire import (
-    PROTOCOL,
-    SILENT_S,
-    Bye,
-    Command,
-    Heartbeat,
-    Held,
-    Hello,
-    Keyframe,
-    Pong,
-    PoolInfo,
-    Refused,
-    Resync,
-    SetFault,
-    Step,
-    Welcome,
-    decode_to_probe,
-    encode,
-)
+from .security import Access
+from .wire import Held, Keyframe, PoolInfo, Step, encode
 
 logger = logging.getLogger("kvscope_vllm_probe")
 
 
 class Probe:
-    def __init__(self, scheduler, endpoint: str, vllm_version: str, fault: str = "") -> None:
+    def __init__(
+        self,
+        scheduler,
+        endpoint: str,
+        vllm_version: str,
+        fault: str = "",
+        access: Access | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+    ) -> None:
+        """``endpoint``: this rank's (``endpoints.rank_endpoint``); ``access``: what subscribers may do (read-only
+        by default; ``security.access_from_env`` reads it, and refuses a network endpoint without keys)."""
         self.scheduler = scheduler
         self.endpoint = endpoint
         self.vllm_version = vllm_version
+        self.access = access or Access()
+        self.dp_rank, self.dp_size = dp_rank, dp_size
         self.instance = uuid.uuid4().hex[:12]
         self.lock = threading.RLock()
         self.gate = Gate()
@@ -71,13 +65,18 @@ class Probe:
         self.recorder.install()
         self.io = ProbeIO(self)
         self.io.start()
+        a = self.access
         logger.info(
-            "kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s",
+            "kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s (%s; %s%s)%s",
             __version__,
             vllm_version,
             len(pool.blocks),
             self.block_size,
             endpoint,
+            f" for data-parallel rank {dp_rank} of {dp_size}" if dp_size > 1 else "",
+            "CURVE keys" if a.keys else "loopback, no keys",
+            "pause and step allowed" if a.control else "read-only",
+            ", faults from subscribers allowed" if a.remote_faults else "",
             f"; fault {fault} on" if fault else "",
         )
         for note in self.notes:
@@ -253,193 +252,3 @@ def _notes(scheduler) -> list[str]:
             "--no-async-scheduling"
         )
     return notes
-
-
-class _Subscriber:
-    __slots__ = ("name", "last_seen")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.last_seen = time.monotonic()
-
-
-class ProbeIO:
-    """The probe's socket: one ROUTER at the endpoint, owned by this thread. The engine core's thread hands
-    it encoded steps through an inproc PAIR (ZeroMQ sockets are not shared between threads)."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-        self.ctx = zmq.Context.instance()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.SNDHWM, 10_000)  # past it a slow subscriber misses steps and resyncs
-        self.router.bind(probe.endpoint)
-        inproc = f"inproc://kvscope-probe-{probe.instance}"
-        self.inbox = self.ctx.socket(zmq.PAIR)
-        self.inbox.bind(inproc)
-        self.outbox = self.ctx.socket(zmq.PAIR)  # used by the engine core's thread only
-        self.outbox.connect(inproc)
-        self.subs: dict[bytes, _Subscriber] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvscope-probe", daemon=True)
-
-    @property
-    def has_subscribers(self) -> bool:
-        return bool(self.subs)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2.0)
-
-    def post(self, data: bytes) -> None:
-        """From the engine core's thread: to every subscriber."""
-        self.outbox.send(data, copy=False)
-
-    # -- the thread -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.inbox, zmq.POLLIN)
-        try:
-            while not self._stop.is_set():
-                ready = dict(poller.poll(100))
-                if self.inbox in ready:
-                    while True:
-                        try:
-                            data = self.inbox.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._broadcast(data)
-                if self.router in ready:
-                    while True:
-                        try:
-                            frames = self.router.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._handle(frames)
-                self._housekeeping()
-        except Exception:  # noqa: BLE001 - the probe must never take vLLM down
-            logger.exception("kvscope probe: its I/O thread stopped; vLLM runs on unprobed")
-            self.probe.gate.run()
-        finally:
-            self.router.close(0)
-            self.inbox.close(0)
-
-    def _send(self, ident: bytes, data: bytes) -> None:
-        try:
-            self.router.send_multipart([ident, data], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # full or gone: a subscriber that misses a step asks for a keyframe
-
-    def _broadcast(self, data: bytes) -> None:
-        for ident in self.subs:
-            self._send(ident, data)
-
-    def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            return
-        ident, data = frames
-        try:
-            msg = decode_to_probe(data)
-        except ValueError:
-            self._send(ident, encode(Refused("the probe cannot read that message (not kvscope's probe wire)")))
-            return
-        probe = self.probe
-        sub = self.subs.get(ident)
-        if sub is not None:
-            sub.last_seen = time.monotonic()
-        match msg:
-            case Hello(protocol, client):
-                if protocol != PROTOCOL:
-                    self._send(
-                        ident,
-                        encode(
-                            Refused(
-                                f"the probe in vLLM speaks probe protocol {PROTOCOL} "
-                                f"(kvscope-vllm-probe {__version__}), "
-                                f"{client or 'the subscriber'} speaks {protocol}: "
-                                "install the probe from the same kvscope"
-                            )
-                        ),
-                    )
-                    return
-                self._send(ident, encode(Welcome(PROTOCOL, __version__, probe.vllm_version, probe.instance)))
-                self.subs[ident] = _Subscriber(client or ident.hex())
-                logger.info("kvscope probe: %s subscribed", self.subs[ident].name)
-                self._send_keyframe(ident)
-            case Resync():
-                if sub is not None:
-                    self._send_keyframe(ident)
-            case Heartbeat():
-                if sub is not None:  # a stranger's heartbeat (one that knew a vLLM before a restart) gets silence,
-                    self._send(ident, encode(Pong()))  # so it greets this one
-            case Command(op, n):
-                self._command(ident, op, n)
-            case SetFault(name, on):
-                try:
-                    with probe.lock:
-                        probe.faults.set(name, on)
-                except ValueError as e:
-                    self._send(ident, encode(Refused(str(e))))
-            case Bye():
-                self._drop(ident, "said goodbye")
-
-    def _send_keyframe(self, ident: bytes) -> None:
-        probe = self.probe
-        with probe.lock:
-            between = probe.flush_between()  # what others have not been sent yet goes first, to them
-            kf = probe.keyframe()
-        if between is not None:
-            for other in self.subs:
-                if other != ident:
-                    self._send(other, between)
-        self._send(ident, encode(kf))
-
-    def _command(self, ident: bytes, op: str, n: int) -> None:
-        probe = self.probe
-        name = self.subs[ident].name if ident in self.subs else ident.hex()
-        if op == "pause":
-            probe.gate.pause(name)
-        elif op == "step":
-            probe.gate.step(n, name)
-        elif op == "run":
-            probe.gate.run()
-        else:
-            self._send(ident, encode(Refused(f"unknown command {op!r}: pause, step or run")))
-            return
-        logger.info("kvscope probe: %s: %s%s", name, op, f" {n}" if op == "step" else "")
-        with probe.lock:  # between two steps: say where vLLM stands (a step in progress says it when it ends)
-            if not probe.in_step:
-                self._broadcast(encode(Held(probe.gate.paused, probe.step, probe.gate.holder)))
-
-    def _drop(self, ident: bytes, why: str) -> None:
-        sub = self.subs.pop(ident, None)
-        if sub is None:
-            return
-        logger.info("kvscope probe: %s %s", sub.name, why)
-        gate = self.probe.gate
-        if gate.paused and gate.holder == sub.name:
-            gate.run()
-            logger.warning("kvscope probe: %s held vLLM paused and %s: vLLM runs on", sub.name, why)
-            self._broadcast(encode(Held(False, self.probe.step, "", f"{sub.name} {why}")))
-
-    def _housekeeping(self) -> None:
-        now = time.monotonic()
-        for ident in [i for i, s in self.subs.items() if now - s.last_seen > SILENT_S]:
-            self._drop(ident, f"went silent for {SILENT_S:.0f} s")
-        if self.subs and not self.probe.in_step:
-            lock = self.probe.lock
-            if lock.acquire(blocking=False):
-                try:
-                    data = self.probe.flush_between()
-                finally:
-                    lock.release()
-                if data is not None:
-                    self._broadcast(data)
-
-
-def fault_from_env() -> str:
-    return os.environ.get("KVSCOPE_PROBE_FAULT", "").strip()

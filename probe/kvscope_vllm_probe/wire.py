@@ -5,8 +5,10 @@ subscriber (a kvscope window, ``--headless``, a test) connects a DEALER and says
 ``Welcome`` and a ``Keyframe`` (the whole pool), then sends every step's changes (``Step``): the pool's own
 operations in the order vLLM made them (ref counts, hashes, and the free queue's pops, removals, appends and
 prepends, each attributed to the request vLLM was working for) and the rows of the requests that changed.
-A subscriber sends ``Command``s (pause, step N, run), a ``Heartbeat`` every second (a window that is gone
-must not keep vLLM paused), ``Resync`` (a fresh keyframe, after a gap in ``seq``) and ``Bye``.
+A subscriber sends ``Command``s (pause, step N, run: refused unless vLLM allows them, see ``security.py``), a
+``Heartbeat`` every second (a peer silent for ``SILENT_S`` is gone, and so is any pause it held), ``Resync``
+(a fresh keyframe, after a gap in ``seq``) and ``Bye``. Anything but ``Hello`` from a peer that has not said it
+is refused. Each data-parallel rank has a probe of its own (``endpoints.py``); ``Welcome`` says which.
 
 These are the same things kvscope's engine process sends its window (a keyframe of the pool's arrays, then
 each step's events and request rows as deltas), in msgpack instead of pickle: the probe runs inside vLLM,
@@ -79,6 +81,10 @@ class Welcome(Message):
     probe_version: str
     vllm_version: str
     instance: str  # random per vLLM start: a subscriber tells a restart from a pause by it
+    dp_rank: int = 0  # this engine core's data-parallel rank (its probe listens at endpoints.rank_endpoint)
+    dp_size: int = 1  # how many data-parallel ranks vLLM runs, each with its own probe
+    control: bool = False  # Pause, Step and Run are allowed (vLLM started with KVSCOPE_PROBE_CONTROL=1)
+    remote_faults: bool = False  # SetFault is allowed (KVSCOPE_PROBE_REMOTE_FAULTS=1)
 
 
 class Refused(Message):

@@ -50,6 +50,7 @@ def make_scheduler(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
     enable_caching: bool = True,
+    dp_rank: int = 0,
 ):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -68,6 +69,8 @@ def make_scheduler(
     cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=enable_caching)
     cc.num_gpu_blocks = num_blocks
     cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+    # a data-parallel rank of a dense model, as vLLM's engine core sets it (its data_parallel_size stays 1)
+    cfg.parallel_config.data_parallel_index = dp_rank
     kvc = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
@@ -149,7 +152,12 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--pretend-version", default=None, help="vLLM's version as the probe reads it")
+    ap.add_argument("--dp-rank", type=int, default=0, help="the data-parallel rank this scheduler is")
     args = ap.parse_args()
+    import logging
+
+    # vLLM's log, as a server has it (the probe's lines go to vLLM's logger, which nothing here sets up)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if args.pretend_version:
         import vllm
 
@@ -157,7 +165,7 @@ def main() -> None:
     from kvscope_vllm_probe.plugin import register
 
     register()  # as vLLM's plugin loader would (inert without KVSCOPE_PROBE_ENDPOINT)
-    s = make_scheduler(args.num_blocks, args.block_size, args.max_num_seqs)
+    s = make_scheduler(args.num_blocks, args.block_size, args.max_num_seqs, dp_rank=args.dp_rank)
     probed = getattr(s, "_kvscope_probe", None) is not None
     print(json.dumps({"ready": True, "probed": probed, "scheduler": type(s).__name__}), flush=True)
     import contextlib

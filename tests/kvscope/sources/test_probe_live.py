@@ -18,7 +18,16 @@ import time
 
 import pytest
 import zmq
-from vllm_live import VllmServer, first_audit_problem, free_port, logged, need_vllm, probe_keyframe
+from vllm_live import (
+    CONTROL,
+    REMOTE_FAULTS,
+    VllmServer,
+    first_audit_problem,
+    free_port,
+    logged,
+    need_vllm,
+    probe_keyframe,
+)
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch
@@ -37,7 +46,10 @@ def server():
     probe, events = f"tcp://127.0.0.1:{free_port()}", free_port()
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}", "topic": "kv"}
     with VllmServer(
-        probe=probe, extra=("--num-gpu-blocks-override", "20", "--kv-events-config", json.dumps(cfg)), max_model_len=512
+        probe=probe,
+        extra=("--num-gpu-blocks-override", "20", "--kv-events-config", json.dumps(cfg)),
+        max_model_len=512,
+        env={**CONTROL, **REMOTE_FAULTS},  # these tests pause, step, and switch the leak on from kvscope
     ) as s:
         s.probe, s.events = probe, f"tcp://127.0.0.1:{events}"
         yield s
@@ -171,9 +183,8 @@ def test_headless_on_the_live_server(server):
 
 
 def test_the_leak_fault_is_found_in_a_real_vllm(server):
-    src = ProbeSource(server.probe, wait_s=30)
+    src = ProbeSource(server.probe, wait_s=30, fault="leak-last-block")  # as kvscope --probe-fault does
     try:
-        src.client.set_fault("leak-last-block", True)  # as kvscope --probe-fault leak-last-block does
         time.sleep(0.5)
         threads = load(server, 1, max_tokens=6)
         found = first_audit_problem(src)

@@ -339,3 +339,35 @@ def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
 def test_the_wire_refuses_what_is_not_one_of_its_messages():
     with pytest.raises(msgspec.DecodeError):
         decode_to_probe(b"\x01\x02")
+
+
+def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
+    """A window paused for hours reads nothing: past ``MAX_INBOX`` messages the client drops them and says so, and
+    the pool is read again from a fresh keyframe (memory stays bounded)."""
+    import kvscope_vllm_probe.client as client
+
+    monkeypatch.setattr(client, "MAX_INBOX", 5)
+
+    def answer(msg):
+        if isinstance(msg, Hello):
+            steps = [encode(Step(i, i, 0.0, [], [], [], None, {}, False)) for i in range(1, 21)]
+            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe())] + steps
+        if isinstance(msg, Resync):
+            return [encode(keyframe(20, 20))]
+        return []
+
+    fake = FakeProbe(answer)
+    try:
+        src = ProbeSource(fake.endpoint, wait_s=5)
+        time.sleep(1.0)  # the 20 steps arrive; nobody reads them
+        assert src.client.inbox.qsize() <= 6
+        notices, deadline = [], time.monotonic() + 10
+        while time.monotonic() < deadline and src.mirror.seq != 20:
+            rec = src.step()
+            notices += [rec.notice] if rec.notice else []
+        assert src.mirror.seq == 20 and src.current().audit.ok
+        assert sum(isinstance(m, Resync) for m in fake.got) == 1  # one keyframe asked for, not one a dropped step
+        assert any("messages behind the probe: reading its pool again" in n for n in notices), notices
+        src.close()
+    finally:
+        fake.close()

@@ -18,9 +18,10 @@ import threading
 import time
 
 import pytest
-from vllm_live import Harness, first_audit_problem, free_port, logged, need_vllm
+from vllm_live import CONTROL, REMOTE_FAULTS, Harness, first_audit_problem, free_port, logged, need_vllm
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
+from kvscope_vllm_probe.wire import PROTOCOL
 
 SYSTEM = list(range(100, 164))  # a shared system prompt: 4 blocks of 16
 
@@ -63,7 +64,7 @@ def vllm_python():
 
 def test_kvscope_shows_what_vllm_holds_under_sharing_and_preemption(vllm_python):
     ep = endpoint()
-    with Harness(ep, num_blocks=12) as h:
+    with Harness(ep, num_blocks=12, env=CONTROL) as h:
         assert h.ready["probed"] and h.ready["scheduler"] == "KvscopeProbedScheduler"
         src = ProbeSource(ep, wait_s=30)
         try:
@@ -91,7 +92,7 @@ def test_kvscope_shows_what_vllm_holds_under_sharing_and_preemption(vllm_python)
 
 def test_step_runs_exactly_one_schedule_and_a_window_that_goes_lets_vllm_run(vllm_python):
     ep = endpoint()
-    with Harness(ep, num_blocks=64) as h:
+    with Harness(ep, num_blocks=64, env=CONTROL) as h:
         src = ProbeSource(ep, wait_s=30)
         h.cmd("spin", on=True, pace=0.01)
         chats(h, 3, max_tokens=400)
@@ -136,10 +137,9 @@ def test_the_leak_fault_is_found_with_its_block_request_and_step(vllm_python):
 
 def test_a_fault_switched_on_from_kvscope(vllm_python):
     ep = endpoint()
-    with Harness(ep, num_blocks=32) as h:
-        src = ProbeSource(ep, wait_s=30)
+    with Harness(ep, num_blocks=32, env=REMOTE_FAULTS) as h:
+        src = ProbeSource(ep, wait_s=30, fault="leak-last-block")  # what --probe-fault does
         try:
-            src.client.set_fault("leak-last-block", True)  # what --probe-fault sends
             time.sleep(0.3)
             h.cmd("spin", on=True, pace=0.01)
             h.cmd("add", id="r", prompt=SYSTEM[:20], max_tokens=4)
@@ -210,7 +210,7 @@ def test_a_probe_of_another_protocol_refuses_kvscope_in_one_line(vllm_python, mo
     monkeypatch.setattr(client, "PROTOCOL", 999)
     ep = endpoint()
     with Harness(ep) as h:
-        with pytest.raises(ValueError, match=r"speaks probe protocol 1 .*speaks 999: install the probe"):
+        with pytest.raises(ValueError, match=rf"speaks probe protocol {PROTOCOL} .*speaks 999: install the probe"):
             ProbeSource(ep, wait_s=20)
         assert h.cmd("add", id="r", prompt=SYSTEM, max_tokens=2)["ok"]
         assert h.cmd("run")["stepped"] >= 2  # vLLM goes on
@@ -221,9 +221,8 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
     trace = tmp_path / "vllm.probe.jsonl"
     with Harness(ep, num_blocks=12) as h:
         h.cmd("spin", on=True, pace=0.05)
-        chats(h, 6, max_tokens=60)
         env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-        out = subprocess.run(
+        kvscope = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -233,17 +232,25 @@ def test_headless_json_and_a_trace_that_replays_the_same_run(vllm_python, tmp_pa
                 "--probe",
                 ep,
                 "--duration",
-                "6",
+                "8",
                 "--trace",
                 str(trace),
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
-            timeout=120,
         )
-        assert out.returncode == 0, out.stderr
-        live = json.loads(out.stdout)
+        try:
+            # the chats start once kvscope reads (a loaded machine may take longer to start it than they take)
+            assert logged(h, "subscribed", timeout=120), "kvscope did not subscribe"
+            chats(h, 6, max_tokens=60)
+            stdout, stderr = kvscope.communicate(timeout=120)
+        finally:
+            if kvscope.poll() is None:
+                kvscope.kill()
+        assert kvscope.returncode == 0, stderr
+        live = json.loads(stdout)
     for key in ("steps", "blocks_used_peak", "prefix_cache_hits", "num_preemptions", "audit_problems"):
         assert key in live
     assert live["steps"] > 0 and live["blocks_used_peak"] > 1 and live["audit_problems"] == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QSettings
-from vllm_live import Harness, free_port, need_vllm
+from vllm_live import CONTROL, Harness, free_port, free_ports, need_vllm
 
 from kvscope.sources.probe import ProbeSource
 from kvscope.ui.main_window import MainWindow
@@ -16,7 +16,7 @@ from kvscope.ui.main_window import MainWindow
 def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
     need_vllm()
     ep = f"tcp://127.0.0.1:{free_port()}"
-    with Harness(ep, num_blocks=48) as h:
+    with Harness(ep, num_blocks=48, env=CONTROL) as h:
         h.cmd("spin", on=True, pace=0.02)
         for i in range(3):
             h.cmd("add", id=f"chat-{i}", prompt=list(range(100, 164)) + [300 + i] * 9, max_tokens=2000)
@@ -53,3 +53,36 @@ def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
         while h.cmd("dump")["step"] == held + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert h.cmd("dump")["step"] > held + 1, "vLLM stayed held by a window that is gone"
+
+
+def test_the_window_shows_one_data_parallel_rank_and_picks_another(qtbot, tmp_path):
+    need_vllm()
+    port = free_ports(2)
+    base = f"tcp://127.0.0.1:{port}"
+    env = {**CONTROL, "KVSCOPE_PROBE_DP_SIZE": "2"}  # two engine cores' schedulers, as --data-parallel-size 2 has
+    with Harness(base, num_blocks=48, env=env, args=("--dp-rank", "0")) as h0:
+        with Harness(base, num_blocks=32, env=env, args=("--dp-rank", "1")) as h1:
+            for r, h in ((0, h0), (1, h1)):
+                h.cmd("spin", on=True, pace=0.05)
+                h.cmd("add", id=f"rank{r}-chat", prompt=list(range(100, 164)) + [300 + r] * 9, max_tokens=2000)
+            settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+            win = MainWindow(lambda _scenario: ProbeSource(base, wait_s=30), settings)
+            qtbot.addWidget(win)
+            win.show()
+            win.start()
+            qtbot.waitUntil(lambda: win.info is not None and win.running, timeout=30_000)
+            assert win.act_rank.isVisible() and win.rank_picker.currentText() == "DP rank 0 of 2"
+            assert win.info.num_blocks == 48
+
+            def requests() -> set[str]:
+                return {q.request_id for q in win.latest.snapshot.requests} if win.latest is not None else set()
+
+            qtbot.waitUntil(lambda: requests() == {"rank0-chat"}, timeout=20_000)
+            win.rank_picker.setCurrentIndex(1)
+            win.rank_picker.activated.emit(1)  # as a click on "DP rank 1 of 2"
+            qtbot.waitUntil(lambda: win.info.extra["dp_rank"] == 1 and win.info.num_blocks == 32, timeout=15_000)
+            qtbot.waitUntil(lambda: requests() == {"rank1-chat"}, timeout=20_000)
+            assert win.rank_picker.currentText() == "DP rank 1 of 2" and win.latest.audit.ok
+            win.flush()
+            win.grab().save(str(tmp_path / "dp-rank-1.png"))
+            win.shutdown()
