@@ -123,7 +123,7 @@ def test_run_pause_and_abort(qtbot, make_window):
     assert win.latest.snapshot.request("1").block_ids == ()
     assert win.events.model.rows[-1][1].kind == "aborted"
     model = win.requests.model
-    assert model.index(model.row_of("1"), model.HEADERS.index("state")).data() == "finished_aborted"
+    assert model.index(model.row_of("1"), model.HEADERS.index("state")).data() == "finished: aborted"
 
 
 def test_event_log_filters_and_selects(qtbot, make_window):
