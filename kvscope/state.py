@@ -97,3 +97,18 @@ def status_text(snap, info=None, live: bool = True) -> str:
             f" · KV{kv} {info.block_bytes / 1024:.1f} KiB/block, capacity {info.num_blocks * info.block_size:,} tokens"
         )
     return text
+
+
+def short_status(snap) -> str:
+    """The status in one short line (presentation's, beside the keys): the step, the free blocks, the hit
+    rate, what runs and waits, the preemptions; the same counters as ``status_text``."""
+    c = snap.counters
+    q = c.get("prefix_cache_queries", 0)
+    hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
+    text = (
+        f"step {snap.step} · free {c.get('num_free_blocks', 0):,}/{c.get('num_blocks', snap.num_blocks):,} · hit "
+        f"rate {hit} · running {c.get('num_requests_running', 0)} · waiting {c.get('num_requests_waiting', 0)}"
+    )
+    if c.get("num_requests_swapped"):
+        text += f" · swapped {c['num_requests_swapped']}"
+    return text + f" · preempted {c.get('num_preemptions', 0)}"

@@ -42,7 +42,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 # The panels below the grid (MainWindow.docks) that --view can bring to the front.
-VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "welcome")  # welcome: the first screen
+VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss", "welcome")  # welcome: the first screen
 
 
 def _typed(f: dataclasses.Field, tp: type, cls: type = EngineConfig):

@@ -53,6 +53,7 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         args.font_scale,
         window_limits(args),
         args.present,
+        bool(args.steps),
     )
     return run_app(opts, early)
 

@@ -48,6 +48,7 @@ class WindowOptions:
     font_scale: float | None = None  # every view's text (None: as kept in the settings)
     limits: WindowLimits = LIMITS  # how much of a long run each store keeps
     present: bool = False  # presentation: the lesson fills the window (View > Presentation)
+    steps_given: bool = False  # --steps was given: a window runs to that step too, not only a screenshot
 
 
 class StartupDriver(QObject):
@@ -70,8 +71,10 @@ class StartupDriver(QObject):
         select_block: int | None = None,
         compare: bool = False,
         view: str | None = None,
+        steps_given: bool = False,
     ) -> None:
         super().__init__(win)
+        self.steps_given = steps_given
         self.view = view
         self.select = select or []
         self.select_block, self.compare = select_block, compare
@@ -103,12 +106,14 @@ class StartupDriver(QObject):
         if not self.path:
             if first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
                 self.win.run_at_max()
+            elif first and self.steps_given:  # --steps N: the window shows step N, as a screenshot would
+                self.win.step(self.steps)
             return
         self._waiting = True
         if self.steps == 0:  # the first screen (--view welcome): nothing to run
             self._schedule_save()
             return
-        if info.read_only:
+        if info.read_only:  # a replay stops at its end: the trace's last step, if it comes first
             self._target = min(self.steps, self.replay_steps if self.replay_steps is not None else self.steps)
             if self._target == 0:
                 self._schedule_save()
@@ -132,8 +137,8 @@ class StartupDriver(QObject):
         if not (self.path and self._waiting):
             return
         if self.win.info is not None and self.win.info.read_only:
-            self._received += 1
-            done = self._received >= self._target
+            self._received += 1  # step N, as everywhere; or a replay's end (its steps counted)
+            done = result.step >= self.steps or (self.replay_steps is not None and self._received >= self._target)
         else:
             done = result.step >= self.steps
         if done:
@@ -178,8 +183,9 @@ class StartupDriver(QObject):
         QTimer.singleShot(delay_ms, self.save)
 
     def select_for_shot(self) -> list[str]:
-        """Select ``--select``'s requests, else the one with the most blocks, so the figure view, block table and
-        path show up. Returns the selected ids; raises ``ValueError`` (one line) for a request that is not there."""
+        """Select ``--select``'s requests (the user's choice, as a click makes it); without it the window's own
+        focus rule chose what the figure shows, as in a window. Returns the selected ids; raises ``ValueError``
+        (one line) for a request that is not there."""
         model = self.win.requests.model
         missing = [rid for rid in self.select if model.row_of(rid) < 0]
         if missing:
@@ -190,9 +196,6 @@ class StartupDriver(QObject):
             raise ValueError(f"--select-block {self.select_block}: no such block (the pool has blocks 0-{n - 1})")
         if self.select:
             self.win.requests.select(list(self.select))
-        elif model.rows and not self.win.requests.selected_id:
-            best = max(model.rows, key=lambda r: len(r.block_ids))
-            self.win.requests.select([best.request_id])
         return self.win.requests.selected_ids()
 
     def save(self) -> None:
@@ -279,6 +282,8 @@ def _run_window(
         win.set_text_scale(opts.font_scale)
     if opts.present:
         win.set_presentation(True)
+    if opts.spec.scenario and not opts.screenshot:  # the lesson reads while the engine loads
+        win.preview_scenario(opts.spec.scenario)
     if opts.audit:
         win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
     driver = StartupDriver(
@@ -292,6 +297,7 @@ def _run_window(
         opts.select_block,
         opts.compare,
         opts.view,
+        opts.steps_given,
     )
     shown.append(win)
     if interrupted:  # Ctrl+C came while the window was being built

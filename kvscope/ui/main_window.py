@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QStackedLayout,
+    QStackedWidget,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -36,29 +37,33 @@ from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime import protocol as cmd
-from kvscope.scenario import available, load_scenario
+from kvscope.scenario import Subject, available, load_scenario, subject_at
 from kvscope.sources.base import InjectSpec, SourceInfo
-from kvscope.state import ViewState, status_text
+from kvscope.state import ViewState, short_status, status_text
+from kvscope.ui import focus as focus_rule
 from kvscope.ui.style import TEXT_SCALES, set_min_text_px, set_text_scale, text_scale
-from kvscope.ui.views.banner import Banner
+from kvscope.ui.views.banner import Banner, audit_banner
 from kvscope.ui.views.block_grid import BlockGridView
 from kvscope.ui.views.diagnosis_panel import DiagnosisPanel
 from kvscope.ui.views.event_log import EventLogView
 from kvscope.ui.views.figure_view import FigureView
 from kvscope.ui.views.fragmentation import FragmentationView
 from kvscope.ui.views.inject_dialog import InjectDialog
+from kvscope.ui.views.miss_panel import MissPanel
 from kvscope.ui.views.plots import PlotsPanel
+from kvscope.ui.views.presentation import PresentationPage
 from kvscope.ui.views.request_panel import RequestPanel
 from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
-from kvscope.ui.views.welcome import WelcomeView
+from kvscope.ui.views.welcome import WelcomeView, lesson_order
 from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
 LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
-PRESENT_MIN_TEXT_PX = 12.0  # nothing smaller is drawn in presentation (a label that would be is left out)
+PRESENT_MIN_TEXT_PX = 14.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
+LESSON_VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss")  # what a lesson's panel can be
 
 
 class MainWindow(QMainWindow):
@@ -78,6 +83,12 @@ class MainWindow(QMainWindow):
         self._dirty = False
         self.state = ViewState()
         self._presenting: tuple | None = None  # (the layout and text scale to go back to) while presenting
+        self._present_view: str | None = None  # the panel asked for (--view, show_view) over the lesson's own
+        self.subjects: list[Subject] = []  # what the loaded scenario's notes point at (kvscope.scenario)
+        self.focus = focus_rule.Focus()  # what the window points at now, and the rule that chose it
+        self._pinned: tuple[str, ...] = ()  # requests the user chose (a row, a block, --select)
+        self._pinned_blocks: tuple[int, ...] = ()  # a block the user clicked that no request holds
+        self._applying_focus = False  # selecting the focus's requests: not the user's choice
 
         self._build_views()
         self._build_toolbar()
@@ -105,6 +116,7 @@ class MainWindow(QMainWindow):
         self.events = EventLogView(max_rows=self.limits.event_log_rows)
         self.figure = FigureView()
         self.diagnosis_panel = DiagnosisPanel()
+        self.miss_panel = MissPanel()  # "why did it miss?": atop the Why? tab, a lesson panel of its own presenting
         self.fragmentation = FragmentationView()
         self.diagnosis_panel.step_activated.connect(self.show_step)
         self.diagnosis_panel.compare_requested.connect(self.compare_caching)
@@ -128,7 +140,7 @@ class MainWindow(QMainWindow):
         tl.addWidget(self.live_button)
         # The CPU swap pool beside the GPU pool, not under it: the grid area is wide and short, and stacked the
         # two grids each got a strip too thin to read (issue 25's pool-exhaustion at 1280x720).
-        pool = QSplitter(Qt.Orientation.Horizontal)
+        self.pool = pool = QSplitter(Qt.Orientation.Horizontal)
         pool.setChildrenCollapsible(False)
         pool.addWidget(self.grid)
         pool.addWidget(self.cpu_grid)
@@ -146,7 +158,18 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.banner)
         cl.addWidget(area, 1)
         cl.addLayout(tl)
-        self.setCentralWidget(centre)
+        # presentation's own page (``views.presentation``): the lesson panel and the pool move there while it lasts
+        self.present_page = PresentationPage()
+        self.central = QStackedWidget()
+        self.central.addWidget(centre)
+        self.central.addWidget(self.present_page)
+        self.setCentralWidget(self.central)
+        why = QWidget()  # the Why? tab: why the request in focus missed the cache, then a block's story
+        wl = QVBoxLayout(why)
+        wl.setContentsMargins(0, 0, 0, 0)
+        wl.addWidget(self.miss_panel)
+        wl.addWidget(self.diagnosis_panel, 1)
+        self.why_box = wl
         self.docks: dict[str, QDockWidget] = {}
         # Short titles: they are the tabs below the grid, which must read whole at 1280x720 with 1.5x text (long
         # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
@@ -168,7 +191,7 @@ class MainWindow(QMainWindow):
                 "figure",
             ),
             ("Events", "every event of every step", self.events, bottom, "events"),
-            ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
+            ("Why?", "why a request missed the cache; a block's story; caching on vs off", why, bottom, "diagnosis"),
             ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom, "fragmentation"),
             ("Plots", "the run's series against the step", self.plots, bottom, "plots"),
         ):
@@ -205,6 +228,8 @@ class MainWindow(QMainWindow):
         act.setToolTip(f"{tip or text}" + (f" ({shortcut})" if shortcut else ""))
         act.triggered.connect(slot)
         bar.addAction(act)
+        if shortcut:  # the window's too: the keys work while the toolbar steps aside (presentation)
+            self.addAction(act)
         return act
 
     def _build_toolbar(self) -> None:
@@ -298,6 +323,17 @@ class MainWindow(QMainWindow):
         self.act_present.setShortcut(QKeySequence(PRESENT_SHORTCUT))
         self.act_present.toggled.connect(self.set_presentation)
         view.addAction(self.act_present)
+        self.addAction(self.act_present)
+        for text, key, slot in (
+            ("Next lesson", "PgDown", lambda: self.next_lesson(1)),
+            ("Previous lesson", "PgUp", lambda: self.next_lesson(-1)),
+            ("Follow the lesson (forget the request I chose)", "Esc", self.unpin),
+        ):
+            act = QAction(text, self)
+            act.setShortcut(QKeySequence(key))
+            act.triggered.connect(slot)
+            view.addAction(act)
+            self.addAction(act)
         view.addSeparator()
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
@@ -377,6 +413,24 @@ class MainWindow(QMainWindow):
         self.show_welcome(not name)
         self.worker.send(cmd.Load(name))
 
+    def preview_scenario(self, name: str) -> None:
+        """While the engine loads (a model takes seconds), the lesson already reads: its title, its first note and
+        what its notes point at; and Step is taken at once (the engine runs it when it has loaded), so that a
+        class starts the lesson without waiting for the weights."""
+        try:
+            sc = load_scenario(name)
+        except ValueError:
+            return  # the engine says why, in one line
+        self.show_welcome(False)
+        self.notes.set_scenario(sc.watch, list(sc.notes), sc.title)
+        self.notes.set_step(0)
+        self.subjects = list(sc.subjects)
+        self._preview_title = sc.title
+        self.act_step.setEnabled(True)
+        self.act_step_n.setEnabled(True)
+        if self.presenting:
+            self._show_page()
+
     def fork_selected(self) -> None:
         if self.requests.selected_id:
             self.worker.send(cmd.Fork(self.requests.selected_id))
@@ -397,70 +451,122 @@ class MainWindow(QMainWindow):
             self.settings.setValue("text_scale", scale)
         self.grid.redraw(force=True)
         self.cpu_grid.redraw(force=True)
-        self.figure.set_snapshot(self.figure.snapshot)  # laid out again at the new size
+        self.figure.set_snapshot(self.figure.snapshot, self.figure.flagged, self.figure.flag_kinds)  # laid out again
         self.plots.set_text_scale(scale)
+        self.miss_panel.apply_sizes()
+        self.present_page.apply_sizes()
 
     @property
     def presenting(self) -> bool:
         return self._presenting is not None
 
     def set_presentation(self, on: bool) -> None:
-        """Presentation (View > Presentation, ``--present``): for a projector. The lesson's views (the grid, the
-        paper's figure, the scenario's note) fill the window and the other panels step aside; the text is at least
-        ``PRESENT_MIN_SCALE`` and nothing is drawn smaller than ``PRESENT_MIN_TEXT_PX``. Leaving it restores the
-        panels and the text size as they were."""
+        """Presentation (View > Presentation, F11, ``--present``): for a projector. The lesson fills the window on a
+        page of its own (``views.presentation``): its panel, the step's note, a compact grid of the whole pool, the
+        legend of the states present and a one-line status; menus, toolbar and other panels step aside and the keys
+        drive. The text is at least ``PRESENT_MIN_SCALE`` and nothing is drawn under ``PRESENT_MIN_TEXT_PX``.
+        Leaving it restores the panels, bars and text size as they were."""
         if on == self.presenting:
             return
         if on:
-            self._presenting = (self.saveState(), text_scale())
-            self._present_docks()
+            bars = (self.menuBar().isVisible(), self.statusBar().isVisible())
+            self._presenting = (self.saveState(), text_scale(), bars)
+            set_min_text_px(PRESENT_MIN_TEXT_PX)
             self.set_text_scale(max(text_scale(), PRESENT_MIN_SCALE), keep=False)
-            # the figure spans the window's whole width (the note beside the grid only): the two requests of the
-            # paper's figures 5 and 6 side by side need it
-            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.BottomDockWidgetArea)
+            for dock in self.docks.values():
+                dock.hide()
+            for bar in self.findChildren(QToolBar):
+                bar.hide()
+            self.menuBar().hide()
+            self.statusBar().hide()
+            self.grid.set_compact(True)
+            self.cpu_grid.set_compact(True)
+            self._place_lesson()
+            self.central.setCurrentWidget(self.present_page)
+            self._show_page()
         else:
-            state, scale = self._presenting
+            state, scale, (menu, status) = self._presenting
             self._presenting = None
-            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
-            self.restoreState(state)
+            self._return_lesson()
+            self.present_page.take_pool()
+            self.pages.insertWidget(0, self.pool)
+            self.pool.show()
+            self.grid.set_compact(False)
+            self.cpu_grid.set_compact(False)
+            self.central.setCurrentIndex(0)
+            self.menuBar().setVisible(menu)
+            self.statusBar().setVisible(status)
+            set_min_text_px(None)
+            self.restoreState(state)  # the docks and the toolbar as they were
             self.set_text_scale(scale, keep=False)
-        set_min_text_px(PRESENT_MIN_TEXT_PX if on else None)
-        self.grid.overview.setVisible(self.grid.show_overview and not on)  # the legend gets the side panel's room
         self.act_present.blockSignals(True)
         self.act_present.setChecked(on)
         self.act_present.blockSignals(False)
-        if on:
-            QTimer.singleShot(0, self.present_layout)
         self.grid.redraw(force=True)
-        self.figure.set_snapshot(self.figure.snapshot)
+        self._dirty = True
+        self.flush()
 
     def lesson_view(self) -> str:
-        """The panel below the grid that the loaded scenario's lesson reads (its ``view``), else the figure."""
-        view = self.info.view if self.info is not None else None
-        return view if view in ("figure", "events", "diagnosis", "fragmentation", "plots") else "figure"
+        """The panel the lesson reads: the one asked for (``--view``, ``show_view`` while presenting), else the
+        loaded scenario's (its ``view``), else the paper's figure."""
+        view = self._present_view or (self.info.view if self.info is not None else None)
+        return view if view in LESSON_VIEWS else "figure"
 
-    def _present_docks(self) -> None:
-        """Presenting: the lesson's panel and the note shown, every other panel stepped aside."""
-        lesson = self.lesson_view()
-        for name, dock in self.docks.items():
-            dock.setVisible(name in (lesson, "scenario"))
-        self.docks[lesson].raise_()
+    def _lesson_widget(self, name: str) -> QWidget:
+        return self.miss_panel if name == "miss" else self.docks[name].widget()
+
+    def _place_lesson(self) -> None:
+        """Presenting: the lesson's panel and the pool on the presentation page."""
+        name = self.lesson_view()
+        if self.present_page.lesson is not None and self.present_page.lesson is not self._lesson_widget(name):
+            self._return_lesson()
+        widget = self._lesson_widget(name)
+        self._presented = name
+        self.present_page.place(widget, self.pool)
+
+    def _return_lesson(self) -> None:
+        """The presented lesson panel back where it lives (its dock, or the miss panel atop the Why? tab)."""
+        widget = self.present_page.take_lesson()
+        name = getattr(self, "_presented", None)
+        if widget is None or name is None:
+            return
+        if name == "miss":
+            self.why_box.insertWidget(0, widget)
+        else:
+            self.docks[name].setWidget(widget)
+        widget.show()
 
     def present_layout(self) -> None:
-        """In presentation the figure takes over half the height: it is the lesson; the note a third of the width."""
-        if not self.presenting:
-            return
-        w, h = self.width(), self.height()
-        self.resizeDocks([self.docks[self.lesson_view()]], [int(h * 0.55)], Qt.Orientation.Vertical)
-        self.resizeDocks([self.docks["scenario"]], [int(w * 0.34)], Qt.Orientation.Horizontal)
+        """Presentation lays itself out (its page); kept for callers of the docks' layout."""
+        if self.presenting:
+            self._place_lesson()
 
     def show_view(self, name: str) -> None:
         """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the
-        first screen, shown until the first request)."""
+        first screen, shown until the first request; ``miss`` the Why? tab, whose top says why a request missed).
+        While presenting (or before, with ``--present``) the panel becomes the lesson's."""
         if name == "welcome":
             self.show_welcome(True)
             return
-        self.docks[name].raise_()
+        self._present_view = name
+        if self.presenting:
+            self._place_lesson()
+            return
+        self.docks["diagnosis" if name == "miss" else name].raise_()
+
+    def next_lesson(self, delta: int) -> None:
+        """The next (or previous) lesson in a classroom's order (PgDn, PgUp): a teacher's tour from the keyboard."""
+        names = lesson_order(available())
+        here = self.info.scenario_name if self.info is not None else None
+        i = names.index(here) + delta if here in names else 0 if delta > 0 else len(names) - 1
+        if 0 <= i < len(names):
+            self.load_scenario(names[i])
+
+    def unpin(self) -> None:
+        """Esc: forget the user's choice; the figure follows the lesson (or the newest running request) again."""
+        self._pinned, self._pinned_blocks = (), ()
+        self._dirty = True
+        self.flush()
 
     def show_welcome(self, on: bool) -> None:
         self.welcome.setVisible(on)
@@ -499,16 +605,23 @@ class MainWindow(QMainWindow):
         self.plots.set_pool(info.block_bytes)
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
-        if self.presenting:  # a scenario whose lesson is another panel: that panel in the figure's place
-            self._present_docks()
-            QTimer.singleShot(0, self.present_layout)
-        if info.view in self.docks:
-            self.show_view(info.view)
-            if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
-                QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
+        # the lesson's subjects (what its notes point at), and nothing the user chose in the last one
+        self.subjects = self._subjects_of(info)
+        self._pinned, self._pinned_blocks, self.focus = (), (), focus_rule.Focus()
+        self._present_view = None
+        if self.presenting:  # a scenario whose lesson is another panel: that panel on the page
+            self._place_lesson()
+        elif info.view in LESSON_VIEWS:
+            self.docks["diagnosis" if info.view == "miss" else info.view].raise_()
+        if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
+            QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
         self.state.reset()
         self.banner.clear()
-        self.requests.select([])
+        self._applying_focus = True  # not the user's choice: nothing of the last session is followed
+        try:
+            self.requests.select([])
+        finally:
+            self._applying_focus = False
         for a in self.controls:
             a.setEnabled(not (info.read_only and a in self.write_controls))
         # a probed vLLM is audited after every step on its own: the box says so (and is not the user's to change);
@@ -536,6 +649,16 @@ class MainWindow(QMainWindow):
         if info.read_only:
             self.show_welcome(False)
 
+    @staticmethod
+    def _subjects_of(info: SourceInfo) -> list[Subject]:
+        """The loaded scenario's subjects, read from its file (a run without a scenario has none)."""
+        if not info.scenario_name:
+            return []
+        try:
+            return list(load_scenario(info.scenario_name).subjects)
+        except ValueError:  # a replay of a scenario since renamed: no subjects, the window follows the run
+            return []
+
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
         self.busy.hide()
@@ -545,6 +668,8 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def on_progress(self, text: str) -> None:
         self.status_label.setText(text)
+        if self.presenting:
+            self.present_page.set_status(text)
 
     @Slot(object)
     def on_progress_fraction(self, fraction) -> None:
@@ -650,27 +775,75 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None, events=()) -> None:
         """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
-        self.grid.set_snapshot(
-            snap, leaked, *((audit.kinds_names(), audit.block_kinds()) if leaked is not None else (None, None))
-        )
-        if self.cpu_grid.isVisible():
-            self.cpu_grid.set_snapshot(snap)
+        kinds = audit.block_kinds() if leaked is not None else None
+        subject = subject_at(self.subjects, snap.step)
         if leaked is not None:
-            worst = "; ".join(str(p) for p in audit.problems[:3])
-            self.banner.show_message(f"audit: {audit.kinds_text()} (red in the grid). {worst}", "audit")
+            first = subject.blocks if subject is not None else ()
+            self.banner.show_message(audit_banner(audit, first), "audit")
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap, leaked if leaked is not None else ())
-        self.requests.set_miss_text(self.diagnosis.miss_text(snap, self.requests.selected_id))
-        self.figure.set_snapshot(snap, leaked)
+        self.figure.set_snapshot(snap, leaked, kinds)
         self.figure.set_events(list(events))
+        self._apply_focus(snap, audit, subject, redraw=False)  # the grids draw it with their snapshot: once
+        self.grid.set_snapshot(snap, leaked, *((audit.kinds_names(), kinds) if leaked is not None else (None, None)))
+        if self.cpu_grid.isVisible():
+            self.cpu_grid.set_snapshot(snap)
         self.fragmentation.set_snapshot(snap)
-        if self.requests.selected_id:
-            self.grid.set_highlight(list(self.requests.selected_block_ids()))
         self.notes.set_step(snap.step)
         progress = prefill_progress(snap)  # a long prompt's chunks: the one thing moving for a minute
         status = status_text(snap, self.info, self.state.live)
         self.status_label.setText(f"{progress} · {status}" if progress else status)
+        if self.presenting:
+            self._show_page(snap)
+
+    def _apply_focus(self, snap, audit, subject: Subject | None, redraw: bool = True) -> None:
+        """Point at what the focus rule chooses (``kvscope.ui.focus``): select its requests (not as the user's
+        choice), draw them in the figure with the rule's words, outline their blocks in the grid."""
+        f = focus_rule.choose(snap, audit, subject, self._pinned, self._pinned_blocks, self.focus)
+        self.focus = f
+        if f.rule != focus_rule.PINNED and self.requests.selected_ids() != [
+            r for r in (row.request_id for row in self.requests.model.rows) if r in f.requests
+        ]:
+            self._applying_focus = True
+            try:
+                self.requests.select(list(f.requests))
+            finally:
+                self._applying_focus = False
+        self.figure.set_focus(list(f.requests), f.blocks, f.why)
+        tables = [snap.request(r) for r in f.requests]
+        tables = [r.block_ids for r in tables if r is not None and r.block_ids]
+        if len(tables) == 1 and not f.blocks:
+            self.grid.set_highlight(list(tables[0]), redraw=redraw)  # one table: its path, in logical order
+        else:
+            blocks = sorted({b for t in tables for b in t} | set(f.blocks))
+            self.grid.set_highlight(blocks, logical=False, redraw=redraw)
+        if self.cpu_grid.isVisible():  # a swapped-out request's KV: in the CPU pool
+            swapped = [q.cpu_block_ids for q in (snap.request(r) for r in f.requests) if q is not None]
+            self.cpu_grid.set_highlight(sorted({c for ids in swapped for c in ids}), logical=False, redraw=redraw)
+        rid = f.requests[0] if f.requests else self.requests.selected_id
+        self.requests.set_miss_text(self.diagnosis.miss_text(snap, rid))
+        explained = self.diagnosis.explained(snap, rid)
+        if explained is not None:
+            self.miss_panel.show_miss(rid, *explained)
+        else:
+            self.miss_panel.show_text(self.diagnosis.miss_text(snap, rid))
+
+    def _show_page(self, snap=None) -> None:
+        """Presentation's page at this step: the lesson's title and note, the legend of what is present, a status
+        (before the first step: the lesson's title and first note, while the engine loads)."""
+        note = self.notes.current_note()
+        title = (self.info.scenario if self.info is not None else None) or getattr(self, "_preview_title", "kvscope")
+        watch = self.notes.watch if note is None else note[1]
+        self.present_page.set_note(title, snap.step if snap is not None else self.notes.step, watch)
+        if snap is None:
+            return
+        entries = list(self.grid.legend.entries)
+        if self.cpu_grid.isVisible():
+            entries += [e for e in self.cpu_grid.legend.entries if e.name != "free"]
+        self.present_page.set_legend(entries)
+        self.present_page.set_status(short_status(snap))
+        self.present_page.set_banner(self.banner.text() if self.banner.isVisibleTo(self.banner.parentWidget()) else "")
 
     def _on_timeline(self, pos: int) -> None:
         steps = self.history.steps
@@ -722,17 +895,31 @@ class MainWindow(QMainWindow):
     def on_block_clicked(self, block_id: int) -> None:
         snap = self.grid.snapshot
         owners = snap.owners_of(block_id) if snap else []
-        self.requests.select(owners)
+        self.requests.select(owners)  # the user's choice: pinned (on_request_selected)
+        self._pinned_blocks = () if owners else (block_id,)
         self.grid.set_highlight([block_id], logical=False)
         up_to = None if self.state.live or snap is None else snap.step
         self.diagnosis_panel.show_story(
             block_id, self.diagnosis.story(block_id, self.history, up_to), self.history.reach
         )
+        if not owners:
+            self._pinned = ()
+            self._refocus()
 
     def on_request_selected(self, request_id: str) -> None:
-        self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
-        self.figure.set_requests(self.requests.selected_ids())
-        self.requests.set_miss_text(self.diagnosis.miss_text(self.requests.snapshot, request_id))
+        if self._applying_focus:
+            return
+        self._pinned = tuple(self.requests.selected_ids())  # the user's choice: the figure keeps it (Esc: unpin)
+        self._pinned_blocks = ()
+        self._refocus()
+
+    def _refocus(self) -> None:
+        """Point again at what the rule chooses now (the user changed the choice), at the step on screen."""
+        snap = self.requests.snapshot
+        if snap is None:
+            return
+        latest = self.latest if self.state.live else None
+        self._apply_focus(snap, latest.audit if latest is not None else None, subject_at(self.subjects, snap.step))
 
     def on_event_activated(self, ev) -> None:
         bid = getattr(ev, "block_id", None)

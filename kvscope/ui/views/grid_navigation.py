@@ -36,7 +36,10 @@ class GridNavigation:
             yMin=-span - 1,
             yMax=rows + span + 1,
         )
-        if shape != self._shape:  # a new pool: open framed on the blocks in use
+        if self.compact:  # presentation: the whole pool, always
+            self._shape = shape
+            self.fit_all()
+        elif shape != self._shape:  # a new pool: open framed on the blocks in use
             self._shape = shape
             self.auto_fit = True
             self.fit_used()
@@ -240,6 +243,8 @@ class GridNavigation:
         self.layer.update()
 
     def _on_resized(self, *_) -> None:
-        if self.grid is not None and self.auto_fit:
+        if self.compact:
+            self.fit_compact()
+        elif self.grid is not None and self.auto_fit:
             self.fit_used()
         self._on_range()

@@ -48,13 +48,18 @@ ORDER = [
 ]  # a classroom's order: the paper's figures first
 
 
+def lesson_order(names: list[str]) -> list[str]:
+    """Scenario names in a classroom's order: the paper's figures first, then the rest by name."""
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
 def scenario_lines() -> list[tuple[str, str, str]]:
     """(name, title, one line) of every scenario that loads, the paper's figures first."""
     from kvscope.scenario import available, load_scenario
 
     out = []
     names = available()
-    for name in sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
+    for name in lesson_order(names):
         try:
             sc = load_scenario(name)
         except ValueError:
