@@ -62,7 +62,8 @@ class Xvfb:
             self.display = f":{n}"
             self.proc = subprocess.Popen(
                 [shutil.which("Xvfb"), self.display, "-screen", "0", f"{self.size[0]}x{self.size[1]}x24"]
-                + ["-dpi", str(self.dpi), "-nolisten", "tcp", "-noreset"],
+                # no key auto-repeat: on a loaded machine a key's release can come late enough to repeat it
+                + ["-dpi", str(self.dpi), "-nolisten", "tcp", "-noreset", "-r"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )

@@ -9,8 +9,9 @@ time measured here must be kvscope's): the driver begins listening when the firs
 One JSON command a line on stdin, one answer a file ``DIR/<id>.json`` (written whole, then renamed):
 
 - ``{"do": "window"}``: the X window id of the top-level window (``x_window``), for xdotool;
-- ``{"do": "wait", "for": "loaded" | "step" | "presenting" | "scenario", ...}``: answered once the window has loaded
-  its source and drawn its first step / drawn step ``step`` / presents (``value``) / loaded ``scenario``;
+- ``{"do": "wait", "for": "loaded" | "step" | "presenting" | "scenario" | "idle", ...}``: answered once the window
+  has loaded its source and drawn its first step / drawn step ``step`` / presents (``value``) / loaded
+  ``scenario`` / drawn no new step for a second;
 - ``{"do": "measure"}``: what is on screen, widget by widget (``measure``);
 - ``{"do": "quit"}``: close the windows (kvscope exits as it does when a user closes them).
 
@@ -122,6 +123,10 @@ class Driver:
             return win.latest.step >= int(cmd["step"]) and not win._dirty
         if what == "presenting":
             return win.presenting == bool(cmd.get("value", True))
+        if what == "idle":  # nothing new for a second: a run has stopped where it was told to
+            if win.latest.step != getattr(self, "_idle_step", None):
+                self._idle_step, self._idle_since = win.latest.step, time.monotonic()
+            return time.monotonic() - self._idle_since > 1.0
         if what == "scenario":
             return win.info.scenario_name == cmd["scenario"] and win.latest.snapshot.step == 0
         raise ValueError(f"unknown wait {what!r}")

@@ -84,9 +84,20 @@ def demo_prompts() -> list:
     return [shared_system_prompt(i) for i in range(4)]
 
 
+def steps_problem(args: argparse.Namespace, what: str) -> str | None:
+    """``--steps N`` in a window that follows another engine's events: it takes no steps (refused in one line,
+    never ignored); with ``--screenshot`` it counts the polls before the picture."""
+    if args.steps and not args.screenshot:
+        return (
+            f"kvscope: --steps {args.steps} with {what} in a window: it follows another engine's events and takes "
+            "no steps (--steps counts its polls with --screenshot)"
+        )
+    return None
+
+
 def run_attach_window(source, args: argparse.Namespace) -> int:
     """``kvscope --attach ADDR``: the same display checks as every other window."""
-    problem = window_problem(args)
+    problem = window_problem(args) or steps_problem(args, "--attach")
     if problem:
         source.close()
         print(problem, file=sys.stderr)
@@ -103,7 +114,7 @@ def run_fleet_window(
 ) -> int:
     """``kvscope --fleet FILE`` or several ``--attach``: the same display checks as every other window. The prompt
     box tokenizes with ``tokenizer`` (None: it takes token ids, and ``tokenizer_error`` says why)."""
-    problem = window_problem(args)
+    problem = window_problem(args) or steps_problem(args, "--fleet")
     if problem:
         source.close()
         print(problem, file=sys.stderr)

@@ -25,6 +25,7 @@ from kvscope.ui.style import apply_style
 from kvscope.ui.worker import ProcessBackend, ThreadBackend
 
 SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a timer lets it in
+REPLAY_END_MS = 3000  # a screenshot of a replay that ended before --steps N: saved this long after its last step
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,11 @@ class StartupDriver(QObject):
         self._received = 0
         self._saving = False
         self._refused = False
+        # a replay sends its records back to back: none for this long after the last means it ended
+        self._idle = QTimer(self)
+        self._idle.setSingleShot(True)
+        self._idle.setInterval(REPLAY_END_MS)
+        self._idle.timeout.connect(lambda: self._waiting and self._schedule_save())
         win.worker.loaded.connect(self.on_loaded)
         win.worker.load_failed.connect(self.on_failed)
         win.worker.stepped.connect(self.on_stepped)
@@ -104,10 +110,10 @@ class StartupDriver(QObject):
         if self.view:
             self.win.show_view(self.view)
         if not self.path:
-            if first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
+            if first and self.steps_given:  # --steps N: the window shows step N, as a screenshot would
+                self.win.step(self.to_go())
+            elif first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
                 self.win.run_at_max()
-            elif first and self.steps_given:  # --steps N: the window shows step N, as a screenshot would
-                self.win.step(self.steps)
             return
         self._waiting = True
         if self.steps == 0:  # the first screen (--view welcome): nothing to run
@@ -118,7 +124,14 @@ class StartupDriver(QObject):
             if self._target == 0:
                 self._schedule_save()
                 return
-        self.win.step(self.steps)
+            self._idle.start()  # a replay that ends before step N: saved at its end
+        self.win.step(self.to_go())
+
+    def to_go(self) -> int:
+        """Steps to send for step N: a source that showed no step yet (a replay: its first record is step 0)
+        needs one more than one that did (a live engine shows step 0 when it loads)."""
+        latest = self.win.latest
+        return max(1, self.steps - (latest.step if latest is not None else -1))
 
     @Slot(str)
     def on_failed(self, msg: str) -> None:
@@ -137,8 +150,9 @@ class StartupDriver(QObject):
         if not (self.path and self._waiting):
             return
         if self.win.info is not None and self.win.info.read_only:
-            self._received += 1  # step N, as everywhere; or a replay's end (its steps counted)
+            self._received += 1  # step N, as everywhere; or a replay's end (its steps counted, or none come)
             done = result.step >= self.steps or (self.replay_steps is not None and self._received >= self._target)
+            self._idle.start()
         else:
             done = result.step >= self.steps
         if done:

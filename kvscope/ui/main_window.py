@@ -146,12 +146,9 @@ class MainWindow(QMainWindow):
         pool.addWidget(self.cpu_grid)
         pool.setStretchFactor(0, 3)
         pool.setStretchFactor(1, 2)
-        # The first screen lies over the (empty) pool until the first request, step or scenario.
         area = QWidget()
-        self.pages = QStackedLayout(area)
-        self.pages.setStackingMode(QStackedLayout.StackingMode.StackAll)
+        self.pages = QStackedLayout(area)  # the pool (presentation borrows it, then puts it back)
         self.pages.addWidget(pool)
-        self.pages.addWidget(self.welcome)
         centre = QWidget()
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(4, 4, 4, 4)
@@ -163,13 +160,19 @@ class MainWindow(QMainWindow):
         self.central = QStackedWidget()
         self.central.addWidget(centre)
         self.central.addWidget(self.present_page)
+        # The first screen takes the window until the first request, step or lesson: the panels step aside while
+        # it shows (they hold nothing yet), so that every lesson's button is on screen at 1280x720, 1.5x text.
+        self.central.addWidget(self.welcome)
+        self._welcome_state = None  # the panels' layout to go back to when the first screen goes
         self.setCentralWidget(self.central)
-        why = QWidget()  # the Why? tab: why the request in focus missed the cache, then a block's story
-        wl = QVBoxLayout(why)
-        wl.setContentsMargins(0, 0, 0, 0)
-        wl.addWidget(self.miss_panel)
-        wl.addWidget(self.diagnosis_panel, 1)
-        self.why_box = wl
+        # the Why? tab: why the request in focus missed the cache, beside a block's story and caching on vs off
+        why = QSplitter(Qt.Orientation.Horizontal)
+        why.setChildrenCollapsible(False)
+        why.addWidget(self.miss_panel)
+        why.addWidget(self.diagnosis_panel)
+        why.setStretchFactor(0, 2)
+        why.setStretchFactor(1, 3)
+        self.why_box = why
         self.docks: dict[str, QDockWidget] = {}
         # Short titles: they are the tabs below the grid, which must read whole at 1280x720 with 1.5x text (long
         # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
@@ -470,7 +473,8 @@ class MainWindow(QMainWindow):
             return
         if on:
             bars = (self.menuBar().isVisible(), self.statusBar().isVisible())
-            self._presenting = (self.saveState(), text_scale(), bars)
+            state, self._welcome_state = (self._welcome_state or self.saveState()), None
+            self._presenting = (state, text_scale(), bars)
             set_min_text_px(PRESENT_MIN_TEXT_PX)
             self.set_text_scale(max(text_scale(), PRESENT_MIN_SCALE), keep=False)
             for dock in self.docks.values():
@@ -482,7 +486,8 @@ class MainWindow(QMainWindow):
             self.grid.set_compact(True)
             self.cpu_grid.set_compact(True)
             self._place_lesson()
-            self.central.setCurrentWidget(self.present_page)
+            if not self.welcoming:  # the first screen stays, its text at presentation's size, until a lesson
+                self.central.setCurrentWidget(self.present_page)
             self._show_page()
         else:
             state, scale, (menu, status) = self._presenting
@@ -493,12 +498,15 @@ class MainWindow(QMainWindow):
             self.pool.show()
             self.grid.set_compact(False)
             self.cpu_grid.set_compact(False)
+            welcoming = self.welcoming
             self.central.setCurrentIndex(0)
             self.menuBar().setVisible(menu)
             self.statusBar().setVisible(status)
             set_min_text_px(None)
             self.restoreState(state)  # the docks and the toolbar as they were
             self.set_text_scale(scale, keep=False)
+            if welcoming:  # the first screen again, the panels aside
+                self.show_welcome(True)
         self.act_present.blockSignals(True)
         self.act_present.setChecked(on)
         self.act_present.blockSignals(False)
@@ -532,6 +540,7 @@ class MainWindow(QMainWindow):
             return
         if name == "miss":
             self.why_box.insertWidget(0, widget)
+            self.miss_panel.apply_sizes()
         else:
             self.docks[name].setWidget(widget)
         widget.show()
@@ -568,10 +577,29 @@ class MainWindow(QMainWindow):
         self._dirty = True
         self.flush()
 
+    @property
+    def welcoming(self) -> bool:
+        return self.central.currentWidget() is self.welcome
+
     def show_welcome(self, on: bool) -> None:
-        self.welcome.setVisible(on)
+        """The first screen over the whole window (the panels step aside and come back as they were)."""
+        if on == self.welcoming:
+            return
         if on:
-            self.pages.setCurrentWidget(self.welcome)
+            if not self.presenting:
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
+            self.central.setCurrentWidget(self.welcome)
+            self.welcome.fit()
+            return
+        self.central.setCurrentWidget(self.present_page if self.presenting else self.central.widget(0))
+        state, self._welcome_state = self._welcome_state, None
+        if state is not None and not self.presenting:
+            self.restoreState(state)
+            if getattr(self, "_layout_pending", False):  # the first show came while the first screen was up
+                self._layout_pending = False
+                QTimer.singleShot(0, self.default_layout)
 
     # -- engine signals -----------------------------------------------------------------
     @Slot(object)
@@ -700,7 +728,7 @@ class MainWindow(QMainWindow):
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
         self.events.append(result.step, result.events)
-        if result.snapshot.requests and self.welcome.isVisible():
+        if result.snapshot.requests and self.welcoming:
             self.show_welcome(False)
         if result.record.error is None and self.banner.isVisible() and self.banner.kind == "error":
             self.banner.clear()  # the next action succeeded: the old error no longer applies
@@ -822,12 +850,17 @@ class MainWindow(QMainWindow):
             swapped = [q.cpu_block_ids for q in (snap.request(r) for r in f.requests) if q is not None]
             self.cpu_grid.set_highlight(sorted({c for ids in swapped for c in ids}), logical=False, redraw=redraw)
         rid = f.requests[0] if f.requests else self.requests.selected_id
-        self.requests.set_miss_text(self.diagnosis.miss_text(snap, rid))
+        text = self.diagnosis.miss_text(snap, rid)
         explained = self.diagnosis.explained(snap, rid)
         if explained is not None:
-            self.miss_panel.show_miss(rid, *explained)
+            miss, hit = explained
+            self.miss_panel.show_miss(rid, miss, hit)
+            # under the block table, one line; the whole answer is its tooltip and the Why? tab's
+            short = f"{hit}" + (f"; first miss: block {miss.block_index}, {miss.reason} (Why? tab)" if miss else "")
+            self.requests.set_miss_text(short, text)
         else:
-            self.miss_panel.show_text(self.diagnosis.miss_text(snap, rid))
+            self.miss_panel.show_text(text)
+            self.requests.set_miss_text(text)
 
     def _show_page(self, snap=None) -> None:
         """Presentation's page at this step: the lesson's title and note, the legend of what is present, a status
@@ -842,7 +875,7 @@ class MainWindow(QMainWindow):
         if self.cpu_grid.isVisible():
             entries += [e for e in self.cpu_grid.legend.entries if e.name != "free"]
         self.present_page.set_legend(entries)
-        self.present_page.set_status(short_status(snap))
+        self.present_page.set_status(short_status(snap, self.info))
         self.present_page.set_banner(self.banner.text() if self.banner.isVisibleTo(self.banner.parentWidget()) else "")
 
     def _on_timeline(self, pos: int) -> None:
@@ -941,6 +974,9 @@ class MainWindow(QMainWindow):
         if self.presenting:
             self.present_layout()
             return
+        if self.welcoming:  # the panels are aside: laid out when they come back
+            self._layout_pending = True
+            return
         w, h = self.width(), self.height()
         self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
@@ -955,6 +991,10 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(s.value("geometry"))
         if s.value("state") is not None and str(s.value("layout_version")) == str(LAYOUT_VERSION):
             self._layout_restored = self.restoreState(s.value("state"))
+            if self._layout_restored and self.welcoming:  # the user's panels, kept aside until the first screen goes
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
         for key, box in (("colour_mode", self.grid.mode_box), ("speed", self.speed)):
             v = s.value(key)
             if v is not None and box.findText(str(v)) >= 0:
@@ -970,7 +1010,8 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         s = self.settings
         s.setValue("geometry", self.saveGeometry())
-        s.setValue("state", self._presenting[0] if self._presenting else self.saveState())  # not presentation's
+        # the user's panels: not presentation's, nor the first screen's (which puts them aside)
+        s.setValue("state", self._presenting[0] if self._presenting else self._welcome_state or self.saveState())
         s.setValue("layout_version", LAYOUT_VERSION)
         s.setValue("colour_mode", self.grid.mode)
         s.setValue("speed", self.speed.currentText())

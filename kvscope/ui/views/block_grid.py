@@ -134,6 +134,7 @@ class BlockGridView(GridNavigation, QWidget):
 
         self.title = QLabel(title)
         self.title.setMinimumWidth(40)
+        self.title.setWordWrap(True)  # a long title wraps: it never runs under the zoom label beside it
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.mode_box = QComboBox()
         self.mode_box.addItems(MODES)
@@ -144,7 +145,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.fit_button.clicked.connect(self.fit_used)
         self.zoom_label = QLabel("")
         self.zoom_label.setStyleSheet("color: #8a93a5")
-        self.zoom_label.setFixedWidth(150)  # its text changes as the view zooms: never relayout for it
+        self._fit_zoom_label()  # its text changes as the view zooms: a fixed width, never a relayout for it
         self.hover_label = QLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -225,6 +226,17 @@ class BlockGridView(GridNavigation, QWidget):
         lay.addLayout(top)
         lay.addLayout(body, 1)
         lay.addWidget(self.hover_label)
+
+    def _fit_zoom_label(self) -> None:
+        """The zoom label as wide as its widest text at the current text size."""
+        fm = self.zoom_label.fontMetrics()
+        widest = ("000 px/block · slots + tokens", "00.0 blocks/px · ids, ref, fill", "000 px/block · ids, ref, fill")
+        self.zoom_label.setFixedWidth(max(fm.horizontalAdvance(t) for t in widest) + 8)
+
+    def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(ev)
+        if ev.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # a new text size
+            self._fit_zoom_label()
 
     def set_compact(self, on: bool) -> None:
         """Presentation's grid: the whole pool in as many columns as make its cells largest in the view, with no

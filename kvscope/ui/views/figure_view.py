@@ -49,7 +49,7 @@ GAP = 46.0  # between columns (room for the arrows)
 PHYS_LABEL_W = 90.0
 ROW_GAP = 8.0
 PRESENT_TEXT_PX = 12.0  # presenting: every text of the figure is this times the text scale (18 px at 1.5), unzoomed
-MIN_PRESENT_ROWS = 4  # presenting: a request's logical blocks are cut to no fewer rows than this (with a gap row)
+MIN_PRESENT_ROWS = 3  # presenting: a request's logical blocks are cut to no fewer rows than this (with a gap row)
 INK = QColor(216, 222, 233)
 DIM = QColor(138, 147, 165)
 EMPTY = QColor(34, 38, 45)
@@ -135,24 +135,67 @@ class Layout:
     stacked: bool = False  # two requests: one above the other (the pool on their right), not either side of it
     bars: bool = False  # each block as one bar of its text (its slots as ticks), not a slot a token
     mapped_only: bool = False  # the pool's rows: only the blocks drawn (with gaps), not their neighbours
+    legend: bool = True  # the line under the figure that says what a dashed slot is
+    compact: bool = False  # no prompt line over a request, no "logical" column in its table (its rows say it)
     max_rows: int | None = None  # a request's logical blocks: the first and the last ones, a gap row between
 
 
 def present_layouts(block_size: int, two: bool, longest: int) -> list[Layout]:
-    """Presentation's layouts, in order of preference: the paper's own first, then stacked requests, narrower
-    blocks, blocks as bars, a pool of the drawn blocks only, fewer logical rows. The first that fits is drawn."""
-    out: list[Layout] = []
-    lines = [n for n in (block_size, 8, 4, 2) if n <= block_size and n <= 8]
-    arrangements = (False, True) if two else (False,)
-    for mapped_only in (False, True):
-        for stacked in arrangements:
-            out += [Layout(n, stacked, False, mapped_only) for n in lines if block_size / n <= 4]
-            if block_size > 4:
-                out.append(Layout(block_size, stacked, True, mapped_only))
-    last = out[-1]
-    for rows in range(longest - 1, MIN_PRESENT_ROWS - 1, -1):
-        out.append(dataclasses.replace(last, max_rows=rows))
-    return out
+    """Presentation's layouts, the paper's own first, then by what each gives up, least first: two requests
+    stacked instead of either side of the pool; narrower blocks (more lines each), or blocks as bars; a pool of
+    the drawn blocks only; no line saying what a dashed slot is; compact heads and tables; then fewer logical rows.
+    The first that fits is drawn: the text never shrinks."""
+    lines = [n for n in (min(block_size, SLOTS_PER_LINE), 4, 2) if n <= block_size and block_size / n <= 4]
+    shapes = [(n, False) for n in dict.fromkeys(lines)] + ([(block_size, True)] if block_size > 4 else [])
+    rows = [None] + list(range(longest - 1, MIN_PRESENT_ROWS - 1, -1))
+    out = []
+    for cut, max_rows in enumerate(rows):
+        for compact in (False, True):
+            for legend in (True, False):
+                for mapped_only in (False, True):
+                    for k, (per_line, bars) in enumerate(shapes):
+                        for stacked in (False, True) if two else (False,):
+                            cost = (cut, compact, not legend, mapped_only, k, stacked)
+                            out.append((cost, Layout(per_line, stacked, bars, mapped_only, legend, compact, max_rows)))
+    return [lay for _, lay in sorted(out, key=lambda t: t[0])]
+
+
+class _Bounds:
+    """A scene that only measures: what ``FigureView._draw`` would draw, as one bounding rectangle (a layout is
+    tried this way, and only the one that fits is drawn)."""
+
+    def __init__(self) -> None:
+        self.rect = QRectF()
+
+    def _unite(self, r: QRectF) -> None:
+        self.rect = r if self.rect.isNull() else self.rect.united(r)
+
+    def addRect(self, r: QRectF, *_):  # noqa: N802 - QGraphicsScene's names
+        self._unite(QRectF(r))
+
+    def addLine(self, x1, y1, x2, y2, *_):  # noqa: N802
+        self._unite(QRectF(QPointF(x1, y1), QPointF(x2, y2)).normalized())
+
+    def addPath(self, path, *_):  # noqa: N802
+        self._unite(path.boundingRect())
+
+    def addPolygon(self, poly, *_):  # noqa: N802
+        self._unite(poly.boundingRect())
+
+    def addItem(self, item) -> None:  # noqa: N802
+        self._unite(item.sceneBoundingRect())
+
+    def itemsBoundingRect(self) -> QRectF:  # noqa: N802
+        return QRectF(self.rect)
+
+    def clear(self) -> None:
+        self.rect = QRectF()
+
+    def setSceneRect(self, r: QRectF) -> None:  # noqa: N802
+        self.scene_rect = QRectF(r)
+
+    def sceneRect(self) -> QRectF:  # noqa: N802
+        return self.scene_rect
 
 
 def slot_offset(j: int, per_line: int, m: Metrics) -> tuple[float, float]:
@@ -459,12 +502,18 @@ class FigureView(QWidget):
         key = (tuple(self.request_ids), s.block_size, vw, vh)
         first = self._last_fit[1] if getattr(self, "_last_fit", (None,))[0] == key else 0
         first = min(first, len(tries) - 1)
-        for i in range(first, len(tries)):
-            self._draw(reqs, blocks, tries[i])
-            rect = self.scene.sceneRect()
-            if (rect.width() <= vw and rect.height() <= vh) or i == len(tries) - 1:
-                break
+        scene, self.scene = self.scene, _Bounds()  # measured, not drawn, until one fits
+        try:
+            for i in range(first, len(tries)):
+                self._draw(reqs, blocks, tries[i])
+                rect = self.scene.sceneRect()
+                if rect.width() <= vw and rect.height() <= vh:
+                    break
+        finally:
+            self.scene = scene
+            self._m = Metrics.now()
         self._last_fit = (key, i)
+        self._draw(reqs, blocks, tries[i])
         self._fit()
 
     def _viewport_size(self) -> tuple[float, float]:
@@ -476,6 +525,8 @@ class FigureView(QWidget):
         self.scene.clear()
         self._cells = {"requests": {}, "physical": {}, "arrows": []}
         self.layout_used = lay
+        if lay.compact:  # the table without its "logical" column (each row's label is its logical block)
+            self._m = dataclasses.replace(self._m, table=tuple(c for c in self._m.table if c[0] != "logical"))
         s, m = self.snapshot, self._m
         bs = s.block_size
         tokens = BlockTokens(s)
@@ -494,7 +545,7 @@ class FigureView(QWidget):
             room = self._viewport_size()[0] - 12 if presenting() else 0.0  # one line, never wider than the panel
             self._text(f"showing {what}: {self.why}", 0, 0, DIM, italic=True, elide=room)
             top = m.line + 4
-        head_h = 2 * m.line + 4  # a request's title and its prompt line
+        head_h = self._head_h(lay)
         y_rows = top + head_h + m.line  # the first row (under the column headers)
         # x of each column: [A logical][A table] [physical] ([B table][B logical]); stacked: B under A
         x_phys = (request_w + m.gap) if reqs else 0.0
@@ -511,7 +562,9 @@ class FigureView(QWidget):
             bottom = self._request(r, lay, *places[-1], _qc(palette.owner_colour(r.index)), notes)
             y = bottom + m.line + head_h + m.line  # the next request (stacked) starts under this one
         mapped = {b for r in reqs for b in r.block_ids} | set(blocks)
-        self._physical(x_phys, y_rows, mapped, tokens, reqs, lay)
+        # the pool's rows: the blocks the drawn rows map (a cut table's hidden rows map none drawn here)
+        drawn = {r.block_ids[i] for r in reqs for i in self._table_y[r.request_id]} | set(blocks)
+        self._physical(x_phys, y_rows, drawn if lay.max_rows else mapped, tokens, reqs, lay)
         for k, r in enumerate(reqs):
             colour = _qc(palette.owner_colour(r.index))
             for i, ty in self._table_y[r.request_id].items():
@@ -527,7 +580,7 @@ class FigureView(QWidget):
                 self._cells["arrows"].append((r.request_id, i, b))
         self._notes(reqs, mapped, notes)
         self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
-        if any(c["pending"] for c in self._cells["requests"].values()):
+        if lay.legend and any(c["pending"] for c in self._cells["requests"].values()):
             bottom = self.scene.itemsBoundingRect().bottom() + 10
             self._slot(m.label_w, bottom, "token", EMPTY, pending=True)
             self._text(
@@ -538,9 +591,16 @@ class FigureView(QWidget):
                 bottom + (m.slot_h - m.line) / 2,
                 DIM,
             )
+        if isinstance(self.scene, _Bounds):  # measuring a layout: nothing to show yet
+            self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-6, -6, 6, 6))
+            return
         self.caption.setText("<br>".join(f"• {n}" for n in notes))
         self.caption.setVisible(bool(notes) and not presenting())  # presenting: the lesson's note says it
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-6, -6, 6, 6))
+
+    def _head_h(self, lay: Layout) -> float:
+        """A request's head above its column headers: its title and its prompt line (compact: the title)."""
+        return (1 if lay.compact else 2) * self._m.line + 4
 
     def _notes(self, reqs: list[RequestInfo], mapped: set[int], notes: list[str]) -> None:
         """What to notice, under the figure."""
@@ -608,10 +668,11 @@ class FigureView(QWidget):
         out = self.decoder.join(r.token_ids[r.num_prompt_tokens :])
         x_head = min(x_log, x_tab)  # the right-hand request's head starts over its table: inside the figure
         width = m.label_w + block_size_px(bs, lay, m)[0] + 16 + m.table_w
-        y_head = y0 - m.line - 2 * m.line - 4
+        y_head = y0 - m.line - self._head_h(lay)
         self._text(f"request {r.request_id} · {status_words(r.status)}", x_head, y_head, colour, size=m.head, bold=True)
-        line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
-        self._text(line[: int(width) + 2], x_head, y_head + m.line, DIM, size=m.small, elide=width)
+        if not lay.compact:  # compact: the logical blocks show the prompt's tokens; no line of it above them
+            line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
+            self._text(line[: int(width) + 2], x_head, y_head + m.line, DIM, size=m.small, elide=width)
         self._text("logical KV blocks", x_log + m.label_w, y0 - m.line, INK, bold=True)
         x = x_tab
         for name, w in m.table:
@@ -666,12 +727,13 @@ class FigureView(QWidget):
             self._table_y[r.request_id][i] = y
             x = x_tab
             ref_fill = _qc(self._state(b).colour)  # the block's state colour, as in the grid (shared: orange)
-            for (_, w), (v, fill_) in zip(
-                m.table, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY), (str(ref), ref_fill))
-            ):
+            values = {"logical": (str(i), EMPTY), "physical": (str(b), EMPTY), "# filled": (str(filled), EMPTY)}
+            values["ref"] = (str(ref), ref_fill)
+            for name, w in m.table:  # a compact layout has no "logical" column: the row's label says it
+                v, fill_ = values[name]
                 self.scene.addRect(QRectF(x, y, w, m.slot_h), QPen(QColor(90, 96, 110)), QBrush(fill_))
                 ink = QColor(*palette.text_on(fill_.getRgb()[:3])) if fill_ is not EMPTY else light
-                bold = w == m.table[1][1]
+                bold = name == "physical"
                 self._text(v, x, y + (m.slot_h - m.line) / 2, ink, align="centre", width=w, bold=bold)
                 x += w
             y += blk_h + m.row_gap

@@ -217,8 +217,10 @@ class RequestPanel(QWidget):
         )
         self.block_table.show_table(self.snapshot, ids, self.flagged)
 
-    def set_miss_text(self, text: str) -> None:
-        """The selected request's prefix-cache line (its first missed block and why), under its block table."""
+    def set_miss_text(self, text: str, whole: str | None = None) -> None:
+        """The selected request's prefix-cache line (its first missed block and why), under its block table;
+        ``whole``: the whole explanation, when ``text`` is its short form (the label's tooltip)."""
+        self.miss_label.setToolTip(whole or "")
         if text != self.miss_label.text():
             self.miss_label.setText(text)
             self._fit_lower()

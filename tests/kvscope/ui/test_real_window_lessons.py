@@ -85,8 +85,7 @@ def test_every_lesson_of_the_tour_reads_whole_in_a_real_window_at_1280x720(displ
                     win.ask({"do": "wait", "for": "step", "step": step}, timeout=300)
                 r = win.ask({"do": "measure"})
                 assert r["presenting"] and r["scenario"] == name and r["size"] == list(SIZE), r
-                assert r["step"] == step, (name, step, r["step"])
-                bad = problems(r)
+                bad = problems(r) + ([f"F10 {step} times showed step {r['step']}"] if r["step"] != step else [])
                 if bad:
                     seen.setdefault(f"{name} step {step}", bad)
                     print(f"{name} step {step}: {'; '.join(bad)}", flush=True)
@@ -117,4 +116,18 @@ def test_the_normal_window_at_1_5x_text_holds_its_panels(display):
         assert r["request_rows_shown"] >= 4, r.get("request_rows_shown")
         label = r["grids"]["gpu"]["label_px"]
         assert label == 0 or label >= 12, label  # 8 px at 1.0, scaled: 12 at 1.5 (or none drawn)
+        assert win.close() == 0
+
+
+STEPS = [(["--scenario", "four-score", "--steps", "3"], 3), (["--scenario", "lab-vllm-leak", "--steps", "40"], 40)]
+
+
+@pytest.mark.parametrize("args,step", STEPS, ids=["kvscope's engine", "a recorded vLLM"])
+def test_steps_n_shows_step_n_in_a_window_too(display, args, step):
+    """``--steps N`` in a window runs to step N (kvscope's engine; a recorded vLLM, whose first record is step 0),
+    as a screenshot does: no flag is silently ignored."""
+    with RealWindow(display, [*args, "--window-size", "1280x720"], env=ENV) as win:
+        win.ask({"do": "wait", "for": "step", "step": step}, timeout=600)
+        win.ask({"do": "wait", "for": "idle"}, timeout=60)
+        assert win.ask({"do": "measure"})["step"] == step
         assert win.close() == 0
