@@ -109,7 +109,7 @@ def usable_blocks(snap, info=None) -> tuple[int, str]:
     return total, ""
 
 
-def short_status(snap, info=None) -> str:
+def short_status(snap, info=None, live: bool = True) -> str:
     """The status in one short line (presentation's, beside the keys): the step, the free blocks, the hit
     rate, what runs and waits, the preemptions; the same counters as ``status_text``."""
     c = snap.counters
@@ -117,7 +117,8 @@ def short_status(snap, info=None) -> str:
     hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
     total, null = usable_blocks(snap, info)
     text = (
-        f"step {snap.step} · free {c.get('num_free_blocks', 0):,}/{total:,}{' usable' if null else ''} · hit "
+        f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/{total:,}"
+        f"{' usable' if null else ''} · hit "
         f"rate {hit} · running {c.get('num_requests_running', 0)} · waiting {c.get('num_requests_waiting', 0)}"
     )
     if c.get("num_requests_swapped"):

@@ -15,9 +15,9 @@ One JSON command a line on stdin, one answer a file ``DIR/<id>.json`` (written w
 - ``{"do": "measure"}``: what is on screen, widget by widget (``measure``);
 - ``{"do": "quit"}``: close the windows (kvscope exits as it does when a user closes them).
 
-``started`` (the test's clock when it started this process) lets the driver say how long the window took to be
-ready: ``ready_s`` in every answer, from ``started`` to the first moment the window was exposed with its source
-loaded and its first step drawn.
+``started`` (the test's clock when it started this process) lets the driver say when things happened, in every
+answer: ``exposed_s`` (the window first on screen), ``ready_s`` (on screen with its source loaded and its first step
+drawn) and ``at_s`` (the answer itself), each from ``started``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class Driver:
                 self._idle_step, self._idle_since = win.latest.step, time.monotonic()
             return time.monotonic() - self._idle_since > 1.0
         if what == "scenario":
-            return win.info.scenario_name == cmd["scenario"] and win.latest.snapshot.step == 0
+            return win.info.scenario_name == cmd["scenario"] and win.latest.snapshot.step == 0 and not win._dirty
         raise ValueError(f"unknown wait {what!r}")
 
     def _poll(self) -> None:
@@ -159,6 +159,7 @@ class Driver:
             **body,
             "ready_s": None if self.ready_at is None else self.ready_at - self.started,
             "exposed_s": None if self.exposed_at is None else self.exposed_at - self.started,
+            "at_s": time.time() - self.started,  # when this answer was written
         }
         tmp = self.reports / f".{cmd.get('id', 0)}.tmp"
         tmp.write_text(json.dumps(body))
@@ -196,10 +197,24 @@ def text_px(w) -> float:
     return min(sizes)
 
 
+def scrolled(w) -> bool:
+    """Inside a scroll area that scrolls (its scroll bar shows): the rest of the text is a scroll away, not cut.
+    (Presentation forbids scroll bars: the test finds them in ``scroll_bars``.)"""
+    q = qt()[2]
+    p = w.parentWidget()
+    while p is not None:
+        if isinstance(p, q.QAbstractScrollArea):
+            bars = (p.verticalScrollBar(), p.horizontalScrollBar())
+            return any(b.isVisible() and b.maximum() > b.minimum() for b in bars)
+        p = p.parentWidget()
+    return False
+
+
 def cut(w) -> str | None:
-    """Why a widget's text is not shown whole (None: it is): shorter than its text needs, or cut by its parent."""
+    """Why a widget's text is not shown whole (None: it is): shorter than its text needs, or cut by its parent
+    (other than by a scroll area that scrolls to the rest)."""
     full = w.visibleRegion().boundingRect()
-    if full.width() < w.width() - 1 or full.height() < w.height() - 1:
+    if (full.width() < w.width() - 1 or full.height() < w.height() - 1) and not scrolled(w):
         return f"cut by its parent: {full.width()}x{full.height()} of {w.width()}x{w.height()}"
     _core, _gui, q = qt()
     fm = w.fontMetrics()

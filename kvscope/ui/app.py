@@ -128,10 +128,12 @@ class StartupDriver(QObject):
         self.win.step(self.to_go())
 
     def to_go(self) -> int:
-        """Steps to send for step N: a source that showed no step yet (a replay: its first record is step 0)
-        needs one more than one that did (a live engine shows step 0 when it loads)."""
-        latest = self.win.latest
-        return max(1, self.steps - (latest.step if latest is not None else -1))
+        """Steps to send for step N: a replay's first record is its step 0 (the window asks for it on load), a
+        live engine shows step 0 as it loads; a source whose step 0 nobody asked for needs one more."""
+        info, latest = self.win.info, self.win.latest
+        if info is not None and info.read_only:
+            return max(1, self.steps + (0 if self.win.first_step_sent else 1))
+        return max(1, self.steps - (latest.step if latest is not None else 0))
 
     @Slot(str)
     def on_failed(self, msg: str) -> None:
@@ -151,7 +153,7 @@ class StartupDriver(QObject):
             return
         if self.win.info is not None and self.win.info.read_only:
             self._received += 1  # step N, as everywhere; or a replay's end (its steps counted, or none come)
-            done = result.step >= self.steps or (self.replay_steps is not None and self._received >= self._target)
+            done = result.step >= self.steps or (self.replay_steps is not None and self._received >= self.replay_steps)
             self._idle.start()
         else:
             done = result.step >= self.steps

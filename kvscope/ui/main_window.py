@@ -38,7 +38,7 @@ from kvscope.limits import LIMITS, WindowLimits
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime import protocol as cmd
 from kvscope.scenario import Subject, available, load_scenario, subject_at
-from kvscope.sources.base import InjectSpec, SourceInfo
+from kvscope.sources.base import REMOTE_STEPPING, InjectSpec, SourceInfo
 from kvscope.state import ViewState, short_status, status_text
 from kvscope.ui import focus as focus_rule
 from kvscope.ui.style import TEXT_SCALES, set_min_text_px, set_text_scale, text_scale
@@ -59,7 +59,7 @@ from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
-LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
+LAYOUT_VERSION = 3  # a saved dock layout of another version (other docks) is not restored
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
 PRESENT_MIN_TEXT_PX = 14.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
         self._pinned: tuple[str, ...] = ()  # requests the user chose (a row, a block, --select)
         self._pinned_blocks: tuple[int, ...] = ()  # a block the user clicked that no request holds
         self._applying_focus = False  # selecting the focus's requests: not the user's choice
+        self.first_step_sent = False  # a replay's step 0 asked for on load (``on_loaded``)
 
         self._build_views()
         self._build_toolbar()
@@ -116,7 +117,7 @@ class MainWindow(QMainWindow):
         self.events = EventLogView(max_rows=self.limits.event_log_rows)
         self.figure = FigureView()
         self.diagnosis_panel = DiagnosisPanel()
-        self.miss_panel = MissPanel()  # "why did it miss?": atop the Why? tab, a lesson panel of its own presenting
+        self.miss_panel = MissPanel()  # "why did it miss?": the Miss tab, and a lab's lesson panel in presentation
         self.fragmentation = FragmentationView()
         self.diagnosis_panel.step_activated.connect(self.show_step)
         self.diagnosis_panel.compare_requested.connect(self.compare_caching)
@@ -165,14 +166,6 @@ class MainWindow(QMainWindow):
         self.central.addWidget(self.welcome)
         self._welcome_state = None  # the panels' layout to go back to when the first screen goes
         self.setCentralWidget(self.central)
-        # the Why? tab: why the request in focus missed the cache, beside a block's story and caching on vs off
-        why = QSplitter(Qt.Orientation.Horizontal)
-        why.setChildrenCollapsible(False)
-        why.addWidget(self.miss_panel)
-        why.addWidget(self.diagnosis_panel)
-        why.setStretchFactor(0, 2)
-        why.setStretchFactor(1, 3)
-        self.why_box = why
         self.docks: dict[str, QDockWidget] = {}
         # Short titles: they are the tabs below the grid, which must read whole at 1280x720 with 1.5x text (long
         # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
@@ -194,7 +187,8 @@ class MainWindow(QMainWindow):
                 "figure",
             ),
             ("Events", "every event of every step", self.events, bottom, "events"),
-            ("Why?", "why a request missed the cache; a block's story; caching on vs off", why, bottom, "diagnosis"),
+            ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
+            ("Miss", "why the request in focus missed the prefix cache", self.miss_panel, bottom, "miss"),
             ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom, "fragmentation"),
             ("Plots", "the run's series against the step", self.plots, bottom, "plots"),
         ):
@@ -213,7 +207,8 @@ class MainWindow(QMainWindow):
         # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
         self.tabifyDockWidget(self.docks["figure"], self.docks["events"])
         self.tabifyDockWidget(self.docks["events"], self.docks["diagnosis"])
-        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["fragmentation"])
+        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["miss"])
+        self.tabifyDockWidget(self.docks["miss"], self.docks["fragmentation"])
         self.tabifyDockWidget(self.docks["fragmentation"], self.docks["plots"])
         self.docks["figure"].raise_()
         self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -521,7 +516,7 @@ class MainWindow(QMainWindow):
         return view if view in LESSON_VIEWS else "figure"
 
     def _lesson_widget(self, name: str) -> QWidget:
-        return self.miss_panel if name == "miss" else self.docks[name].widget()
+        return self.docks[name].widget()
 
     def _place_lesson(self) -> None:
         """Presenting: the lesson's panel and the pool on the presentation page."""
@@ -533,17 +528,14 @@ class MainWindow(QMainWindow):
         self.present_page.place(widget, self.pool)
 
     def _return_lesson(self) -> None:
-        """The presented lesson panel back where it lives (its dock, or the miss panel atop the Why? tab)."""
+        """The presented lesson panel back in its dock."""
         widget = self.present_page.take_lesson()
         name = getattr(self, "_presented", None)
         if widget is None or name is None:
             return
-        if name == "miss":
-            self.why_box.insertWidget(0, widget)
-            self.miss_panel.apply_sizes()
-        else:
-            self.docks[name].setWidget(widget)
+        self.docks[name].setWidget(widget)
         widget.show()
+        self.miss_panel.apply_sizes()
 
     def present_layout(self) -> None:
         """Presentation lays itself out (its page); kept for callers of the docks' layout."""
@@ -552,7 +544,7 @@ class MainWindow(QMainWindow):
 
     def show_view(self, name: str) -> None:
         """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the
-        first screen, shown until the first request; ``miss`` the Why? tab, whose top says why a request missed).
+        first screen, shown until the first request).
         While presenting (or before, with ``--present``) the panel becomes the lesson's."""
         if name == "welcome":
             self.show_welcome(True)
@@ -561,7 +553,7 @@ class MainWindow(QMainWindow):
         if self.presenting:
             self._place_lesson()
             return
-        self.docks["diagnosis" if name == "miss" else name].raise_()
+        self.docks[name].raise_()
 
     def next_lesson(self, delta: int) -> None:
         """The next (or previous) lesson in a classroom's order (PgDn, PgUp): a teacher's tour from the keyboard."""
@@ -640,7 +632,7 @@ class MainWindow(QMainWindow):
         if self.presenting:  # a scenario whose lesson is another panel: that panel on the page
             self._place_lesson()
         elif info.view in LESSON_VIEWS:
-            self.docks["diagnosis" if info.view == "miss" else info.view].raise_()
+            self.docks[info.view].raise_()
         if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
             QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
         self.state.reset()
@@ -659,6 +651,13 @@ class MainWindow(QMainWindow):
         self.audit_box.setChecked(always or self.audit_chosen)
         self.audit_box.blockSignals(False)
         self.audit_box.setEnabled(not info.read_only and not always)
+        # A replay's first record is its step 0: shown at once, as a live engine shows its step 0 when it loads (so
+        # that F10 means the next step for every source; a live vLLM is not stepped uninvited).
+        self.first_step_sent = (
+            info.read_only and REMOTE_STEPPING not in info.capabilities and not info.extra.get("workload")
+        )
+        if self.first_step_sent:
+            self.worker.send(cmd.Step(1))
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
         self.cpu_grid.set_title(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
@@ -821,7 +820,13 @@ class MainWindow(QMainWindow):
         self.notes.set_step(snap.step)
         progress = prefill_progress(snap)  # a long prompt's chunks: the one thing moving for a minute
         status = status_text(snap, self.info, self.state.live)
-        self.status_label.setText(f"{progress} · {status}" if progress else status)
+        # the whole line where it fits, else its short form (the whole line is the tooltip): never cut mid-line
+        full = f"{progress} · {status}" if progress else status
+        short = short_status(snap, self.info, self.state.live)
+        short = f"{progress} · {short}" if progress else short
+        fits = self.status_label.fontMetrics().horizontalAdvance(full) <= self.status_label.width() - 4
+        self.status_label.setText(full if fits or not self.status_label.width() else short)
+        self.status_label.setToolTip(full)
         if self.presenting:
             self._show_page(snap)
 
@@ -855,8 +860,8 @@ class MainWindow(QMainWindow):
         if explained is not None:
             miss, hit = explained
             self.miss_panel.show_miss(rid, miss, hit)
-            # under the block table, one line; the whole answer is its tooltip and the Why? tab's
-            short = f"{hit}" + (f"; first miss: block {miss.block_index}, {miss.reason} (Why? tab)" if miss else "")
+            # under the block table, one line; the whole answer is its tooltip and the Miss tab's
+            short = f"{hit}" + (f"; first miss: block {miss.block_index}, {miss.reason} (Miss tab)" if miss else "")
             self.requests.set_miss_text(short, text)
         else:
             self.miss_panel.show_text(text)

@@ -110,7 +110,7 @@ class Metrics:
             return Metrics(12, 11, 14, SLOT_W, SLOT_H, LABEL_W, TABLE_COLS, GAP, PHYS_LABEL_W, ROW_GAP, 6 * SLOT_W)
         px = present_text_px()
         fm, bold = QFontMetricsF(_font(px)), QFontMetricsF(_font(px, True))
-        slot_w = max(fm.horizontalAdvance("score") + 10, 3.2 * px)
+        slot_w = max(max(fm.horizontalAdvance(w) for w in ("score", "seven", "years", "times")) + 10, 3.2 * px)
         table = tuple((n, max(bold.horizontalAdvance(n), fm.horizontalAdvance("000")) + 14) for n, _ in TABLE_COLS)
         return Metrics(
             px,
@@ -582,7 +582,7 @@ class FigureView(QWidget):
         self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
         if lay.legend and any(c["pending"] for c in self._cells["requests"].values()):
             bottom = self.scene.itemsBoundingRect().bottom() + 10
-            self._slot(m.label_w, bottom, "token", EMPTY, pending=True)
+            self._slot(m.label_w, bottom, None, EMPTY, pending=True)
             self._text(
                 "dashed: the token just sampled, written into the cache at the next step"
                 if presenting()
@@ -691,7 +691,7 @@ class FigureView(QWidget):
                 "PREEMPTED": "preempted: its blocks were freed; it will be prefilled again",
             }.get(r.status, "finished: its blocks went back to the pool (cached ones stay reusable)")
             if r.status.startswith("FINISHED") and self.focus_blocks and self.flagged & set(self.focus_blocks):
-                why = "ended; the blocks drawn in the pool are held by no table now (red: the audit's)"
+                why = "ended: no table holds the red blocks now"
             self._text(why, x_log, y0 + 4, DIM, elide=max(width, 2 * m.table_w))
             return y0 + m.slot_h
         y = y0

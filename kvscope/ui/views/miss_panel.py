@@ -92,24 +92,55 @@ class MissPanel(QWidget):
         self.hit = _label()
         self.prompt_side = _Side("in this prompt", palette.LEAKED)
         self.cached_side = _Side("in the cache", palette.CACHED)
-        sides = QGridLayout()
-        sides.setHorizontalSpacing(40)
-        sides.addWidget(self.prompt_side, 0, 0)
-        sides.addWidget(self.cached_side, 0, 1)
-        sides.setColumnStretch(0, 1)
-        sides.setColumnStretch(1, 1)
         self.detail = _label()
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 12, 8)
-        lay.setSpacing(8)
-        lay.addWidget(self.question)
-        lay.addWidget(self.hit)
-        lay.addWidget(self.reason)
-        lay.addLayout(sides)
-        lay.addWidget(self.detail)
-        lay.addStretch(1)
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(12, 8, 12, 8)
+        self.grid.setHorizontalSpacing(40)
+        self.grid.setVerticalSpacing(8)
+        self.wide: bool | None = None
+        self._arrange(False)
         self.apply_sizes()
         self.show_text("Why did it miss? Select a request: its first missed block, why, and the tokens that differ.")
+
+    def _arrange(self, wide: bool) -> None:
+        """Tall (a lesson's panel in presentation): the question, the hits, the reason, the two sides, the detail,
+        one under the other. Wide (a tab under the grid: short and wide): the question, hits and reason beside the
+        two sides, the detail under them all."""
+        if wide == self.wide:
+            return
+        self.wide = wide
+        g = self.grid
+        for w in (self.question, self.hit, self.reason, self.prompt_side, self.cached_side, self.detail):
+            g.removeWidget(w)
+        for r in range(g.rowCount()):
+            g.setRowStretch(r, 0)
+        for c in range(g.columnCount()):
+            g.setColumnStretch(c, 0)
+        if wide:
+            g.addWidget(self.question, 0, 0)
+            g.addWidget(self.hit, 1, 0)
+            g.addWidget(self.reason, 2, 0)
+            g.addWidget(self.prompt_side, 0, 1, 3, 1)
+            g.addWidget(self.cached_side, 0, 2, 3, 1)
+            g.addWidget(self.detail, 3, 0, 1, 3)
+            g.setColumnStretch(0, 3)
+            g.setColumnStretch(1, 2)
+            g.setColumnStretch(2, 2)
+            g.setRowStretch(4, 1)
+        else:
+            g.addWidget(self.question, 0, 0, 1, 2)
+            g.addWidget(self.hit, 1, 0, 1, 2)
+            g.addWidget(self.reason, 2, 0, 1, 2)
+            g.addWidget(self.prompt_side, 3, 0)
+            g.addWidget(self.cached_side, 3, 1)
+            g.addWidget(self.detail, 4, 0, 1, 2)
+            g.setColumnStretch(0, 1)
+            g.setColumnStretch(1, 1)
+            g.setRowStretch(5, 1)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self._arrange(self.width() > 2 * self.height())
 
     def apply_sizes(self, body: int | None = None) -> None:
         """Text at ``body`` px (default: 12 px times the text scale), the tokens at twice that."""
@@ -144,7 +175,7 @@ class MissPanel(QWidget):
         self.prompt_side.show_side(miss.prompt_side)
         self.cached_side.show_side(miss.cached_side)
         self.detail.setText(miss.detail)
-        self.detail.setVisible(miss.prompt_side is None)  # the boxes say it where there are tokens to show
+        self.detail.show()
 
     def clipped(self) -> list[str]:
         """The texts shown shorter than they need."""

@@ -4,6 +4,8 @@ read whole, no legend lies over a bar, and in presentation nothing is drawn smal
 from __future__ import annotations
 
 import copy
+import json
+import re
 
 import pytest
 from PySide6.QtCore import QSettings
@@ -91,7 +93,7 @@ def test_each_lesson_is_whole_at_18_px_and_follows_its_subject(qtbot, window, na
     assert layer.min_px == 0 or layer.min_px >= PRESENT_MIN_TEXT_PX  # the grid leaves out labels it cannot show
     r0, r1, c0, c1 = win.grid.visible_cells()
     assert (r0, c0, r1, c1) == (0, 0, *win.grid.grid.shape)  # the whole pool
-    for name_ in ("requests", "events", "plots", "fragmentation", "diagnosis", "scenario"):
+    for name_ in ("requests", "events", "plots", "fragmentation", "diagnosis", "miss", "scenario"):
         assert not win.docks[name_].isVisible()  # the other panels stepped aside
 
 
@@ -166,3 +168,103 @@ def test_selected_blocks_are_a_spotlight_not_a_pale_wash_and_a_state_is_said_in_
     assert "FINISHED_LENGTH_CAPPED" in index.data(Qt.ItemDataRole.ToolTipRole)  # vLLM's own word
     fm = win.requests.table.fontMetrics()
     assert win.requests.table.columnWidth(col) >= fm.horizontalAdvance(WIDEST)
+
+
+# -- the rules under the window: what it points at, and the words it uses ------------------------------------------
+
+
+def test_the_focus_rule_prefers_a_pin_then_the_lesson_then_the_audit_then_the_newest_running():
+    """Issue 40.2: the figure follows a request by default, for every source; the user can pin another."""
+    from types import SimpleNamespace as NS
+
+    from engine.inspect.audit import AuditProblem, AuditReport
+    from kvscope.scenario import Subject
+    from kvscope.ui import focus
+
+    def req(rid, index, status="RUNNING"):
+        return NS(request_id=rid, index=index, status=status)
+
+    reqs = [req("a", 0), req("b", 1), req("c", 2, "WAITING")]
+    snap = NS(requests=reqs, request=lambda rid: next((r for r in reqs if r.request_id == rid), None))
+    audit = AuditReport((AuditProblem(7, "leaked", 0, 1, "a"),))
+    lesson = Subject(3, ("b",), (7,))
+    assert focus.choose(snap, audit, lesson, pinned=("a",)) == focus.Focus(("a",), (), focus.PINNED)
+    f = focus.choose(snap, audit, lesson)
+    assert (f.requests, f.blocks, f.rule, f.step) == (("b",), (7,), focus.LESSON, 3) and "step 3" in f.why
+    f = focus.choose(snap, audit)
+    assert (f.requests, f.blocks, f.rule) == (("a",), (7,), focus.AUDIT) and "audit" in f.why
+    f = focus.choose(snap)
+    assert (f.requests, f.rule) == (("b",), focus.NEWEST) and "newest running" in f.why  # not the waiting one
+    done = [req("a", 0, "FINISHED_LENGTH")]
+    ended = NS(requests=done, request=lambda rid: done[0] if rid == "a" else None)
+    assert focus.choose(ended, previous=f).rule == focus.NONE  # "b" is gone
+    assert focus.choose(ended, previous=focus.Focus(("a",), (), focus.NEWEST)).rule == focus.LAST
+
+
+def test_a_lessons_subject_holds_until_the_next_and_bad_ones_are_one_line(tmp_path):
+    from kvscope.scenario import Subject, subject_at
+
+    subjects = load_scenario("leak-hunt").subjects
+    assert subject_at(subjects, 0) is None
+    assert subject_at(subjects, 9) == Subject(7, ("1",), (0, 1, 2, 5, 6, 7))  # held from step 7 to step 10
+    assert subject_at(subjects, 11).blocks == (9, 10, 11)
+    for bad, says in (
+        ({"at": 1, "text": "x", "requests": ["0", "1", "2"]}, "at most 2 request ids"),
+        ({"at": 1, "text": "x", "blocks": [99]}, "block ids in 0..31"),
+        ({"at": 1, "text": "x", "request": ["0"]}, "unknown key(s) ['request']"),
+    ):
+        p = tmp_path / "s.json"
+        p.write_text(json.dumps({"config": {"num_gpu_blocks": 32}, "notes": [bad], "requests": [{"prompt": "hi"}]}))
+        with pytest.raises(ValueError, match=re.escape(says)):
+            load_scenario(str(p))
+
+
+def test_every_state_is_said_in_words_with_vllms_own_word_in_the_tooltip():
+    """Issue 40.3: no raw spelling (finished_length) where a person reads."""
+    from engine.core.request import RequestStatus
+    from kvscope.sources.probe_mirror import STATUS
+    from kvscope.ui.status_words import status_tip, status_words
+
+    for status in [s.name for s in RequestStatus] + list(STATUS) + list(STATUS.values()):
+        words = status_words(status)
+        assert "_" not in words, (status, words)
+        assert "vLLM" in status_tip(status)
+    assert status_words("FINISHED_LENGTH") == "finished: max tokens"
+    assert "FINISHED_LENGTH_CAPPED" in status_tip("FINISHED_LENGTH") and '"length"' in status_tip("FINISHED_LENGTH")
+    assert status_words("SWAPPED") == "preempted: swapped out" and status_words("PREEMPTED") == "preempted: recompute"
+
+
+def test_the_audit_banner_names_every_flagged_block_grouped_the_lessons_first():
+    """leak-hunt at step 11: the banner listed blocks 0-2 (its first three problems) while the note spoke of 9-11."""
+    from engine.inspect.audit import AuditProblem, AuditReport
+    from kvscope.ui.views.banner import audit_banner, block_ranges
+
+    problems = [AuditProblem(b, "leaked", 2, 4, "3") for b in (0, 1, 2)]
+    problems += [AuditProblem(b, "leaked", 0, 1, "1") for b in (5, 6, 7)]
+    problems += [AuditProblem(b, "leaked", 0, 1, "3") for b in (9, 10, 11)]
+    text = audit_banner(AuditReport(tuple(problems)), first=(9, 10, 11))
+    assert text.startswith("audit: 9 blocks leaked")
+    assert text.index("blocks 9-11") < text.index("blocks 0-2") and "blocks 5-7" in text
+    assert "held by no table, last held by request 3" in text and "2 table(s) hold it" in text
+    assert block_ranges([0, 1, 2, 5, 6, 9]) == "0-2, 5, 6, 9"
+
+
+def test_view_chooses_the_presented_panel_and_a_click_pins_until_esc(qtbot, window):
+    """``--view diagnosis`` with ``--present`` presents the Why? panel (it was ignored); a row clicked pins that
+    request over the lesson's subject until Esc."""
+    win = window
+    win.set_presentation(True)
+    lesson(qtbot, win, "four-score", 7)
+    win.show_view("diagnosis")
+    assert win.present_page.lesson is win.diagnosis_panel and win.lesson_view() == "diagnosis"
+    win.show_view("figure")
+    assert win.present_page.lesson is win.figure
+    win.requests.select(["1"])  # as a click on its row
+    win.flush()
+    assert win.focus.rule == "pinned" and win.figure.request_ids == ["1"] and "your choice" in win.figure.why
+    win.step(1)
+    qtbot.waitUntil(lambda: win.latest.step >= 8, timeout=120_000)
+    win.flush()
+    assert win.figure.request_ids == ["1"]  # the pin holds as the lesson steps
+    win.unpin()  # Esc
+    assert win.focus.rule == "lesson" and win.figure.request_ids == ["0", "1"]

@@ -18,6 +18,7 @@ from kvscope.ui.views.welcome import lesson_order
 SIZE = (1280, 720)
 BODY_PX = 18  # the figure's and the note's text in presentation
 LEAST_PX = 14  # nothing visible smaller
+LEAST_CELL_PX = 10  # a block of the pool is a square a room sees
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
@@ -36,6 +37,8 @@ def problems(r: dict) -> list[str]:
     for name, g in r["grids"].items():
         if not g["all_on_screen"]:
             out.append(f"the {name} pool is not all on screen")
+        if g["px_per_cell"] < LEAST_CELL_PX:  # lab-vllm-leak's red block was a 2 px strip under the banner
+            out.append(f"the {name} pool's cells are {g['px_per_cell']:.0f} px")
         if g["label_px"] and g["label_px"] < LEAST_PX:
             out.append(f"the {name} grid's labels at {g['label_px']} px")
     if "gpu" not in r["grids"]:
