@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=positive_int,
         default=None,
-        help="steps to run (headless, screenshot; a replay counts its replayed steps); default: until done",
+        help="run to step N (headless, screenshot, and a window; a replay's steps count from its step 0); "
+        "default: until done (a window: none)",
     )
     a.add_argument(
         "--inject",
@@ -278,9 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--present",
         action="store_true",
-        help="presentation, for a projector (also View > Presentation, F11): the grid, the paper's "
-        "figure and the scenario's note fill the window, the other panels step aside, text at "
-        "least 1.5x",
+        help="presentation, for a projector (also View > Presentation, F11): a page laid out for 1280x720, the "
+        "lesson's panel over its note, the whole pool and a legend, text 18 px; F10 steps, PgDn/PgUp change lessons",
     )
     a.add_argument(
         "--view",

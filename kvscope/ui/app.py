@@ -89,6 +89,7 @@ class StartupDriver(QObject):
         self._received = 0
         self._saving = False
         self._refused = False
+        self._goal: int | None = None  # a step to run to once the first record shows where the source is
         # a replay sends its records back to back: none for this long after the last means it ended
         self._idle = QTimer(self)
         self._idle.setSingleShot(True)
@@ -111,7 +112,7 @@ class StartupDriver(QObject):
             self.win.show_view(self.view)
         if not self.path:
             if first and self.steps_given:  # --steps N: the window shows step N, as a screenshot would
-                self.win.step(self.to_go())
+                self.go_to_step()
             elif first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
                 self.win.run_at_max()
             return
@@ -125,15 +126,19 @@ class StartupDriver(QObject):
                 self._schedule_save()
                 return
             self._idle.start()  # a replay that ends before step N: saved at its end
-        self.win.step(self.to_go())
+        self.go_to_step()
 
-    def to_go(self) -> int:
-        """Steps to send for step N: a replay's first record is its step 0 (the window asks for it on load), a
-        live engine shows step 0 as it loads; a source whose step 0 nobody asked for needs one more."""
-        info, latest = self.win.info, self.win.latest
-        if info is not None and info.read_only:
-            return max(1, self.steps + (0 if self.win.first_step_sent else 1))
-        return max(1, self.steps - (latest.step if latest is not None else 0))
+    def go_to_step(self) -> None:
+        """Run to step N, by the records' own numbers: a live engine shows its step 0 as it loads, a replay's first
+        record (the window asks for it on load) is the trace's first step, whatever its number; so the steps to
+        send are known once a record is there."""
+        self._goal = self.steps
+        if self.win.latest is None and self.win.first_step_sent:
+            return  # on the replay's first record (on_stepped)
+        now = self.win.latest.step if self.win.latest is not None else 0
+        self._goal = None
+        if now < self.steps:
+            self.win.step(self.steps - now)
 
     @Slot(str)
     def on_failed(self, msg: str) -> None:
@@ -149,6 +154,10 @@ class StartupDriver(QObject):
 
     @Slot(object)
     def on_stepped(self, result) -> None:
+        if self._goal is not None:  # the replay's first record: now the steps to N are known
+            self._goal, now = None, result.step
+            if now < self.steps:
+                self.win.step(self.steps - now)
         if not (self.path and self._waiting):
             return
         if self.win.info is not None and self.win.info.read_only:
