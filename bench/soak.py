@@ -220,7 +220,7 @@ def _run_soak(num_requests: int, seed: int, mode: str, num_blocks: int, faults: 
         report = engine.audit(emit_events=True)
         if not report.ok:
             raise AssertionError(f"step {engine.step_count}: {report}")
-        events = out.events + engine.pool.drain_events()
+        events = out.events + engine.ledger.drain_events()
         replayer.apply_all(events)
         pool = engine.pool
         if (

@@ -73,7 +73,7 @@ class EngineInspection:
         """Recompute ref counts from the tables; with ``emit_events``, each new problem becomes a leak event.
 
         With ``enable_write_audit``, writes into shared or published blocks are problems too."""
-        report = audit_pool(self.pool, self.kv.req_to_blocks)
+        report = audit_pool(self.pool, self.kv.req_to_blocks, self.ledger)
         if self.write_problems:
             report = AuditReport(report.problems + tuple(self.write_problems.values()))
         if emit_events:
@@ -81,19 +81,19 @@ class EngineInspection:
                 key = (p.block_id, p.problem)
                 if key not in self.reported_problems:
                     self.reported_problems.add(key)
-                    self.pool.events.append(LeakFound(p.block_id, str(p)))
+                    self.ledger.events.append(LeakFound(p.block_id, str(p)))
         return report
 
     def snapshot(self, max_finished: int = MAX_FINISHED) -> KVSnapshot:
         """A copy of the pool and of the live (and last ``max_finished``, at most 64) finished requests."""
-        return self.pool_state(max_finished).assemble()
+        return self.pool_state(max_finished).assembled()
 
     def pool_state(self, max_finished: int = MAX_FINISHED) -> PoolState:
         """What ``snapshot`` is derived from, without the derived views, copied."""
         return pool_state(
             self.step_count,
             self.config.block_size,
-            self.pool,
+            self.ledger,
             [self._snapshot_row(r) for r in self._shown(max_finished)],
             self.metrics(),
             self.kv.cpu_pool.num_blocks,
@@ -121,11 +121,11 @@ class EngineInspection:
             self.config.block_size,
             tuple(rows),
             self.metrics(),
-            self.pool.state_counts(),
+            self.ledger.state_counts(),
             self.kv.cpu_pool.num_blocks,
             self.runner.block_bytes,
             self.model_name,
-            self.pool,
+            self.ledger,
         )
 
     def _shown(self, max_finished: int) -> list[Request]:

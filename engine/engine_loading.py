@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Self
+from typing import TypeVar
 
 import torch
 
@@ -17,6 +17,7 @@ from .core.cpu_pool import CpuBlockPool
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler
 from .inspect.audit import AuditProblem
+from .inspect.pool_ledger import PoolLedger
 from .inspect.snapshot import LiveRow
 from .output_processor import OutputProcessor
 from .request_groups import RequestGroups
@@ -24,6 +25,7 @@ from .runner.model_runner import ModelRunner
 from .runner.models.loader import ModelSource, Progress, load_tokenizer
 
 logger = logging.getLogger("engine")
+_Engine = TypeVar("_Engine", bound="EngineLoading")  # typing.Self is 3.11+; the project promises 3.10
 
 
 class EngineLoading:
@@ -31,8 +33,13 @@ class EngineLoading:
 
     @classmethod
     def from_hf_model(
-        cls, hf_model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model", **kwargs
-    ) -> Self:
+        cls: type[_Engine],
+        hf_model,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        name: str = "in-memory model",
+        **kwargs,
+    ) -> _Engine:
         """Serve a transformers model that is already loaded (a notebook's, a test's).
 
         The engine reads its weights (fusing q/k/v and gate/up into new tensors) and
@@ -52,8 +59,13 @@ class EngineLoading:
 
     @classmethod
     def from_model(
-        cls, model, tokenizer=None, config: EngineConfig | None = None, name: str = "in-memory model", **kwargs
-    ) -> Self:
+        cls: type[_Engine],
+        model,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        name: str = "in-memory model",
+        **kwargs,
+    ) -> _Engine:
         """An engine over an engine-native ``LlamaForCausalLM`` already built (a benchmark's random weights):
         several engines may share one model's weights, each with its own pool."""
         config = dataclasses.replace(config, **kwargs) if config else EngineConfig(**kwargs)
@@ -67,8 +79,13 @@ class EngineLoading:
 
     @classmethod
     def from_runner(
-        cls, runner, config: EngineConfig | None = None, tokenizer=None, name: str = "simulated model", **kwargs
-    ) -> Self:
+        cls: type[_Engine],
+        runner,
+        config: EngineConfig | None = None,
+        tokenizer=None,
+        name: str = "simulated model",
+        **kwargs,
+    ) -> _Engine:
         """An engine over a runner without weights (``engine.workload.SimRunner``): the real scheduler, block
         pool, prefix cache, preemption and events run, and only the forward pass is the runner's.
 
@@ -121,8 +138,13 @@ class EngineLoading:
                 self.vocab_size,
             )
         contiguous = config.kv_layout == "contiguous"
+        # the inspector's record of the pool (events, snapshot arrays, holders), told of every change
+        self.ledger = PoolLedger(self.runner.num_blocks)
         self.pool = BlockPool(
-            self.runner.num_blocks, config.enable_prefix_caching and not contiguous, config.eviction_policy
+            self.runner.num_blocks,
+            config.enable_prefix_caching and not contiguous,
+            config.eviction_policy,
+            listener=self.ledger,
         )
         tok_id = getattr(tokenizer, "name_or_path", "") if tokenizer is not None else ""
         self.kv = KVCacheManager(

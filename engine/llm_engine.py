@@ -21,6 +21,7 @@ from .core.scheduler import ScheduledRequest, SchedulerOutput
 from .engine_inspection import EngineInspection
 from .engine_loading import EngineLoading
 from .inputs import PromptType, to_token_ids
+from .messages import one_line
 from .outputs import RequestOutput, StepOutput
 from .request_groups import check_user_request_id, make_generator
 from .runner.device import DeviceNotAvailableError, resolve_device  # noqa: F401 - part of this module's API
@@ -28,11 +29,6 @@ from .runner.model_runner import DeviceCopyError
 from .runner.models.loader import LoadedWeights, Progress, load_model, resolve_model
 
 logger = logging.getLogger("engine")
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 class LLMEngine(EngineLoading, EngineInspection):
@@ -175,7 +171,7 @@ class LLMEngine(EngineLoading, EngineInspection):
         """One step: schedule, copy, forward, sample, post-process. Never raises: a failure
         finishes the step's requests with ``error`` and the engine keeps serving."""
         self.step_count += 1
-        self.pool.step = self.step_count
+        self.ledger.step = self.step_count
         self.request_groups.created.clear()
         touched: list[Request] = []
         sampled: dict[str, int] = {}
@@ -184,7 +180,7 @@ class LLMEngine(EngineLoading, EngineInspection):
         try:
             sched = self.scheduler.schedule()
         except Exception as e:  # noqa: BLE001 - an engine bug must not leave requests holding blocks
-            error = f"scheduling failed: {_one_line(e)}"
+            error = f"scheduling failed: {one_line(e, with_type=True)}"
             logger.exception("scheduling step %d failed", self.step_count)
             sched = self._salvage_schedule()
         if error is None:
@@ -200,7 +196,7 @@ class LLMEngine(EngineLoading, EngineInspection):
                 outputs = self._outputs(touched)
                 self.pool.commit_step()
             except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving
-                error = _one_line(e)
+                error = one_line(e, with_type=True)
                 logger.exception("step %d failed", self.step_count)
         if error is not None:
             sampled = {}
@@ -208,7 +204,7 @@ class LLMEngine(EngineLoading, EngineInspection):
             outputs = self._outputs(touched, decode=False)
         self.request_groups.sweep()
         return StepOutput(
-            self.step_count, outputs, self.pool.drain_events(), sched.num_scheduled_tokens, sampled, error
+            self.step_count, outputs, self.ledger.drain_events(), sched.num_scheduled_tokens, sampled, error
         )
 
     def _run(self, sched: SchedulerOutput, touched: list[Request]) -> dict[str, int]:

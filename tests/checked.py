@@ -16,11 +16,11 @@ class Boom(RuntimeError):
     """The injected failure."""
 
 
-def assert_replay_matches(rp: PoolReplayer, pool) -> None:
+def assert_replay_matches(rp: PoolReplayer, pool, ledger) -> None:
     assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
     assert list(rp.free_queue) == pool.free_queue.ids()
     assert rp.block_hash == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
-    assert_pool_arrays_match(pool)
+    assert_pool_arrays_match(pool, ledger)
 
 
 def assert_tables_match(kv) -> None:
@@ -28,16 +28,15 @@ def assert_tables_match(kv) -> None:
     assert kv.req_to_block_ids == {rid: [b.block_id for b in bl] for rid, bl in kv.req_to_blocks.items()}
 
 
-def assert_pool_arrays_match(pool) -> None:
-    """The arrays and maps a snapshot copies equal the block objects they mirror."""
-    assert pool.ref_cnt_arr.tolist() == [b.ref_cnt for b in pool.blocks]
-    assert pool.has_hash_arr.tolist() == [b.block_hash is not None for b in pool.blocks]
-    assert pool.last_access_arr.tolist() == [b.last_access for b in pool.blocks]
-    assert pool.free_order.order().tolist() == pool.free_queue.ids()
-    assert dict(pool.tokens_by_block.items()) == {b.block_id: b.token_ids for b in pool.cached.values()}
-    assert dict(pool.hash_hex_by_block.items()) == {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
-    # the blocks per state the pool counts as they change: what a count over the snapshot's states gives
-    assert pool.state_counts() == state_counts(pool.ref_cnt_arr, pool.has_hash_arr)
+def assert_pool_arrays_match(pool, ledger) -> None:
+    """The arrays and maps a snapshot copies (the pool's ledger) equal the block objects they record."""
+    assert ledger.ref_cnt_arr.tolist() == [b.ref_cnt for b in pool.blocks]
+    assert ledger.has_hash_arr.tolist() == [b.block_hash is not None for b in pool.blocks]
+    assert ledger.free_order.order().tolist() == pool.free_queue.ids()
+    assert dict(ledger.tokens_by_block.items()) == {b.block_id: b.token_ids for b in pool.cached.values()}
+    assert dict(ledger.hash_hex_by_block.items()) == {b.block_id: b.block_hash.hex() for b in pool.cached.values()}
+    # the blocks per state the ledger counts as they change: what a count over the snapshot's states gives
+    assert ledger.state_counts() == state_counts(ledger.ref_cnt_arr, ledger.has_hash_arr)
 
 
 class Checked:
@@ -54,7 +53,7 @@ class Checked:
         out = self.engine.step()
         self.events += out.events
         self.replayer.apply_all(out.events)
-        assert_replay_matches(self.replayer, self.engine.pool)
+        assert_replay_matches(self.replayer, self.engine.pool, self.engine.ledger)
         assert_tables_match(self.engine.kv)
         report = self.engine.audit()
         assert report.ok, str(report)

@@ -1,6 +1,9 @@
 """Layers that only point down, and no import cycles: every import is read, inside functions too.
 
-From the bottom: ``engine`` (no Qt, no kvscope), kvscope's Qt-free base modules, ``sources`` (what a run
+From the bottom: ``engine`` (no Qt, no kvscope) in its own layers (``engine.config``, the one source of every
+option; ``engine.core``, the bookkeeping scheduling needs, which imports nothing of the inspector; ``engine.inspect``,
+which listens to the core; ``engine.runner``, tensors and devices; the coordinator at ``engine``'s top level; and
+``engine.workload``, traces through the whole engine), kvscope's Qt-free base modules, ``sources`` (what a run
 yields), ``serve`` (HTTP handlers, no argparse), ``runtime`` (what hosts an engine: the engine process, its host,
 building a source, the loop), ``ui`` (Qt: the window and its views), ``cli`` (every argparse, one function a
 mode). A module may import its own layer or the ones below it, never above.
@@ -26,7 +29,12 @@ BASE = (
     "kvscope.messages",
 )
 LAYERS = [
+    ("engine.config", "engine.messages"),
+    ("engine.core",),
+    ("engine.inspect",),
+    ("engine.runner",),
     ("engine",),
+    ("engine.workload",),
     ("kvscope",) + BASE,
     ("kvscope.sources",),
     ("kvscope.serve",),
@@ -36,11 +44,11 @@ LAYERS = [
 ]
 
 
-def modules() -> dict[str, pathlib.Path]:
+def modules(base: pathlib.Path = ROOT, packages: tuple[str, ...] = ("engine", "kvscope")) -> dict[str, pathlib.Path]:
     out = {}
-    for pkg in ("engine", "kvscope"):
-        for p in (ROOT / pkg).rglob("*.py"):
-            parts = p.relative_to(ROOT).with_suffix("").parts
+    for pkg in packages:
+        for p in (base / pkg).rglob("*.py"):
+            parts = p.relative_to(base).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = p
     return out
@@ -127,6 +135,23 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+def test_the_core_imports_nothing_of_the_inspector():
+    """Said on its own (the layers above say it too): the bookkeeping tells its listener, it never asks."""
+    core = {a: sorted(t for t in ts if t.startswith("engine.inspect")) for a, ts in graph().items()}
+    assert {a: ts for a, ts in core.items() if a.startswith("engine.core") and ts} == {}
+
+
+def test_the_probe_imports_nothing_of_kvscope_nor_the_engine():
+    """The probe runs inside vLLM's process, installed alone: it may import vLLM, pyzmq and msgspec only."""
+    probe = modules(ROOT / "probe", ("kvscope_vllm_probe",))
+    assert probe, "no probe modules found"
+    wrong = {
+        name: sorted(t for t in imports(name, path) if t.split(".")[0] in ("kvscope", "engine"))
+        for name, path in probe.items()
+    }
+    assert {n: t for n, t in wrong.items() if t} == {}
 
 
 def test_qt_only_in_the_ui():

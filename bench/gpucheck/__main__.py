@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from engine.messages import one_line
+
 from .report import markdown
 from .shared import ROOT, Ctx, Section, card
 
@@ -69,7 +71,7 @@ def run_section(name: str, dry_run: bool, out: Path, budget_s: float) -> Section
         import traceback
 
         traceback.print_exc()
-        section.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+        section.error = one_line(e, with_type=True)[:300]
     section.seconds = time.monotonic() - t0
     gc.collect()
     if torch.cuda.is_available():

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.messages import one_line
+
 from .shared import Ctx, Section, Table, random_native, sync
 
 GiB = 2**30
@@ -67,7 +69,7 @@ def run(ctx: Ctx, section: Section) -> None:
                 if nv:
                     peak_nvml = max(peak_nvml, nv[0])
     except torch.cuda.OutOfMemoryError as e:
-        oom = str(e).splitlines()[0]
+        oom = one_line(e)
     m = engine.metrics()
     section.check(
         "out-of-memory errors and failed steps",

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-
-from ..inspect.chunked_map import ChunkedMap
-from ..inspect.events import (
-    BlockAllocated,
-    BlockEvicted,
-    BlockFreed,
-    BlockStored,
-    BlockTouched,
-    BlockUnpublished,
-    CacheReset,
-    Event,
-)
-from ..inspect.free_order import FreeOrder
 from .eviction import make_free_queue
 from .kv_cache_utils import BlockHash, KVCacheBlock
+from .pool_listener import NO_LISTENER, PoolListener
 
 
 class BlockPool:
-    """Owns every ``KVCacheBlock``. Every state change appends one event to ``events``.
+    """Owns every ``KVCacheBlock``; tells its ``listener`` of every change (``pool_listener.py``).
 
     A free block may still be cached (ref 0, hash kept): it stays reusable until it is
     handed out again, at which point its hash is dropped (eviction). Handing out from
@@ -38,7 +25,13 @@ class BlockPool:
     anything failed, which unpublishes every tentative block (its KV may be unwritten).
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, eviction_policy: str = "lru") -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        eviction_policy: str = "lru",
+        listener: PoolListener = NO_LISTENER,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -46,32 +39,13 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         # "lru" is vLLM's FreeKVCacheBlockQueue, unchanged; other policies order the same queue otherwise
         # (engine/core/eviction.py). A policy that counts uses hears of every hit (touch) through note_hit.
-        self.eviction_policy = eviction_policy
         self.free_queue = make_free_queue(eviction_policy, self.blocks)
         self._note_hit = getattr(self.free_queue, "note_hit", None)
         self.cached: dict[BlockHash, KVCacheBlock] = {}
-        self.events: list[Event] = []
-        self.step = 0  # stamped into last_access
+        self.tentative: list[tuple[KVCacheBlock, BlockHash]] = []  # published since the last commit
+        self.listener = listener  # set once: the KV cache manager and the scheduler tell it too
         self.num_evictions = 0
         self.tolerate_faults = False  # set when EngineConfig.fault injects a bug on purpose
-        self.tentative: list[tuple[KVCacheBlock, BlockHash]] = []  # published since the last commit
-        # What a snapshot shows, kept up to date by every change below, so that a snapshot copies arrays
-        # (and freezes two chunked maps) instead of walking 65,536 or 1M block objects.
-        self.ref_cnt_arr = np.zeros(num_blocks, np.int32)
-        self.has_hash_arr = np.zeros(num_blocks, bool)
-        self.last_access_arr = np.zeros(num_blocks, np.int64)
-        # the same memory as Python-int views, for one-block writes (a numpy scalar write costs ~3x)
-        self._ref_mv, self._access_mv = memoryview(self.ref_cnt_arr), memoryview(self.last_access_arr)
-        self._hash_mv = memoryview(self.has_hash_arr)
-        self.tokens_by_block: ChunkedMap[tuple[int, ...]] = ChunkedMap(num_blocks)
-        self.hash_hex_by_block: ChunkedMap[str] = ChunkedMap(num_blocks)
-        # The order blocks were freed in: the eviction order under LRU only (under lfu, snapshots' free_queue
-        # and PoolReplayer's "allocated == head" rule do not hold; the events still describe every change).
-        self.free_order = FreeOrder(num_blocks)
-        # Blocks per state kept as they change (with the free queue's length they give every count of
-        # ``state_counts``), so a step's record counts its states in O(1), not in a pass over the pool.
-        self.num_cached_free = 0  # ref count 0 with a hash: free, but reusable until evicted
-        self.num_shared = 0  # ref count > 1
 
     # -- queries ----------------------------------------------------------------
     @property
@@ -80,12 +54,6 @@ class BlockPool:
 
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
-
-    def state_counts(self) -> tuple[int, ...]:
-        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked), as counting the
-        snapshot's state array would give them (swaps live in the CPU pool, leaks are the audit's)."""
-        free, cached, shared = self.free_queue.num_free_blocks, self.num_cached_free, self.num_shared
-        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0)
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVCacheBlock | None:
         b = self.cached.get(block_hash)
@@ -99,83 +67,37 @@ class BlockPool:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot get {n} blocks, only {self.num_free_blocks} free")
         out = []
+        popleft, allocated = self.free_queue.popleft, self.listener.allocated
         for _ in range(n):
-            b = self.free_queue.popleft()
+            b = popleft()
             if b.block_hash is not None:
-                self.num_cached_free -= 1
-            self._evict(b)
+                self._evict(b)
             assert b.ref_cnt == 0
             b.ref_cnt = 1
-            b.last_access = self.step
-            b.last_owner = request_id
-            b.holders = [request_id]
-            self.events.append(BlockAllocated(b.block_id, request_id))
+            allocated(b, request_id)
             out.append(b)
-        if n == 1:  # a decode crossing into a new block: scalar writes, no index-array temporaries
-            i = out[0].block_id
-            self.free_order.remove_one(i)
-            self._ref_mv[i] = 1
-            self._access_mv[i] = self.step
-        elif n:
-            ids = [b.block_id for b in out]
-            self.free_order.removed(ids)
-            self.ref_cnt_arr[ids] = 1
-            self.last_access_arr[ids] = self.step
         return out
 
     def _evict(self, b: KVCacheBlock) -> None:
-        if b.block_hash is None:
-            return
-        if self.cached.get(b.block_hash) is b:
-            del self.cached[b.block_hash]
-        self.events.append(BlockEvicted(b.block_id, b.block_hash.hex()))
+        h = b.block_hash
+        if self.cached.get(h) is b:
+            del self.cached[h]
         b.block_hash, b.token_ids = None, ()
-        self._unmark(b.block_id)
         self.num_evictions += 1
-
-    def _unmark(self, block_id: int) -> None:
-        self._hash_mv[block_id] = False
-        self.tokens_by_block.pop(block_id)
-        self.hash_hex_by_block.pop(block_id)
+        self.listener.evicted(b, h)
 
     def touch(self, blocks: Iterable[KVCacheBlock], request_id: str) -> None:
         """Take one more reference on each block (a prefix hit or a fork)."""
-        if not blocks:
-            return
-        ids, refs, unfreed = [], [], []
         note_hit = self._note_hit  # None under LRU
+        touched = self.listener.touched
         for b in blocks:
             if note_hit is not None:
                 note_hit(b)
-            if b.ref_cnt == 0:
+            was_free = b.ref_cnt == 0
+            if was_free:
                 self.free_queue.remove(b)
-                unfreed.append(b.block_id)
-                if b.block_hash is not None:
-                    self.num_cached_free -= 1
             b.ref_cnt += 1
-            if b.ref_cnt == 2:
-                self.num_shared += 1
-            b.last_access = self.step
-            b.last_owner = request_id
-            b.holders.append(request_id)
-            self.events.append(BlockTouched(b.block_id, request_id, b.ref_cnt))
-            ids.append(b.block_id)
-            refs.append(b.ref_cnt)
-        self.free_order.removed(unfreed)
-        self._set_refs(ids, refs)
-
-    def _set_refs(self, ids: list[int], refs: list[int]) -> None:
-        if not ids:
-            return
-        if len(ids) == 1:
-            self._ref_mv[ids[0]] = refs[0]
-            self._access_mv[ids[0]] = self.step
-            return
-        if len(set(ids)) < len(ids):  # the same block twice in one call: its last count is its count
-            last = dict(zip(ids, refs))
-            ids, refs = list(last), list(last.values())
-        self.ref_cnt_arr[ids] = refs
-        self.last_access_arr[ids] = self.step
+            touched(b, request_id, was_free)
 
     def free_blocks(self, ordered: Iterable[KVCacheBlock], request_id: str) -> None:
         """Drop one reference on each block; at ref 0 it joins the free queue tail.
@@ -183,29 +105,16 @@ class BlockPool:
         Callers pass a request's blocks tail-first, so the end of a prefix chain is
         evicted before its start (the start is the part other requests share).
         """
-        ids, refs, freed = [], [], []
+        freed = self.listener.freed
         for b in ordered:
             if b.ref_cnt <= 0:
                 # Only a deliberate fault (double-free) gets here; audit() reports it.
                 assert self.tolerate_faults, f"block {b.block_id} freed with ref_cnt {b.ref_cnt}"
                 continue
             b.ref_cnt -= 1
-            if b.ref_cnt == 1:
-                self.num_shared -= 1
-            ids.append(b.block_id)
-            refs.append(b.ref_cnt)
-            b.last_access = self.step
-            b.last_released_by = request_id
-            if request_id in b.holders:
-                b.holders.remove(request_id)
-            self.events.append(BlockFreed(b.block_id, request_id, b.ref_cnt))
             if b.ref_cnt == 0:
                 self.free_queue.append(b)
-                freed.append(b.block_id)
-                if b.block_hash is not None:
-                    self.num_cached_free += 1
-        self.free_order.appended(freed)
-        self._set_refs(ids, refs)
+            freed(b, request_id)
 
     def cache_block(
         self,
@@ -218,24 +127,14 @@ class BlockPool:
         """Publish a full block under its chained hash (first writer wins).
 
         ``parent_hash`` is the hash ``block_hash`` was chained from (None for a first block);
-        only the event carries it, for consumers that rebuild the prefix tree.
+        only the listener hears it, for consumers that rebuild the prefix tree.
         """
         if not self.enable_caching or b.block_hash is not None or block_hash in self.cached:
             return
         b.block_hash, b.token_ids = block_hash, token_ids
         self.cached[block_hash] = b
-        if b.ref_cnt == 0:  # only a planted fault publishes a free block
-            self.num_cached_free += 1
         self.tentative.append((b, block_hash))
-        hex_hash = block_hash.hex()
-        self._hash_mv[b.block_id] = True
-        self.tokens_by_block[b.block_id] = token_ids
-        self.hash_hex_by_block[b.block_id] = hex_hash
-        self.events.append(
-            BlockStored(
-                b.block_id, hex_hash, request_id, token_ids, parent_hash.hex() if parent_hash is not None else None
-            )
-        )
+        self.listener.stored(b, block_hash, token_ids, request_id, parent_hash)
 
     def commit_step(self) -> None:
         """The step that wrote the tentative blocks' last slots succeeded: they stay published."""
@@ -253,10 +152,7 @@ class BlockPool:
                 continue
             del self.cached[h]
             b.block_hash, b.token_ids = None, ()
-            if b.ref_cnt == 0:
-                self.num_cached_free -= 1
-            self._unmark(b.block_id)
-            self.events.append(BlockUnpublished(b.block_id, h.hex(), reason))
+            self.listener.unpublished(b, h, reason)
             undone.append(b.block_id)
         self.tentative.clear()
         return undone
@@ -271,13 +167,5 @@ class BlockPool:
         for b in self.blocks:
             b.block_hash, b.token_ids = None, ()
         self.cached.clear()
-        self.num_cached_free = 0
-        self.has_hash_arr[:] = False
-        self.tokens_by_block.clear()
-        self.hash_hex_by_block.clear()
         self.tentative.clear()
-        self.events.append(CacheReset(self.num_blocks))
-
-    def drain_events(self) -> list[Event]:
-        ev, self.events = self.events, []
-        return ev
+        self.listener.cleared(self.num_blocks)

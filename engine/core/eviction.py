@@ -50,6 +50,8 @@ class LFUFreeQueue:
     (its heap entry goes stale and is skipped, or dropped when stale entries outnumber live ones).
     """
 
+    policy = "lfu"
+
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.blocks = blocks
         self.num_free_blocks = 0
@@ -75,7 +77,6 @@ class LFUFreeQueue:
             raise ValueError("no free block")
         b = self.blocks[bid]
         seq_of[bid] = -1
-        b.in_free_queue = False
         self.num_free_blocks -= 1
         if b.block_hash is not None:  # about to be evicted: the ageing takes its key
             self.age = key
@@ -83,10 +84,12 @@ class LFUFreeQueue:
         self._maybe_compact()
         return b
 
+    def queued(self, b: KVCacheBlock) -> bool:
+        return self._seq_of[b.block_id] != -1
+
     def remove(self, b: KVCacheBlock) -> None:
-        assert b.in_free_queue, f"block {b.block_id} is not on the free queue"
+        assert self.queued(b), f"block {b.block_id} is not on the free queue"
         self._seq_of[b.block_id] = -1
-        b.in_free_queue = False
         self.num_free_blocks -= 1
         self._maybe_compact()
 
@@ -99,13 +102,12 @@ class LFUFreeQueue:
             heapq.heapify(self._heap)
 
     def append(self, b: KVCacheBlock) -> None:
-        assert not b.in_free_queue, f"block {b.block_id} is already on the free queue"
+        assert not self.queued(b), f"block {b.block_id} is already on the free queue"
         bid = b.block_id
         seq = next(self._seq)
         key = -1 if b.block_hash is None else self.age + self._uses[bid]
         heapq.heappush(self._heap, (key, seq, bid))
         self._seq_of[bid] = seq
-        b.in_free_queue = True
         self.num_free_blocks += 1
 
     def __iter__(self) -> Iterator[KVCacheBlock]:

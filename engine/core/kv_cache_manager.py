@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from ..inspect.events import BlockCopied, RequestForked, SwappedIn, SwappedOut
 from .block_pool import BlockPool
 from .cpu_pool import CpuBlockPool
 from .kv_cache_utils import KVCacheBlock, hash_block_tokens
@@ -193,7 +192,7 @@ class KVCacheManager:
         (dst,) = self.pool.get_new_blocks(1, req.request_id)
         n = req.num_computed_tokens % self.block_size
         self.pending_copies.append((src.block_id, dst.block_id))
-        self.pool.events.append(BlockCopied(src.block_id, dst.block_id, req.request_id, n))
+        self.pool.listener.copied(src.block_id, dst.block_id, req.request_id, n)
         self.num_cow_copies += 1
         blocks[i] = dst
         self.req_to_block_ids[req.request_id][i] = dst.block_id
@@ -208,7 +207,7 @@ class KVCacheManager:
         self.req_to_block_ids[child.request_id] = list(map(_BLOCK_ID, blocks))
         self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
         child.block_hashes = list(parent.block_hashes)
-        self.pool.events.append(RequestForked(parent.request_id, child.request_id, tuple(b.block_id for b in blocks)))
+        self.pool.listener.forked(parent.request_id, child.request_id, self.req_to_block_ids[child.request_id])
 
     # -- swap -------------------------------------------------------------------------
     def swap_out(self, req: Request) -> bool:
@@ -218,7 +217,7 @@ class KVCacheManager:
         if cpu is None:
             return False
         self.pending_swap_out += [(b.block_id, c) for b, c in zip(blocks, cpu)]
-        self.pool.events.append(SwappedOut(req.request_id, tuple(b.block_id for b in blocks), tuple(cpu)))
+        self.pool.listener.swapped_out(req.request_id, [b.block_id for b in blocks], cpu)
         self.num_swap_outs += 1
         self.free(req)
         req.cpu_block_ids = cpu  # after free(), which would release them
@@ -236,7 +235,7 @@ class KVCacheManager:
         self.req_to_blocks[req.request_id] = blocks
         self.req_to_block_ids[req.request_id] = list(map(_BLOCK_ID, blocks))
         self.num_cached_blocks[req.request_id] = 0  # new ids: publish them again
-        self.pool.events.append(SwappedIn(req.request_id, tuple(cpu), tuple(b.block_id for b in blocks)))
+        self.pool.listener.swapped_in(req.request_id, cpu, self.req_to_block_ids[req.request_id])
         self.num_swap_ins += 1
 
     def take_device_work(self) -> tuple[list, list, list]:

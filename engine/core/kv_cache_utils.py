@@ -50,19 +50,17 @@ def _pickled(extra_keys: tuple) -> bytes:
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
-    """One physical block. ``prev_free``/``next_free`` link it into the free queue."""
+    """One physical block: vLLM's fields (its ``is_null`` aside: this pool keeps no null block) and the tokens
+    its hash was computed from, which a hit compares (a hash collision must never serve wrong KV).
+    ``prev_free``/``next_free`` link it into the free queue. Who holds it and when it was last used are the
+    inspector's (engine/inspect/pool_ledger.py), not the block's."""
 
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()  # stored with the hash: a hit compares them
-    last_access: int = 0  # engine step of the last allocation / hit / free
-    last_owner: str = ""  # the request that last took a reference
-    holders: list[str] = field(default_factory=list, repr=False)  # who holds a reference now (audits name them)
-    last_released_by: str = ""
     prev_free: KVCacheBlock | None = field(default=None, repr=False)
     next_free: KVCacheBlock | None = field(default=None, repr=False)
-    in_free_queue: bool = False
 
 
 class FreeKVCacheBlockQueue:
@@ -71,6 +69,8 @@ class FreeKVCacheBlockQueue:
     A deque cannot remove from the middle in O(1); a cached free block that is hit
     again must leave the queue wherever it is, so the links live in the blocks.
     """
+
+    policy = "lru"  # the EngineConfig.eviction_policy this order is
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.head: KVCacheBlock | None = None
@@ -86,8 +86,12 @@ class FreeKVCacheBlockQueue:
         self.remove(b)
         return b
 
+    def queued(self, b: KVCacheBlock) -> bool:
+        """Whether ``b`` is on the queue: linked, or its only (head) block."""
+        return b.prev_free is not None or self.head is b
+
     def remove(self, b: KVCacheBlock) -> None:
-        assert b.in_free_queue, f"block {b.block_id} is not on the free queue"
+        assert self.queued(b), f"block {b.block_id} is not on the free queue"
         if b.prev_free is None:
             self.head = b.next_free
         else:
@@ -97,18 +101,16 @@ class FreeKVCacheBlockQueue:
         else:
             b.next_free.prev_free = b.prev_free
         b.prev_free = b.next_free = None
-        b.in_free_queue = False
         self.num_free_blocks -= 1
 
     def append(self, b: KVCacheBlock) -> None:
-        assert not b.in_free_queue, f"block {b.block_id} is already on the free queue"
+        assert not self.queued(b), f"block {b.block_id} is already on the free queue"
         b.prev_free, b.next_free = self.tail, None
         if self.tail is None:
             self.head = b
         else:
             self.tail.next_free = b
         self.tail = b
-        b.in_free_queue = True
         self.num_free_blocks += 1
 
     def __iter__(self):

@@ -6,8 +6,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from ..config import SamplingParams
 from .kv_cache_utils import BlockHash
 
@@ -54,7 +52,7 @@ class Request:
     error: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    generator: torch.Generator | None = None
+    generator: object | None = None  # a seeded request's torch.Generator: the sampler's, opaque here
     group_id: str = ""  # the user's request id; n > 1 samples share it
     sample_index: int = 0
     parent_id: str | None = None  # set on forked sequences

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from ..config import EngineConfig
-from ..inspect.events import RequestAborted, RequestAdmitted, RequestFinished, RequestPreempted
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
 
@@ -61,8 +60,8 @@ class Scheduler:
         self.num_preemptions = 0
 
     @property
-    def _events(self) -> list:
-        return self.kv.pool.events
+    def _listener(self):
+        return self.kv.pool.listener
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
@@ -142,7 +141,7 @@ class Scheduler:
                 req.num_cached_tokens = num_hit_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            self._events.append(RequestAdmitted(req.request_id, req.num_prompt_tokens, num_hit_tokens))
+            self._listener.admitted(req.request_id, req.num_prompt_tokens, num_hit_tokens)
             scheduled.append(ScheduledRequest.of(req, num_new, num_hit_tokens, ids_of[req.request_id]))
             budget -= num_new
 
@@ -169,7 +168,7 @@ class Scheduler:
             if self.kv.swap_out(req):
                 req.status = RequestStatus.SWAPPED
                 self.swapped.appendleft(req)
-                self._events.append(RequestPreempted(req.request_id, "swap", "out of free blocks"))
+                self._listener.preempted(req.request_id, "swap", "out of free blocks")
                 return
             reason = "out of free blocks; the CPU swap pool is full too, so fell back to recompute"
         else:
@@ -178,7 +177,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
-        self._events.append(RequestPreempted(req.request_id, "recompute", reason))
+        self._listener.preempted(req.request_id, "recompute", reason)
 
     def recompute_swapped(self, req: Request, reason: str) -> None:
         """A request swapped out whose KV never reached the CPU pool: it must not resume on it.
@@ -193,7 +192,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
-        self._events.append(RequestPreempted(req.request_id, "recompute", reason))
+        self._listener.preempted(req.request_id, "recompute", reason)
 
     # -- after the model ran ---------------------------------------------------------------
     def finish_request(self, req: Request, status: RequestStatus) -> None:
@@ -208,6 +207,6 @@ class Scheduler:
             self.kv.free(req)
         req.status = status
         if status == RequestStatus.FINISHED_ABORTED:
-            self._events.append(RequestAborted(req.request_id))
+            self._listener.aborted(req.request_id)
         else:
-            self._events.append(RequestFinished(req.request_id, status.finish_reason or ""))
+            self._listener.finished(req.request_id, status.finish_reason or "")

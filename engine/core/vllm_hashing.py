@@ -2,18 +2,19 @@
 
 A router that sends each request where its prefix is cached (llm-d's precise prefix-cache scorer, Dynamo's KV
 router) must compute, from a prompt's tokens, the very hashes each vLLM instance publishes in its KV events. vLLM
-chains them: block i's hash is ``H((parent, tokens_i, extra_keys))`` with ``parent`` the previous block's 32-byte
-digest, or ``NONE_HASH`` for a prompt's first block, and ``H`` the ``--prefix-caching-hash-algo``:
+chains them: block i's hash is ``H((parent, tokens_i, extra_keys))`` with ``parent`` the previous block's digest,
+or ``NONE_HASH`` for a prompt's first block, and ``H`` the ``--prefix-caching-hash-algo``, each computed with the
+library vLLM itself calls (``cbor2``, ``hashlib``, ``pickle``, ``xxhash``):
 
 - ``sha256_cbor``: SHA-256 of the tuple in canonical CBOR (language-neutral: what llm-d asks vLLM to use);
 - ``sha256`` (vLLM's default): SHA-256 of the tuple pickled with the highest protocol (5 on Python 3.8 and later);
-- ``xxhash`` and ``xxhash_cbor``: not reproduced here (a non-cryptographic hash whose seed is random per process
-  unless ``PYTHONHASHSEED`` is set; the ``xxhash`` package is not a kvscope dependency).
+- ``xxhash_cbor`` and ``xxhash``: xxHash3-128 of the same bytes (fast, not collision resistant).
 
-``NONE_HASH = H(seed)``, with ``seed`` the process's ``PYTHONHASHSEED`` if set, else (vLLM 0.32, cryptographic
-algorithms) the fixed string ``"vllm-none-hash"``. ``extra_keys`` is None for a plain text request; LoRA adapters,
-images, prompt embeddings and a cache salt add keys (the salt only to the first block). The KV events carry the
-digest's low 64 bits (``low64``) unless ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``.
+``NONE_HASH = H(seed)``, with ``seed`` the process's ``PYTHONHASHSEED`` if set, else the fixed string
+``"vllm-none-hash"`` for the SHA-256 algorithms and random bytes for the xxHash ones (so an xxHash instance's hashes
+can be reproduced only when its ``PYTHONHASHSEED`` is known). ``extra_keys`` is None for a plain text request; LoRA
+adapters, images, prompt embeddings and a cache salt add keys (the salt only to the first block). The KV events
+carry the digest's low 64 bits (``low64``) unless ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``.
 
 kvscope's engine hashes this way too with ``--hash-algo sha256_cbor``, so a router computes the same hashes for a
 kvscope instance as for a vLLM one.
@@ -21,17 +22,21 @@ kvscope instance as for a vLLM one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
-import struct
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import cbor2
+import xxhash
 
 VLLM_DEFAULT_SEED = "vllm-none-hash"  # vLLM 0.32's NONE_HASH seed for sha256 and sha256_cbor without PYTHONHASHSEED
 VLLM_HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")  # vLLM's --prefix-caching-hash-algo values
-REPRODUCIBLE = ("sha256_cbor", "sha256")
+SEEDED_AT_RANDOM = ("xxhash", "xxhash_cbor")  # without PYTHONHASHSEED, vLLM seeds these from os.urandom
+REPRODUCIBLE = ("sha256_cbor", "sha256")  # whatever the seed: what "auto" tries when no seed was given
 _LOW64 = (1 << 64) - 1
 
 
@@ -45,73 +50,43 @@ def seed_from_env() -> str:
     return os.environ.get("PYTHONHASHSEED", VLLM_DEFAULT_SEED)
 
 
-def not_reproducible(algo: str) -> str | None:
-    """Why kvscope cannot compute ``algo``'s hashes (one line), or None when it can."""
-    if algo in REPRODUCIBLE:
-        return None
-    if algo in VLLM_HASH_ALGOS:
+def not_reproducible(algo: str, seed_known: bool = True) -> str | None:
+    """Why kvscope cannot compute ``algo``'s hashes (one line), or None when it can. ``seed_known``: the
+    instance's ``PYTHONHASHSEED`` was given (an xxHash instance started without one seeds itself at random)."""
+    if algo not in VLLM_HASH_ALGOS:
+        return f"{algo!r} is not one of vLLM's prefix-caching hash algorithms ({', '.join(VLLM_HASH_ALGOS)})"
+    if algo in SEEDED_AT_RANDOM and not seed_known:
         return (
-            f"vLLM's {algo} hashes cannot be reproduced here (a non-cryptographic hash, seeded at random "
-            f"unless PYTHONHASHSEED is set): start vLLM with --prefix-caching-hash-algo sha256_cbor"
+            f"vLLM's {algo} hashes cannot be reproduced without its PYTHONHASHSEED (without one, vLLM seeds "
+            f"{algo} at random): give its hash_seed, or start vLLM with --prefix-caching-hash-algo sha256_cbor"
         )
-    return f"{algo!r} is not one of vLLM's prefix-caching hash algorithms ({', '.join(VLLM_HASH_ALGOS)})"
+    return None
 
 
-# --- canonical CBOR (RFC 8949 section 4.2.1) for the few types a block-hash tuple holds ----------------------
+def _cbor(obj: Any) -> bytes:
+    return cbor2.dumps(obj, canonical=True)
 
 
-def _head(major: int, n: int) -> bytes:
-    """A data item's head: the major type and its argument in the shortest form (what canonical means)."""
-    if n < 24:
-        return bytes((major << 5 | n,))
-    for info, fmt, limit in ((24, ">B", 1 << 8), (25, ">H", 1 << 16), (26, ">I", 1 << 32), (27, ">Q", 1 << 64)):
-        if n < limit:
-            return bytes((major << 5 | info,)) + struct.pack(fmt, n)
-    raise ValueError(f"{n} does not fit a CBOR head (a token id or length beyond 64 bits)")
+def _pickle(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def cbor_canonical(obj: Any) -> bytes:
-    """``cbor2.dumps(obj, canonical=True)`` for None, bools, ints within 64 bits, bytes, str, tuples and lists.
-
-    Hand-written (kvscope has no CBOR dependency) for exactly what vLLM's block-hash tuples contain; anything else
-    is refused rather than encoded differently from cbor2.
-    """
-    out: list[bytes] = []
-
-    def enc(o: Any) -> None:
-        if o is None:
-            out.append(b"\xf6")
-        elif o is True or o is False:
-            out.append(b"\xf5" if o else b"\xf4")
-        elif isinstance(o, int):
-            out.append(_head(0, o) if o >= 0 else _head(1, -1 - o))
-        elif isinstance(o, bytes):
-            out.append(_head(2, len(o)))
-            out.append(o)
-        elif isinstance(o, str):
-            raw = o.encode("utf-8")
-            out.append(_head(3, len(raw)))
-            out.append(raw)
-        elif isinstance(o, (tuple, list)):
-            out.append(_head(4, len(o)))
-            for item in o:
-                enc(item)
-        else:
-            raise TypeError(f"cannot encode {type(o).__name__} as a block-hash key")
-
-    enc(obj)
-    return b"".join(out)
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
-def _sha256_cbor(obj: Any) -> bytes:
-    return hashlib.sha256(cbor_canonical(obj)).digest()
+# each algorithm: how the tuple becomes bytes, then the digest of them (vLLM's pairs)
+_HASH_FNS: dict[str, Callable[[Any], bytes]] = {
+    "sha256": lambda obj: _sha256(_pickle(obj)),
+    "sha256_cbor": lambda obj: _sha256(_cbor(obj)),
+    "xxhash": lambda obj: xxhash.xxh3_128_digest(_pickle(obj)),
+    "xxhash_cbor": lambda obj: xxhash.xxh3_128_digest(_cbor(obj)),
+}
 
 
-def _sha256_pickle(obj: Any) -> bytes:
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-_HASH_FNS = {"sha256_cbor": _sha256_cbor, "sha256": _sha256_pickle}
+@functools.lru_cache(maxsize=64)
+def _none_hash(algo: str, seed: str) -> bytes:
+    return _HASH_FNS[algo](seed)
 
 
 def vllm_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
@@ -121,17 +96,21 @@ def vllm_extra_keys(block_index: int, cache_salt: str | None) -> tuple | None:
 
 @dataclass(frozen=True)
 class VllmBlockHasher:
-    """One vLLM instance's hashing: its algorithm and its NONE_HASH seed (its ``PYTHONHASHSEED``)."""
+    """One vLLM instance's hashing: its algorithm and its NONE_HASH seed (its ``PYTHONHASHSEED``; an xxHash
+    instance's must be the one it was started with)."""
 
     algo: str = "sha256_cbor"
     seed: str = VLLM_DEFAULT_SEED
-    none_hash: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         why = not_reproducible(self.algo)
         if why:
             raise ValueError(why)
-        object.__setattr__(self, "none_hash", _HASH_FNS[self.algo](self.seed))
+
+    @property
+    def none_hash(self) -> bytes:
+        """The parent of a prompt's first block: ``H(seed)``."""
+        return _none_hash(self.algo, self.seed)
 
     def hash_block(self, parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple | None = None) -> bytes:
         """One full block's 32-byte digest, chained on ``parent`` (None: a prompt's first block)."""

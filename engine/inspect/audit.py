@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..core.block_pool import BlockPool
 from ..core.kv_cache_utils import KVCacheBlock
+from .pool_ledger import PoolLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +115,17 @@ def queue_problem(ref: int, expected: int, queued: bool) -> str | None:
     return None
 
 
-def _culprit(b: KVCacheBlock, mapped_by: set[str], too_many: bool) -> str:
+def _culprit(ledger: PoolLedger, block_id: int, mapped_by: set[str], too_many: bool) -> str:
     """The request to blame: a holder whose table lost the block (a leak), else the last releaser."""
     if too_many:
-        stray = [h for h in b.holders if h not in mapped_by]
-        return stray[-1] if stray else b.last_owner
-    return b.last_released_by or b.last_owner
+        stray = [h for h in ledger.holders_of(block_id) if h not in mapped_by]
+        return stray[-1] if stray else ledger.last_owner[block_id]
+    return ledger.last_released_by[block_id] or ledger.last_owner[block_id]
 
 
-def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditReport:
+def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], ledger: PoolLedger) -> AuditReport:
+    """Every block's ref count against the tables that hold it, the free queue against ref count 0, and
+    the hash map against the blocks' hashes; ``ledger`` (the pool's record) names the request to blame."""
     expected: Counter[int] = Counter()
     mapped_by: dict[int, set[str]] = {}
     for rid, blocks in tables.items():
@@ -130,24 +133,31 @@ def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]]) -> AuditR
             expected[b.block_id] += 1
             mapped_by.setdefault(b.block_id, set()).add(rid)
     problems: list[AuditProblem] = []
+    owner = ledger.last_owner
     seen: Counter[int] = Counter()
     for b in pool.free_queue:
         seen[b.block_id] += 1
         if seen[b.block_id] > 1:  # a cycle or a block queued twice: stop walking
-            problems.append(AuditProblem(b.block_id, "double_free", expected[b.block_id], b.ref_cnt, b.last_owner))
+            problems.append(AuditProblem(b.block_id, "double_free", expected[b.block_id], b.ref_cnt, owner[b.block_id]))
             break
     for b in pool.blocks:
         exp, ref = expected[b.block_id], b.ref_cnt
         kind = ref_problem(ref, exp)
         if kind is not None:
             problems.append(
-                AuditProblem(b.block_id, kind, exp, ref, _culprit(b, mapped_by.get(b.block_id, set()), ref > exp))
+                AuditProblem(
+                    b.block_id,
+                    kind,
+                    exp,
+                    ref,
+                    _culprit(ledger, b.block_id, mapped_by.get(b.block_id, set()), ref > exp),
+                )
             )
         kind = queue_problem(ref, exp, seen[b.block_id] > 0)
         if kind is not None:
-            problems.append(AuditProblem(b.block_id, kind, exp, ref, b.last_owner))
+            problems.append(AuditProblem(b.block_id, kind, exp, ref, owner[b.block_id]))
         if b.block_hash is not None and pool.cached.get(b.block_hash) is not b:
-            problems.append(AuditProblem(b.block_id, "hash_map", exp, ref, b.last_owner))
+            problems.append(AuditProblem(b.block_id, "hash_map", exp, ref, owner[b.block_id]))
     if pool.free_queue.num_free_blocks != sum(seen.values()):
         problems.append(AuditProblem(-1, "double_free", 0, 0))
     return AuditReport(tuple(problems))

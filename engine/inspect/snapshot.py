@@ -6,9 +6,11 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 
+from .pool_ledger import PoolLedger
 from .slot_init import slot_init
 
 
@@ -77,6 +79,22 @@ class KVSnapshot:
 
     def request(self, request_id: str) -> RequestInfo | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
+
+    # -- a PoolRecord ---------------------------------------------------------------------------------------
+    @property
+    def state_counts(self) -> tuple[int, ...]:
+        return _counts(self.state)
+
+    has_arrays = True
+
+    def assembled(self) -> KVSnapshot:
+        return self
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in RAW_ARRAYS}
+
+    def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
+        return dict(self.cached_tokens), dict(self.block_hashes)
 
 
 def assemble_snapshot(
@@ -222,12 +240,14 @@ class LiveRow:
         return self.tables.block_ids_view(self.request.request_id)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class PoolState:
-    """The raw pool and request state a ``KVSnapshot`` is derived from (``assemble``).
+    """The raw pool and request state a ``KVSnapshot`` is derived from (``assembled``).
 
     It is what crosses the process boundary: the derived views (state, owner, filled, the CPU
     pool) cost ~0.2 ms of a small step and are built in the window's process, where they are drawn.
+    Not frozen: its fields are never changed after it is made, but its assembled snapshot is made once,
+    when first read (the window's views and its timeline read the same one).
     """
 
     step: int
@@ -244,8 +264,7 @@ class PoolState:
     block_bytes: int = 0
     model_name: str = ""
     counts: tuple[int, ...] | None = None  # blocks per state, when the engine counted them (the wire's)
-    # the assembled snapshot, once made: the window's views and its timeline read the same record
-    _snapshot: KVSnapshot | None = field(default=None, compare=False, repr=False)
+    _snapshot: KVSnapshot | None = field(default=None, repr=False)  # assembled, once read
 
     @property
     def num_blocks(self) -> int:
@@ -255,27 +274,31 @@ class PoolState:
     def state_counts(self) -> tuple[int, ...]:
         return self.counts if self.counts is not None else state_counts(self.ref_cnt, self.has_hash)
 
-    def assemble(self) -> KVSnapshot:
+    has_arrays = True
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in RAW_ARRAYS}
+
+    def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
+        return dict(self.cached_tokens), dict(self.block_hashes)
+
+    def assembled(self) -> KVSnapshot:
         """The ``KVSnapshot`` of this state, made once."""
         if self._snapshot is None:
-            object.__setattr__(
-                self,
-                "_snapshot",
-                assemble_snapshot(
-                    self.step,
-                    self.block_size,
-                    self.ref_cnt,
-                    self.has_hash,
-                    self.last_access,
-                    self.free_queue,
-                    self.requests,
-                    self.cached_tokens,
-                    self.block_hashes,
-                    self.counters,
-                    self.num_cpu_blocks,
-                    block_bytes=self.block_bytes,
-                    model_name=self.model_name,
-                ),
+            self._snapshot = assemble_snapshot(
+                self.step,
+                self.block_size,
+                self.ref_cnt,
+                self.has_hash,
+                self.last_access,
+                self.free_queue,
+                self.requests,
+                self.cached_tokens,
+                self.block_hashes,
+                self.counters,
+                self.num_cpu_blocks,
+                block_bytes=self.block_bytes,
+                model_name=self.model_name,
             )
         return self._snapshot
 
@@ -295,21 +318,30 @@ class LiveState:
     num_cpu_blocks: int
     block_bytes: int
     model_name: str
-    pool: object  # engine.core.block_pool.BlockPool
+    ledger: PoolLedger  # the pool's record, kept as it changes
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks
+        return self.ledger.num_blocks
+
+    has_arrays = True  # the live ones: read them before the engine goes on
+
+    def assembled(self) -> None:
+        """Not drawable as it is: the wire makes a ``PoolState`` (or a digest) of it."""
+        return None
 
     @property
     def unchanged(self) -> bool:
         """Whether the pool is still as it was (every change of a block is an event, drained into the
         record this state belongs to)."""
-        return not self.pool.events
+        return not self.ledger.events
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The pool's own per-block arrays (``PoolState``'s), not copied: read them before the engine goes on."""
-        p = self.pool
+    def arrays(self) -> dict[str, np.ndarray] | None:
+        """The pool's per-block arrays (``PoolState``'s), not copied: read them before the engine goes on.
+        None once the pool has changed since this state was read (a newer record will carry them)."""
+        if not self.unchanged:
+            return None
+        p = self.ledger
         return {
             "ref_cnt": p.ref_cnt_arr,
             "has_hash": p.has_hash_arr,
@@ -319,7 +351,7 @@ class LiveState:
 
     def cache_maps(self) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
         """The prefix cache's token and hash maps, copied."""
-        return dict(self.pool.tokens_by_block.items()), dict(self.pool.hash_hex_by_block.items())
+        return dict(self.ledger.tokens_by_block.items()), dict(self.ledger.hash_hex_by_block.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,16 +370,47 @@ class StepDigest:
     block_bytes: int = 0
     model_name: str = ""
 
+    has_arrays = False  # a digest: the rows and counts of a step the window did not draw
+
+    def assembled(self) -> None:
+        return None
+
+
+RAW_ARRAYS = ("ref_cnt", "has_hash", "last_access", "free_queue")  # the per-block arrays a record carries
+
+
+class PoolRecord(Protocol):
+    """What every source of a block pool yields as a step's ``snapshot``, at one of four levels of detail:
+    ``KVSnapshot`` (drawable), ``PoolState`` (raw arrays, assembled once when drawn), ``StepDigest`` (rows and
+    counts, no arrays: a step the window did not draw) and ``LiveState`` (the engine's own objects, read by
+    an engine process before its next step). Readers ask these, never which class they hold."""
+
+    step: int
+    block_size: int
+    requests: tuple
+    counters: dict[str, float]
+    num_cpu_blocks: int
+    block_bytes: int
+    model_name: str
+    has_arrays: bool  # whether it carries the per-block arrays (a keyframe can come from it)
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def state_counts(self) -> tuple[int, ...]:
+        """Blocks per ``BlockState``, as ``np.bincount`` over the assembled snapshot's state gives them."""
+        ...
+
+    def assembled(self) -> KVSnapshot | None:
+        """The snapshot the views draw (made once), or None when it has no arrays to draw."""
+        ...
+
 
 def state_counts(ref_cnt: np.ndarray, has_hash: np.ndarray) -> tuple[int, ...]:
     """Blocks per ``BlockState`` of the device pool from the raw arrays, by the rule the snapshot's
     state uses."""
     return _counts(block_states(ref_cnt, has_hash))
-
-
-def block_counts(snap: KVSnapshot | PoolState | StepDigest) -> tuple[int, ...]:
-    """Blocks per ``BlockState`` of a snapshot, a raw pool state or a digest."""
-    return _counts(snap.state) if isinstance(snap, KVSnapshot) else snap.state_counts
 
 
 def _counts(state: np.ndarray) -> tuple[int, ...]:
@@ -357,14 +420,14 @@ def _counts(state: np.ndarray) -> tuple[int, ...]:
 def pool_state(
     step: int,
     block_size: int,
-    pool,
+    pool: PoolLedger,
     requests: list[RequestInfo],
     counters: dict,
     num_cpu_blocks: int,
     block_bytes: int = 0,
     model_name: str = "",
 ) -> PoolState:
-    """The raw state of a live ``BlockPool``, copied (the replay rebuilds the same from its event stream)."""
+    """The raw state of a live pool from its ledger, copied (the replay rebuilds the same from its event stream)."""
     for a in (
         ref_cnt := pool.ref_cnt_arr.copy(),
         has_hash := pool.has_hash_arr.copy(),

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .events import Event, event_from_dict
+from .jsonl import JsonLinesWriter, read_versioned_header
 from .replay import PoolReplayer
 from .snapshot import KVSnapshot, RequestInfo, assemble_snapshot
 
@@ -32,17 +33,6 @@ class TraceError(ValueError):
 
 def _info_dict(r: RequestInfo) -> dict:
     return dataclasses.asdict(r)
-
-
-def _what_it_is(path: str | Path) -> str:
-    """What a file that is not a trace seems to be, in the words of the flag that takes it."""
-    try:
-        whole = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "its first line is not JSON (a trace is JSON lines, written by --trace)"
-    if isinstance(whole, dict) and "requests" in whole and ("title" in whole or "config" in whole):
-        return f"it is a scenario file (run it with --scenario {path})"
-    return "it is one JSON document, not JSON lines (a trace is written by --trace)"
 
 
 def check_replayable(num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
@@ -67,13 +57,8 @@ class TraceWriter:
                 f"cannot record a trace: {e} (a smaller --num-cpu-blocks or --swap-space, or a smaller pool)"
             ) from None
         self.path = Path(path)
-        self._f = self.path.open("w", encoding="utf-8")
         self._rows: dict[str, RequestInfo] = {}
-        self._write({"format": FORMAT, "version": VERSION, **header})
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
+        self._out = JsonLinesWriter(path, FORMAT, VERSION, header)
 
     def record(
         self, snap: KVSnapshot, events: list[Event], leaked: list[int] | None = None, seconds: float = 0.0
@@ -81,7 +66,7 @@ class TraceWriter:
         """``seconds``: what the step took, so a replay reports the recorded run's timings (TTFT, decode)."""
         changed = [_info_dict(r) for r in snap.requests if self._rows.get(r.request_id) != r]
         self._rows.update({r.request_id: r for r in snap.requests})
-        self._write(
+        self._out.write(
             {
                 "step": snap.step,
                 "events": [e.to_dict() for e in events],
@@ -94,7 +79,7 @@ class TraceWriter:
         )
 
     def close(self) -> None:
-        self._f.close()
+        self._out.close()
 
 
 @dataclasses.dataclass
@@ -107,28 +92,7 @@ class TraceRecord:
 
 
 def read_header(path: str | Path) -> dict:
-    try:
-        with Path(path).open(encoding="utf-8") as f:
-            first = f.readline()
-    except UnicodeDecodeError:
-        raise TraceError(
-            f"{path} is not a kvscope trace: it is not a text file (a trace is JSON lines, written by --trace)"
-        ) from None
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
-    try:
-        header = json.loads(first)
-    except json.JSONDecodeError:
-        raise TraceError(f"{path} is not a kvscope trace: {_what_it_is(path)}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise TraceError(f"{path} is not a kvscope trace (no '{FORMAT}' header)")
-    version = header.get("version")
-    if not _is_int(version) or version < 1:
-        raise TraceError(f"{path}: trace version {version!r} is not a version (1..{VERSION})")
-    if version > VERSION:
-        raise TraceError(
-            f"{path} was written by a newer kvscope (trace version {version}); this one reads version {VERSION}"
-        )
+    header = read_versioned_header(path, FORMAT, VERSION, "a kvscope trace", TraceError)
     for key in ("num_blocks", "block_size"):
         if not _is_int(header.get(key)) or header[key] < 1:
             raise TraceError(f"{path}: header field {key!r} is missing or invalid")

@@ -13,8 +13,9 @@ import json
 import sys
 from dataclasses import fields
 
-from ..config import EVICTION_POLICIES, HASH_ALGOS, PREEMPTION_MODES, EngineConfig, field_type
-from .costmodel import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
+from ..config import EVICTION_POLICIES, EngineConfig
+from ..config_options import OneLineParser, add_fields, choice_list
+from ..messages import one_line
 from .driver import SimConfig, WorkloadResult, run_workload
 from .fleet import run_fleet
 from .fleet_config import FleetConfig, check_fleet, parse_instance_counts
@@ -24,7 +25,7 @@ from .sweep import format_table, plot_sweep, reference_row, sweep
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="python -m engine.workload",
         description="Play a request trace (Mooncake's JSONL, or kvscope's own) through the engine's scheduler and "
         "block pool without weights; a cost model's step time stands in for the forward pass.",
@@ -34,39 +35,34 @@ def parser() -> argparse.ArgumentParser:
         help="the workload: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or "
         "kvscope JSONL (arrival, prompt, max_tokens)",
     )
-    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--num-gpu-blocks", type=int, help="the pool's size in blocks")
-    size.add_argument(
-        "--kv-tokens",
-        type=float,
-        help="the pool's size in tokens (1e6, 3e7, ...); default: what fits beside the weights on the simulated cards",
+    # The engine's and the simulated machine's flags, made from their config fields as kvscope's own parser makes
+    # them (engine/config_options.py): the same names, types, bounds, choices and help.
+    engine = ap.add_argument_group("engine (EngineConfig: the same flags as kvscope's)")
+    add_fields(engine, EngineConfig, ("block_size",))
+    size = engine.add_mutually_exclusive_group()  # the pool's size: in blocks, or in tokens (SimConfig's)
+    add_fields(size, EngineConfig, ("num_gpu_blocks",))
+    add_fields(size, SimConfig, ("kv_tokens",))
+    add_fields(
+        engine,
+        EngineConfig,
+        ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "preemption_mode", "hash_algo", "tokenizer"),
     )
-    ap.add_argument(
-        "--sequential",
-        action="store_true",
-        help="one request at a time, each finished before the next, prompts only (Figure 9's assumption)",
+    ev = next(f for f in fields(EngineConfig) if f.name == "eviction_policy")
+    engine.add_argument(
+        "--eviction-policy",
+        type=choice_list("eviction_policy", EVICTION_POLICIES),
+        default=[ev.default],
+        metavar="POLICY[,POLICY]",
+        help=f"{ev.metadata['help']}; a comma-separated list ({','.join(EVICTION_POLICIES)}) runs each and compares "
+        f"them (default {ev.default})",
     )
+    sim = ap.add_argument_group("the simulated machine (SimConfig)")
+    add_fields(sim, SimConfig, [f.name for f in fields(SimConfig) if f.name != "kv_tokens"])
     ap.add_argument(
         "--sweep-kv-tokens",
         metavar="LIST",
         help="run every capacity in this comma-separated list of token counts (1e4,1e5,1e6,...) and print the table",
     )
-    ap.add_argument(
-        "--eviction-policy",
-        default="lru",
-        help=f"{' or '.join(EVICTION_POLICIES)}, or a comma-separated list to compare them (default lru)",
-    )
-    ap.add_argument("--sim-model", default=DEFAULT_MODEL, help=f"one of {', '.join(MODELS)} (default {DEFAULT_MODEL})")
-    ap.add_argument("--sim-gpu", default=DEFAULT_GPU, help=f"one of {', '.join(GPUS)} (default {DEFAULT_GPU})")
-    ap.add_argument("--sim-tp", type=int, help="cards the model is split over (default: the fewest that fit it)")
-    ap.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times by this (default 1)")
-    ap.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once (default 64)")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of a step (default 2048)")
-    ap.add_argument("--max-model-len", type=int, help="cap the simulated model's context")
-    ap.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
-    ap.add_argument("--hash-algo", default="sha256", choices=HASH_ALGOS)
-    ap.add_argument("--tokenizer", help="a tokenizer (hub id or folder) for text prompts in a kvscope workload")
     ap.add_argument("--limit", type=int, help="only the first N requests")
     ap.add_argument("--json", action="store_true", help="print JSON: {workload: ...} or {sweep: [...], reference: ...}")
     ap.add_argument(
@@ -76,10 +72,7 @@ def parser() -> argparse.ArgumentParser:
         "TTFT and load imbalance against N (default: TRACE_fleet.png)",
     )
     g = ap.add_argument_group("fleet (docs/routing.md)")
-    for f in fields(FleetConfig):
-        g.add_argument(
-            "--" + f.name.replace("_", "-"), type=field_type(FleetConfig, f)[0], default=None, help=f.metadata["help"]
-        )
+    add_fields(g, FleetConfig)
     g.add_argument(
         "--sweep-instances",
         metavar="LIST",
@@ -99,34 +92,10 @@ def parse_floats(text: str) -> list[float]:
     return out
 
 
-def policies_of(text: str) -> list[str]:
-    out = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in out if p not in EVICTION_POLICIES]
-    if not out or bad:
-        raise ValueError(
-            f"--eviction-policy takes {', '.join(EVICTION_POLICIES)} (or a comma-separated list), got {text!r}"
-        )
-    return out
-
-
 def configs(args: argparse.Namespace) -> tuple[EngineConfig, SimConfig]:
-    config = EngineConfig(
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        preemption_mode=args.preemption_mode,
-        hash_algo=args.hash_algo,
-    )
-    sim = SimConfig(
-        sim_model=args.sim_model,
-        sim_gpu=args.sim_gpu,
-        sim_tp=args.sim_tp,
-        kv_tokens=args.kv_tokens,
-        sequential=args.sequential,
-        time_scale=args.time_scale,
-    )
+    given = {f.name for f in fields(EngineConfig)} & set(vars(args)) - {"eviction_policy", "tokenizer"}
+    config = EngineConfig(**{name: getattr(args, name) for name in given})
+    sim = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})
     config.validate()
     sim.validate()
     return config, sim
@@ -165,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             args.file,
             config,
             sim,
-            policies_of(args.eviction_policy),
+            args.eviction_policy,
             parse_floats(args.sweep_kv_tokens) if args.sweep_kv_tokens else None,
             png=args.png,
             as_json=args.json,
@@ -177,10 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # a WorkloadError is a ValueError
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-
-
-def one_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def check_sweeps(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from engine.messages import one_line
+
 
 def main(argv: list[str] | None = None) -> int:
     from kvscope.cli.parser import engine_config, parse_args
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         for notice in check_scenario_flags(args, config):  # a flag applied over a scenario's setting, said
             print(f"kvscope: {notice}", file=sys.stderr)
     except ValueError as e:
-        print(f"kvscope: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2
     if args.workload and args.headless:
         from kvscope.cli.workload import run_workload_headless

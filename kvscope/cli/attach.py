@@ -2,7 +2,7 @@
 window. The flags are ``cli.parser``'s; publishing kvscope's own events is ``runtime.build``'s.
 
 The source is a ``Source`` like any other: headless, ``cli.headless.drive`` steps it (one step a poll) and
-its ``AttachSummary`` is what is printed."""
+its ``PollSummary`` (the source's ``poll_summary``) is what is printed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import logging
 import sys
 
 from kvscope.cli.headless import drive
-from kvscope.sources.attached import AttachConfig, AttachedSource, AttachReplay, AttachSummary
+from kvscope.sources.attached import AttachConfig, AttachedSource, AttachReplay
+from kvscope.sources.poll_summary import PollSummary
 
 log = logging.getLogger("kvscope.kv_events")
 
@@ -56,7 +57,8 @@ def open_attach_source(args: argparse.Namespace) -> AttachedSource | AttachRepla
 
 
 def attach_summary_lines(out: dict) -> list[str]:
-    """``AttachSummary.as_dict()`` in text: the polls, the cache, the counters, the gaps and what was skipped."""
+    """An attached source's ``PollSummary.as_dict()`` in text: the polls, the cache, the counters, the gaps and
+    what was skipped."""
     c = out["counters"]
     lines = [
         f"attached to {', '.join(out['attached_to'])}: {out['polls']} polls in {out['seconds']} s",
@@ -77,7 +79,7 @@ def attach_summary_lines(out: dict) -> list[str]:
 
 def run_attach_headless(source: AttachedSource | AttachReplay, args: argparse.Namespace) -> int:
     """The one headless loop (``--steps`` polls, ``--duration`` seconds, or until Ctrl+C or the trace's end)."""
-    summary = AttachSummary(source)
+    summary = PollSummary(source)
     failed = drive(source, summary.add, args.steps, args.duration, until_interrupted=True)
     if failed is not None:
         return failed

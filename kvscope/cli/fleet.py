@@ -11,11 +11,13 @@ import argparse
 import json
 import sys
 
+from engine.messages import one_line
 from kvscope.cli.headless import drive
-from kvscope.messages import bytes_text, one_line
-from kvscope.sources.fleet import FleetSource, FleetSummary
+from kvscope.messages import bytes_text
+from kvscope.sources.fleet import FleetSource
 from kvscope.sources.fleet_route import RouteAnswer
 from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec, check_fleet, check_zmq_address, read_fleet_file
+from kvscope.sources.poll_summary import PollSummary
 
 _PER_INSTANCE_FLAGS = (
     ("replay_endpoint", "--replay-endpoint", []),
@@ -134,7 +136,7 @@ def open_fleet(args: argparse.Namespace) -> tuple[FleetSource, list[int] | None,
 
 
 def fleet_summary_lines(out: dict) -> list[str]:
-    """``FleetSummary.as_dict()['fleet']`` in text: each instance, the fleet in all, and the route's answer."""
+    """A fleet's ``PollSummary.as_dict()['fleet']`` in text: each instance, the fleet in all, and the route's answer."""
     a = out["in_all"]
     lines = [
         f"fleet ({out['origin']}): {a['instances']} instances, {a['up']} up; {out['polls']} polls in {out['seconds']} s"
@@ -167,7 +169,7 @@ def fleet_summary_lines(out: dict) -> list[str]:
 def run_fleet_headless(source: FleetSource, args: argparse.Namespace, tokens: list[int] | None) -> int:
     """The one headless loop; each instance that goes, comes back, restarts or loses batches is one line on stderr
     as it happens; at the end the ``fleet`` object (``--json``) or its lines, with the route's answer."""
-    summary = FleetSummary(source)
+    summary = PollSummary(source)
 
     def on_record(rec) -> None:
         summary.add(rec)
@@ -182,7 +184,7 @@ def run_fleet_headless(source: FleetSource, args: argparse.Namespace, tokens: li
         print("kvscope: nothing to show (no poll ran)", file=sys.stderr)
         return 2
     route: RouteAnswer | None = source.route(tokens) if tokens is not None else None
-    out = summary.as_dict(route)
+    out = summary.as_dict(route=route)
     print(json.dumps(out, indent=2) if args.json else "\n".join(fleet_summary_lines(out["fleet"])))
     return 0
 

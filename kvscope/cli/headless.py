@@ -1,7 +1,7 @@
 """``kvscope --headless``: run (or replay) with no Qt at all and print what happened.
 
 ``drive`` is the one headless loop over any ``Source`` (a live engine, a trace replay, an attached engine
-or its replay); what is printed after it is the source's summary (``Summary``, or ``AttachSummary`` in
+or its replay); what is printed after it is the source's summary (``Summary``, or ``PollSummary`` in
 ``cli.attach``).
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from engine import EngineConfig, SamplingParams
 from engine.inspect.audit import AuditReport
 from engine.inspect.block_story import BlockStory, format_story
+from engine.messages import one_line
 from kvscope.cli.parser import source_spec
 from kvscope.diagnosis import CACHING_OFF
-from kvscope.messages import one_line
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime.build import build_source
 from kvscope.sources.base import Source, StepRecord

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 
 from engine import EngineConfig
-from engine.config import check_value, config_fields, field_type
+from engine.config import config_fields
+from engine.config_options import OneLineParser, add_field_option
 from engine.inspect.kv_events import HASH_FORMATS, WIRE_FORMATS
-from kvscope.arg_types import (
+from kvscope.cli.arg_types import (
     font_scale,
     port,
     positive_float,
@@ -33,34 +33,8 @@ from kvscope_vllm_probe.constants import FAULTS as PROBE_FAULTS
 ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """Bad input is one line on stderr and exit code 2 (argparse's own usage block is several)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse's name
-        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 # The panels below the grid (MainWindow.docks) that --view can bring to the front.
 VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss", "welcome")  # welcome: the first screen
-
-
-def _typed(f: dataclasses.Field, tp: type, cls: type = EngineConfig):
-    """An argparse type that parses and checks one field's value against its metadata."""
-
-    def parse(text: str):
-        try:
-            value = tp(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if tp is int else 'a number'}") from None
-        try:
-            check_value(f, value, cls)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return value
-
-    parse.__name__ = tp.__name__
-    return parse
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
@@ -68,34 +42,6 @@ def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._Argume
     for f in config_fields():
         add_field_option(groups.get(f.metadata.get("group"), p), EngineConfig, f)
     return groups
-
-
-def add_field_option(g, cls: type, f: dataclasses.Field) -> None:
-    """One dataclass field (``engine.config.option`` metadata) as ``--field-name``."""
-    m = f.metadata
-    tp, _optional = field_type(cls, f)
-    flag = "--" + f.name.replace("_", "-")
-    default = f.default
-    if tp is bool:
-        g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=m["help"])
-        for alias in m.get("aliases", ()):
-            g.add_argument(
-                alias,
-                dest=f.name,
-                action="store_const",
-                const=not default,
-                default=argparse.SUPPRESS,
-                help=f"same as {'--no-' + flag[2:] if default else flag}",
-            )
-        return
-    kwargs: dict = {"dest": f.name, "default": default, "help": m["help"]}
-    choices = m.get("choices")
-    if choices is not None:
-        kwargs["choices"] = [c for c in choices if c is not None]
-    elif tp in (int, float):
-        kwargs["type"] = _typed(f, tp, cls)
-        kwargs["metavar"] = "N" if tp is int else "X"
-    g.add_argument(flag, *m.get("aliases", ()), **kwargs)
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,8 @@ import signal
 import sys
 
 from engine import EngineConfig, SamplingParams
+from engine.messages import one_line
 from kvscope.cli.parser import serve_options, source_spec
-from kvscope.messages import one_line
 from kvscope.runtime.build import build_source
 from kvscope.runtime.loop import HostLoop
 from kvscope.serve.server import start_server

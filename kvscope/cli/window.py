@@ -8,6 +8,7 @@ import sys
 
 from engine import EngineConfig
 from engine.inspect.trace import count_steps
+from engine.messages import one_line
 from kvscope.cli.checks import window_problem
 from kvscope.cli.parser import serve_options, source_spec, window_limits
 
@@ -58,8 +59,21 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
     return run_app(opts, early)
 
 
+def presentation_refused(args: argparse.Namespace, window: str) -> str | None:
+    """Presentation shows a lesson, and only the main window has lessons: one line for the other kinds."""
+    if args.present:
+        return f"kvscope: --present shows a lesson in the main window: not with {window}"
+    return None
+
+
 def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
     """``kvscope --workload FILE --instances N``: the fleet's pools side by side, played on the GUI thread."""
+    refused = presentation_refused(args, "--instances (a simulated fleet's window)") or steps_problem(
+        args, "--instances (a simulated fleet)"
+    )
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     from kvscope.cli.parser import fleet_config, sim_config
     from kvscope.sources.fleet_sim import SimFleetSpec, build_sim_fleet_source
 
@@ -68,13 +82,18 @@ def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
             SimFleetSpec(args.workload, sim_config(args), fleet_config(args), args.limit), config
         )
     except ValueError as e:
-        print(f"kvscope: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"kvscope: {one_line(e)}", file=sys.stderr)
         return 2
-    from kvscope.ui.views.fleet_sim_view import run_sim_fleet_window as run
+    from kvscope.ui.windows import run_sim_fleet
 
-    return run(
-        source, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size, font_scale=args.font_scale
-    )
+    return run_sim_fleet(source, host_options(args), args.steps)
+
+
+def host_options(args: argparse.Namespace):
+    """What every window kind takes from the command line (``ui.host.HostOptions``)."""
+    from kvscope.ui.host import HostOptions
+
+    return HostOptions(args.screenshot, args.window_size, args.font_scale, args.present)
 
 
 def demo_prompts() -> list:
@@ -85,28 +104,30 @@ def demo_prompts() -> list:
 
 
 def steps_problem(args: argparse.Namespace, what: str) -> str | None:
-    """``--steps N`` in a window that follows another engine's events: it takes no steps (refused in one line,
-    never ignored); with ``--screenshot`` it counts the polls before the picture."""
+    """``--steps N`` in a window whose driver polls on its own (an attached engine, a fleet, a simulated fleet):
+    refused in one line, never ignored; with ``--screenshot`` it counts the polls before the picture."""
     if args.steps and not args.screenshot:
         return (
-            f"kvscope: --steps {args.steps} with {what} in a window: it follows another engine's events and takes "
-            "no steps (--steps counts its polls with --screenshot)"
+            f"kvscope: --steps {args.steps} with {what} in a window: it polls on its own and takes no steps "
+            "(--steps counts its polls with --screenshot)"
         )
     return None
 
 
 def run_attach_window(source, args: argparse.Namespace) -> int:
     """``kvscope --attach ADDR``: the same display checks as every other window."""
-    problem = window_problem(args) or steps_problem(args, "--attach")
+    problem = (
+        window_problem(args)
+        or presentation_refused(args, "--attach (the attach window)")
+        or steps_problem(args, "--attach")
+    )
     if problem:
         source.close()
         print(problem, file=sys.stderr)
         return 2
-    from kvscope.ui.views.prefix_forest import run_attach_window as run
+    from kvscope.ui.windows import run_attach
 
-    return run(
-        source, interval=args.poll_interval, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size
-    )
+    return run_attach(source, host_options(args), args.poll_interval, args.steps)
 
 
 def run_fleet_window(
@@ -114,20 +135,23 @@ def run_fleet_window(
 ) -> int:
     """``kvscope --fleet FILE`` or several ``--attach``: the same display checks as every other window. The prompt
     box tokenizes with ``tokenizer`` (None: it takes token ids, and ``tokenizer_error`` says why)."""
-    problem = window_problem(args) or steps_problem(args, "--fleet")
+    problem = (
+        window_problem(args)
+        or presentation_refused(args, "a fleet (the fleet window)")
+        or steps_problem(args, "--fleet")
+    )
     if problem:
         source.close()
         print(problem, file=sys.stderr)
         return 2
-    from kvscope.ui.views.fleet_view import run_fleet_window as run
+    from kvscope.ui.windows import run_fleet
 
     tokenize = (lambda text: list(tokenizer.encode(text))) if tokenizer is not None else None
-    return run(
+    return run_fleet(
         source,
-        interval=args.poll_interval,
-        screenshot=args.screenshot,
-        steps=args.steps,
-        window_size=args.window_size,
+        host_options(args),
+        args.poll_interval,
+        args.steps,
         tokenize=tokenize,
         decode=tokenizer.decode if tokenizer else None,
         tokenizer_error=tokenizer_error,

@@ -73,7 +73,8 @@ def _tokenizer(config: EngineConfig):
 
 
 def run_workload_headless(config: EngineConfig, args: argparse.Namespace) -> int:
-    from engine.workload.cli import one_line, parse_floats, play
+    from engine.messages import one_line
+    from engine.workload.cli import parse_floats, play
     from engine.workload.fleet_config import parse_instance_counts
     from kvscope.cli.parser import fleet_config, sim_config
 

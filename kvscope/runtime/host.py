@@ -13,7 +13,7 @@ import os
 import traceback
 from collections.abc import Callable
 
-from kvscope.messages import one_line
+from engine.messages import one_line
 from kvscope.runtime import protocol as p
 from kvscope.sources.base import REMOTE_STEPPING, Source
 from kvscope.sysinfo import MemoryProbe, MemoryReading

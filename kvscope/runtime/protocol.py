@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.inspect.snapshot import PoolState
 from kvscope.sources.base import InjectSpec, SourceInfo, StepRecord
 from kvscope.sysinfo import MemoryReading
 
@@ -140,12 +139,13 @@ class Stepped:
         return self.record.seconds
 
     def assembled(self) -> Stepped:
-        """This result with a raw ``PoolState`` (an engine process's) assembled into the ``KVSnapshot`` the
-        views draw; any other result as it is."""
-        rec = self.record
-        if not isinstance(rec.snapshot, PoolState):
+        """This result with its pool's state assembled into the ``KVSnapshot`` the views draw (an engine
+        process's raw ``PoolState``); a digest, a poll or a snapshot as it is."""
+        snap = self.record.snapshot
+        drawn = snap.assembled() if snap is not None else None
+        if drawn is None or drawn is snap:
             return self
-        return Stepped(replace(rec, snapshot=rec.snapshot.assemble()), self.memory)
+        return Stepped(replace(self.record, snapshot=drawn), self.memory)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ knows what follows it, one release may still be on its way back, and the engine 
 
 The window's process creates (and unlinks) the slots, so they outlive a crashed engine process;
 the engine process attaches by name. Each slot holds the raw per-block arrays of one step (a batch's
-last, ``PoolState``'s); the window's process derives the rest (``PoolState.assemble``).
+last, ``PoolState``'s); the window's process derives the rest (``PoolState.assembled``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-# name -> dtype; each array has one entry per device block (the free queue at most that many)
+from engine.inspect.snapshot import RAW_ARRAYS
+
 NUM_SLOTS = 3  # with two, every other record at full speed found none free and pickled its arrays
-FIELDS: tuple[tuple[str, str], ...] = (
-    ("ref_cnt", "i4"),
-    ("has_hash", "?"),
-    ("last_access", "i8"),
-    ("free_queue", "i4"),
-)
+# each raw array a record carries, with its dtype; one entry per device block (the free queue at most that many)
+_DTYPES = {"ref_cnt": "i4", "has_hash": "?", "last_access": "i8", "free_queue": "i4"}
+FIELDS: tuple[tuple[str, str], ...] = tuple((name, _DTYPES[name]) for name in RAW_ARRAYS)
 
 
 def _layout(n: int) -> tuple[dict[str, tuple[int, np.dtype, int]], int]:

@@ -26,21 +26,18 @@ from engine.inspect.event_codec import pack_events, unpack_events
 from engine.inspect.replay import apply_cache_event
 from engine.inspect.snapshot import (
     LiveRow,
-    LiveState,
     PoolState,
     RequestInfo,
     StepDigest,
-    block_counts,
     prompt_of,
     request_fields,
 )
 from engine.outputs import StepOutput
 from kvscope.runtime.protocol import Stepped
-from kvscope.runtime.shm import FIELDS, ShmSlots
+from kvscope.runtime.shm import ShmSlots
 from kvscope.sources.base import StepRecord
 from kvscope.sysinfo import MemoryReading
 
-ARRAYS = tuple(name for name, _ in FIELDS)
 SCALARS = ("block_size", "num_blocks", "num_cpu_blocks", "block_bytes", "model_name")  # sent with each batch
 BATCH_S = 0.02  # at full speed, steps are sent together for this long (the window redraws at most every 33 ms)
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
@@ -230,19 +227,6 @@ class WireBatch:
         return self.steps[-1]
 
 
-def _arrays_of(snap) -> dict[str, np.ndarray] | None:
-    """The per-block arrays of the state a record holds, or None when a live state has changed since."""
-    if isinstance(snap, LiveState):
-        return snap.arrays() if snap.unchanged else None
-    return {name: getattr(snap, name) for name in ARRAYS}  # a copied PoolState, or a replay's KVSnapshot
-
-
-def _cache_of(snap) -> tuple[dict, dict]:
-    if isinstance(snap, LiveState):
-        return snap.cache_maps()
-    return dict(snap.cached_tokens), dict(snap.block_hashes)
-
-
 class RecordEncoder:
     """Engine-process side: ``add`` each record as it is made (its rows must be read before the engine
     goes on), ``flush`` the batch when it is ``due``, before anything else is sent, and before waiting."""
@@ -277,7 +261,7 @@ class RecordEncoder:
         rec, snap = st.record, st.record.snapshot  # a LiveState, a PoolState, or a replay's KVSnapshot
         cache = None
         if not self.cache_sent:  # a new source: its maps whole, its rows whole, at once
-            cache, self.cache_sent, self._now = _cache_of(snap), True, True
+            cache, self.cache_sent, self._now = snap.cache_maps(), True, True
             self.rows_sent.clear()
         out = rec.step_output
         self.pending.append(
@@ -285,7 +269,7 @@ class RecordEncoder:
                 rec.step,
                 encode_rows(snap.requests, self.rows_sent),
                 snap.counters,
-                block_counts(snap),
+                snap.state_counts,
                 cache,
                 pack_events(rec.events),
                 out is not None,
@@ -310,7 +294,7 @@ class RecordEncoder:
             return None
         snap, steps = self._last, tuple(self.pending)
         self.pending, self._last, self._now, self._flushed = [], None, False, time.monotonic()
-        arrays = _arrays_of(snap)
+        arrays = snap.arrays()  # None: a live state that changed since (a newer record carries them)
         slot = lengths = inline = None
         if arrays is not None:
             if self.slots is not None and self.free and self.slots.fits(snap.num_blocks):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from engine import LLMEngine, SamplingParams
 from engine.inputs import PromptType, to_token_ids
+from engine.messages import one_line
 from engine.outputs import CompletionOutput, RequestOutput, StepOutput
 from kvscope.serve.metrics import ServeMetrics
 
@@ -206,7 +207,7 @@ class RequestBridge:
             bad_input = isinstance(e, (ValueError, TypeError, LookupError)) or "Template" in type(e).__name__
             if not bad_input:
                 logger.exception("request %s refused", stream.request_id)
-            stream.push("refused", RequestRefused(_one_line(e), 400 if bad_input else 500))
+            stream.push("refused", RequestRefused(one_line(e), 400 if bad_input else 500))
             return
         stream.prompt_token_ids = engine.requests[stream.request_id].prompt_token_ids
         stream.n = params.n
@@ -266,8 +267,3 @@ def _aborted_output(stream: RequestStream) -> RequestOutput:
         True,
         last.num_cached_tokens if last else 0,
     )
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]

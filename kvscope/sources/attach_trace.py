@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.inspect.jsonl import JsonLinesWriter, file_format, read_versioned_header
+
 FORMAT = "kvscope-attach-trace"
 VERSION = 1
 
@@ -30,21 +32,12 @@ class AttachTraceError(ValueError):
     """A trace that cannot be read; the message is one line."""
 
 
-class AttachTraceWriter:
+class AttachTraceWriter(JsonLinesWriter):
     def __init__(self, path: str | Path, header: dict) -> None:
-        self.path = Path(path)
-        try:
-            self._f = self.path.open("w", encoding="utf-8")
-        except OSError as e:
-            raise ValueError(f"cannot write trace {path}: {e.strerror or e}") from None
-        self._write({"format": FORMAT, "version": VERSION, **header})
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
+        super().__init__(path, FORMAT, VERSION, header)
 
     def msg(self, tick: int, stream: int, seq: int, src: str, payload: bytes) -> None:
-        self._write(
+        self.write(
             {
                 "k": "msg",
                 "tick": tick,
@@ -56,47 +49,22 @@ class AttachTraceWriter:
         )
 
     def gap(self, tick: int, stream: int, first: int, last: int, reason: str) -> None:
-        self._write({"k": "gap", "tick": tick, "stream": stream, "first": first, "last": last, "reason": reason})
+        self.write({"k": "gap", "tick": tick, "stream": stream, "first": first, "last": last, "reason": reason})
 
     def restart(self, tick: int, stream: int, ranks: list[int]) -> None:
-        self._write({"k": "restart", "tick": tick, "stream": stream, "ranks": sorted(ranks)})
+        self.write({"k": "restart", "tick": tick, "stream": stream, "ranks": sorted(ranks)})
 
     def tick(self, tick: int, t: float, counters: dict) -> None:
-        self._write({"k": "tick", "tick": tick, "t": round(t, 6), "counters": counters})
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self._f.close()
+        self.write({"k": "tick", "tick": tick, "t": round(t, 6), "counters": counters})
 
 
 def is_attach_trace(path: str | Path) -> bool:
     """Whether ``path`` starts with an attach-trace header (False for anything unreadable)."""
-    try:
-        with Path(path).open(encoding="utf-8") as f:
-            header = json.loads(f.readline())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(header, dict) and header.get("format") == FORMAT
+    return file_format(path) == FORMAT
 
 
 def read_attach_header(path: str | Path) -> dict:
-    try:
-        with Path(path).open(encoding="utf-8") as f:
-            first = f.readline()
-    except (OSError, UnicodeDecodeError) as e:
-        raise AttachTraceError(f"cannot read trace {path}: {e}") from None
-    try:
-        header = json.loads(first)
-    except json.JSONDecodeError:
-        raise AttachTraceError(f"{path} is not an attach trace (its first line is not JSON)") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise AttachTraceError(f"{path} is not an attach trace (no '{FORMAT}' header)")
-    version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
-        raise AttachTraceError(
-            f"{path} was written by a newer kvscope (attach trace version {version}); this one reads version {VERSION}"
-        )
-    return header
+    return read_versioned_header(path, FORMAT, VERSION, "an attach trace", AttachTraceError)
 
 
 @dataclass

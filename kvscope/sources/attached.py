@@ -9,7 +9,7 @@ applies every batch to a ``RemoteCacheModel`` (the prefix forest). ``poll()`` re
 Both are ``base.Source``s with the one capability ``PREFIX_FOREST``: ``step()`` is one poll (waiting up
 to ``AttachConfig.poll_interval`` for the first message), its record's snapshot the ``AttachRecord``;
 ``has_work()`` is true while subscribed (a replay: until the trace ends); every command raises
-``ReadOnlyError``. ``AttachSummary`` is what they add to a headless run's summary.
+``ReadOnlyError``. Their ``poll_summary`` is what they add to a headless run's summary (``PollSummary``).
 
 Bad input never stops it: a message that is not three frames, a payload that is not msgpack,
 an event of an unknown kind or with fields of the wrong type is counted and skipped. Memory
@@ -33,7 +33,7 @@ from engine.inspect.events import Event
 from engine.inspect.kv_wire import MalformedBatch, decode_batch
 from kvscope.sources.attach_record import AttachRecord, Gap
 from kvscope.sources.attach_trace import AttachTraceWriter, read_attach_header, read_attach_trace
-from kvscope.sources.base import ATTACH_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import ATTACH_CAPABILITIES, ReadOnlyError, ReadOnlySource, SourceInfo, StepRecord
 from kvscope.sources.endpoints import offset_endpoint
 from kvscope.sources.remote_cache import RemoteCacheModel, RemoteEvicted, RemoteStored
 
@@ -249,19 +249,12 @@ def _info(model_name: str, device: str, block_size: int | None, **extra) -> Sour
     )
 
 
-class _ReadOnly:
-    """The ``Source`` commands of an attached engine: none (kvscope only hears its KV events)."""
+class AttachedBase(ReadOnlySource):
+    """What an attached engine and its replay share: no commands (kvscope only hears its KV events), no audit,
+    no tokenizer, and the summary of a poll."""
 
     info: SourceInfo
     refusal = "an attached engine is read-only: kvscope hears its KV events and sends it nothing"
-
-    def current(self) -> StepRecord:
-        raise ReadOnlyError(self.refusal)
-
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError(self.refusal)
-
-    inject = abort = fork = reset_prefix_cache = _refuse
 
     def set_audit(self, on: bool) -> None:
         if on:
@@ -276,12 +269,40 @@ class _ReadOnly:
         """The panel's header: ``info``'s name and device, the endpoints, topic, block size, what it cannot show."""
         return {"model_name": self.info.model_name, "device": self.info.device, **self.info.extra}
 
+    def poll_summary(self, rec: StepRecord, polls: int) -> dict:
+        """What a headless run prints (``PollSummary``): the forest, the counters and the unrepaired gaps at
+        the last poll, the polls taken and the seconds they spanned on the source's clock (a replay: the
+        recorded run's)."""
+        d, last = self.describe(), rec.cache
+        s, c, seconds = last.summary, last.counters, last.t
+        return {
+            "attached_to": d.get("endpoints", []),
+            "replay_endpoints": d.get("replay_endpoints", []),
+            "topic": d.get("topic", ""),
+            "polls": polls,
+            "seconds": round(seconds, 3),
+            "blocks": s.blocks,
+            "tokens": s.tokens,
+            "roots": s.roots,
+            "tiers": [t.as_dict() for t in s.tiers],
+            "block_sizes": sorted(self.model.block_sizes),
+            "rates": {
+                "stored_per_s": round(c["blocks_stored"] / seconds, 3) if seconds > 0 else 0.0,
+                "removed_per_s": round(c["blocks_removed"] / seconds, 3) if seconds > 0 else 0.0,
+                "window_stored_per_s": round(last.rates["stored_per_s"], 3),
+                "window_removed_per_s": round(last.rates["removed_per_s"], 3),
+            },
+            "counters": c,
+            "gaps_unrepaired": [g.as_dict() for g in last.gaps],
+            "cannot_show": CANNOT_SHOW,
+        }
+
     @staticmethod
     def _record(rec: AttachRecord, seconds: float) -> StepRecord:
-        return StepRecord(rec.tick, rec, list(rec.events), None, seconds)
+        return StepRecord(rec.tick, None, list(rec.events), None, seconds, cache=rec)
 
 
-class AttachedSource(_ReadOnly):
+class AttachedSource(AttachedBase):
     """Subscribe, keep sequences whole, and model the remote cache. Not thread-safe: one thread polls."""
 
     def __init__(self, config: AttachConfig, trace_path: str | None = None) -> None:
@@ -542,7 +563,7 @@ class AttachedSource(_ReadOnly):
             self._ctx.term()
 
 
-class AttachReplay(_ReadOnly):
+class AttachReplay(AttachedBase):
     """Plays an attach trace back: the same payloads through the same model; counters as recorded."""
 
     refusal = "a replay of an attach is read-only: it shows what was recorded"
@@ -608,43 +629,3 @@ class AttachReplay(_ReadOnly):
 
     def close(self) -> None:
         pass
-
-
-class AttachSummary:
-    """What an attached source adds to a headless run's summary (``--headless [--json]``): the forest, the
-    counters and the unrepaired gaps at the last poll, the polls taken and the seconds they spanned on the
-    source's clock (a replay: the recorded run's)."""
-
-    def __init__(self, source: AttachedSource | AttachReplay) -> None:
-        self.source = source
-        self.polls = 0
-        self.last: AttachRecord | None = None
-
-    def add(self, rec: StepRecord) -> None:
-        self.polls += 1
-        self.last = rec.snapshot
-
-    def as_dict(self) -> dict:
-        d, last = self.source.describe(), self.last
-        s, c, seconds = last.summary, last.counters, last.t
-        return {
-            "attached_to": d.get("endpoints", []),
-            "replay_endpoints": d.get("replay_endpoints", []),
-            "topic": d.get("topic", ""),
-            "polls": self.polls,
-            "seconds": round(seconds, 3),
-            "blocks": s.blocks,
-            "tokens": s.tokens,
-            "roots": s.roots,
-            "tiers": [t.as_dict() for t in s.tiers],
-            "block_sizes": sorted(self.source.model.block_sizes),
-            "rates": {
-                "stored_per_s": round(c["blocks_stored"] / seconds, 3) if seconds > 0 else 0.0,
-                "removed_per_s": round(c["blocks_removed"] / seconds, 3) if seconds > 0 else 0.0,
-                "window_stored_per_s": round(last.rates["stored_per_s"], 3),
-                "window_removed_per_s": round(last.rates["removed_per_s"], 3),
-            },
-            "counters": c,
-            "gaps_unrepaired": [g.as_dict() for g in last.gaps],
-            "cannot_show": CANNOT_SHOW,
-        }

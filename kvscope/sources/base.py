@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from engine import SamplingParams
 from engine.inspect.audit import AuditReport
 from engine.inspect.events import Event
-from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest
+from engine.inspect.snapshot import PoolRecord
 from engine.outputs import StepOutput
 
 if TYPE_CHECKING:
     from kvscope.sources.attach_record import AttachRecord
     from kvscope.sources.fleet_record import FleetRecord
+    from kvscope.sources.fleet_sim import FleetFrame
 
 # What a source can give (SourceInfo.capabilities).
 COMMANDS = "commands"  # inject, abort, fork, reset the prefix cache
@@ -34,11 +35,14 @@ REMOTE_STEPPING = "remote_stepping"
 # Several attached engines watched together (sources/fleet): each record's snapshot is the poll's FleetRecord, the
 # source's ``index`` the fleet's one forest and who holds each block, ``route`` where a prompt would go.
 FLEET = "fleet"
+# A request trace over a simulated fleet (sources/fleet_sim): each record's ``sim_fleet`` is what its window draws.
+SIM_FLEET = "sim_fleet"
 LIVE_CAPABILITIES = frozenset({COMMANDS, BLOCK_TABLES, REF_COUNTS, AUDIT})
 REPLAY_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS})
 ATTACH_CAPABILITIES = frozenset({PREFIX_FOREST})
 PROBE_CAPABILITIES = frozenset({BLOCK_TABLES, REF_COUNTS, AUDIT, REMOTE_STEPPING})
 FLEET_CAPABILITIES = frozenset({FLEET})
+SIM_FLEET_CAPABILITIES = frozenset({SIM_FLEET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,19 +90,25 @@ class SourceInfo:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What one step (or one command between steps) did: a snapshot after it and its events."""
+    """What one step (or one poll, or one command between steps) did: the state after it and its events.
+
+    The state is in one typed field by what the source is (its capabilities say which): a block pool's
+    ``snapshot`` (kvscope's engine, a replay, a probed vLLM: a ``PoolRecord``, at the level of detail the
+    record travelled with), an attached engine's ``cache`` poll (PREFIX_FOREST: the forest's summary,
+    counters, rates and gaps), a ``fleet``'s poll (FLEET: every instance's) or a simulated fleet's frame
+    (SIM_FLEET: each pool's states, queue and the latest routes). The others are None.
+    """
 
     step: int
-    # an engine process's own records carry a LiveState (read before its next step); the window gets those
-    # steps as a StepDigest, or a raw PoolState for the one it may draw (assembled when drawn); an attached
-    # engine's records (PREFIX_FOREST) carry the poll: the forest's summary, counters, rates and gaps; a fleet's
-    # (FLEET) every instance's poll
-    snapshot: KVSnapshot | PoolState | LiveState | StepDigest | AttachRecord | FleetRecord
+    snapshot: PoolRecord | None
     events: list[Event]
     step_output: StepOutput | None
     seconds: float
     audit: AuditReport | None = None
     notice: str | None = None  # one line about the source itself (a probed vLLM restarted, say), not an error
+    cache: AttachRecord | None = None
+    fleet: FleetRecord | None = None
+    sim_fleet: FleetFrame | None = None
 
     @property
     def leaked(self) -> list[int]:
@@ -145,3 +155,18 @@ class Source(Protocol):
 
 class ReadOnlyError(ValueError):
     """A command sent to a source that only shows what was recorded."""
+
+
+class ReadOnlySource:
+    """The ``Source`` commands of a source that only shows (a replay, an attached engine, a fleet, a probed vLLM):
+    each refused in one line, the source's ``refusal``."""
+
+    refusal = "this source is read-only: it shows what it hears and changes nothing"
+
+    def current(self) -> StepRecord:
+        raise ReadOnlyError(self.refusal)
+
+    def _refuse(self, *_a, **_k):
+        raise ReadOnlyError(self.refusal)
+
+    inject = abort = fork = reset_prefix_cache = _refuse

@@ -22,7 +22,7 @@ import zmq
 
 from kvscope.messages import count_text
 from kvscope.sources.attach_record import AttachRecord
-from kvscope.sources.attached import AttachConfig, AttachedSource, _ReadOnly
+from kvscope.sources.attached import AttachConfig, AttachedBase, AttachedSource
 from kvscope.sources.base import FLEET_CAPABILITIES, SourceInfo, StepRecord
 from kvscope.sources.fleet_index import FleetIndex, InstanceFeed
 from kvscope.sources.fleet_metrics import MetricsScraper
@@ -122,7 +122,7 @@ class FleetMember:
         self.source.close()
 
 
-class FleetSource(_ReadOnly):
+class FleetSource(AttachedBase):
     """Every instance of a ``FleetSpec`` polled together. Not thread-safe: one thread polls."""
 
     refusal = "a fleet is read-only: kvscope hears its instances' KV events and sends them nothing"
@@ -172,9 +172,8 @@ class FleetSource(_ReadOnly):
     def step(self) -> StepRecord:
         t0 = time.perf_counter()
         rec = self.poll(self.poll_interval)
-        return StepRecord(
-            rec.tick, rec, [], None, time.perf_counter() - t0, notice="; ".join(rec.notices) if rec.notices else None
-        )
+        notice = "; ".join(rec.notices) if rec.notices else None
+        return StepRecord(rec.tick, None, [], None, time.perf_counter() - t0, notice=notice, fleet=rec)
 
     def poll(self, timeout: float = 0.1) -> FleetRecord:
         """Wait up to ``timeout`` s for any instance's first message, then poll each one without waiting."""
@@ -204,6 +203,22 @@ class FleetSource(_ReadOnly):
             tuple(notices),
         )
 
+    def poll_summary(self, rec: StepRecord, polls: int, route: RouteAnswer | None = None) -> dict:
+        """What a headless run prints (``PollSummary``): the ``fleet`` object at the last poll, with the route's
+        answer when a prompt was given."""
+        last = rec.fleet
+        out = {
+            "origin": self.spec.origin,
+            "polls": polls,
+            "seconds": round(last.t, 3),
+            "instances": [r.as_dict() for r in last.instances],
+            "in_all": last.in_all(),
+            "cannot_show": CANNOT_SHOW,
+        }
+        if route is not None:
+            out["route"] = route.as_dict()
+        return {"fleet": out}
+
     def route(self, token_ids: Sequence[int]) -> RouteAnswer:
         """Each instance's longest cached prefix of ``token_ids`` (see ``fleet_route``)."""
         if not self.closed:  # the connections as they are now
@@ -222,30 +237,3 @@ class FleetSource(_ReadOnly):
             self.metrics.close()
         for m in self.members:
             m.close()
-
-
-class FleetSummary:
-    """What a fleet adds to a headless run (``--headless [--json]``): the ``fleet`` object at the last poll."""
-
-    def __init__(self, source: FleetSource) -> None:
-        self.source = source
-        self.polls = 0
-        self.last: FleetRecord | None = None
-
-    def add(self, rec: StepRecord) -> None:
-        self.polls += 1
-        self.last = rec.snapshot
-
-    def as_dict(self, route: RouteAnswer | None = None) -> dict:
-        last = self.last
-        out = {
-            "origin": self.source.spec.origin,
-            "polls": self.polls,
-            "seconds": round(last.t, 3),
-            "instances": [r.as_dict() for r in last.instances],
-            "in_all": last.in_all(),
-            "cannot_show": CANNOT_SHOW,
-        }
-        if route is not None:
-            out["route"] = route.as_dict()
-        return {"fleet": out}

@@ -2,12 +2,12 @@
 (``kvscope --workload FILE --instances N --router POLICY``).
 
 The fleet is ``engine.workload.fleet``'s: N engines, each with its own pool, scheduler and cost model, on
-one virtual clock behind a router. A ``Source`` yields one engine's step records (the main window's grid,
-tables and timeline); a fleet has N pools and its events are arrivals as well as steps, so this is its
-own small source: ``advance`` plays events (up to a count, a virtual time or a wall-clock budget) and
-``frame`` reads what the window draws straight from the engines between events: each pool's block
-states, queue and hit rate, and the latest routing decisions. Played to the end, ``result`` is the same
-``FleetResult`` the headless run prints.
+one virtual clock behind a router. It is a ``Source`` like the others (read-only; capability SIM_FLEET):
+a step plays one slice of events (by default as much virtual time as the window's speed says a timer tick
+is, within a wall-clock budget; or a count of events, ``play_events``), and its record's ``sim_fleet`` is the
+``frame`` the window draws, read straight from the engines between events: each pool's block states, queue
+and hit rate, and the latest routing decisions. Played to the end, ``result`` is the same ``FleetResult`` the
+headless run prints.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import time
 import numpy as np
 
 from engine.inspect.snapshot import block_states
+from kvscope.sources.base import SIM_FLEET_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
+
+TICK_S = 0.05  # the wall seconds a step stands for when it plays virtual time (the window's timer period)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,12 +76,17 @@ def build_sim_fleet_source(spec: SimFleetSpec, config) -> SimFleetSource:
     )
 
 
-class SimFleetSource:
-    """Plays a ``FleetFeeder`` in slices; ``frame()`` is what is on screen."""
+class SimFleetSource(ReadOnlySource):
+    """Plays a ``FleetFeeder`` in slices, one a step; ``frame()`` is what is on screen."""
+
+    refusal = "a simulated fleet plays its trace: it takes no requests"
 
     def __init__(self, fleet) -> None:
         self.fleet = fleet
         self.events = 0
+        self.step_count = 0
+        self.speed: float | None = 1.0  # virtual seconds a wall second (None: as fast as this machine simulates)
+        self._events_next: int | None = None  # the next step plays this many events instead
         self._result = None
         self._t0 = time.perf_counter()
         first = fleet.instances[0]
@@ -92,8 +100,52 @@ class SimFleetSource:
             f"tokens ({first.feeder.result.pool_why})"
         )
 
+        engine = first.engine
+        self.info = SourceInfo(
+            model_name=self.title,
+            device="simulated",
+            dtype=str(sim.get("gpu", "")),
+            num_blocks=engine.pool.num_blocks,
+            block_size=engine.config.block_size,
+            block_bytes=0,
+            max_model_len=engine.max_model_len,
+            load_seconds=0.0,
+            capabilities=SIM_FLEET_CAPABILITIES,
+            events_rebuild_pool=False,
+        )
+
     def has_work(self) -> bool:
         return self.fleet.has_work()
+
+    def set_speed(self, speed: float | None) -> None:
+        """Virtual seconds a step plays per ``TICK_S`` wall seconds, times ``TICK_S`` (None: all it can)."""
+        self.speed = speed
+
+    def play_events(self, n: int) -> None:
+        """The next step plays ``n`` events (a screenshot's ``--steps``), whatever the speed."""
+        self._events_next = n
+
+    def step(self) -> StepRecord:
+        t0 = time.perf_counter()
+        if self._events_next is not None:
+            self.advance(events=self._events_next)
+            self._events_next = None
+        else:
+            now = self.fleet.now
+            until = None if self.speed is None else now + self.speed * TICK_S
+            self.advance(until_s=until, budget_s=0.8 * TICK_S)
+        self.step_count += 1
+        frame = self.frame()
+        return StepRecord(self.step_count, None, [], None, time.perf_counter() - t0, sim_fleet=frame)
+
+    def set_audit(self, on: bool) -> None:
+        pass  # every instance's pool is the engine's own: the simulation checks none of them
+
+    def decode(self, token_ids) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
 
     def advance(self, events: int | None = None, until_s: float | None = None, budget_s: float | None = None) -> int:
         """Play events until ``events`` were played, the fleet's clock passed ``until_s``, ``budget_s`` wall
@@ -116,12 +168,12 @@ class SimFleetSource:
         shown = []
         hits = queries = 0
         for inst in fleet.instances:
-            pool, kv = inst.engine.pool, inst.engine.kv
+            pool, kv, ledger = inst.engine.pool, inst.engine.kv, inst.engine.ledger
             hits, queries = hits + kv.prefix_cache_hits, queries + kv.prefix_cache_queries
             shown.append(
                 InstanceFrame(
                     inst.index,
-                    block_states(pool.ref_cnt_arr, pool.has_hash_arr),
+                    block_states(ledger.ref_cnt_arr, ledger.has_hash_arr),
                     pool.usage(),
                     len(inst.scheduler.running),
                     inst.waiting(),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from engine.core.vllm_hashing import VLLM_HASH_ALGOS
+from engine.messages import one_line
 from kvscope.sources.endpoints import offset_endpoint
 
 HASH_ALGO_CHOICES = ("auto",) + VLLM_HASH_ALGOS
@@ -208,4 +209,4 @@ def _parse(text: str, suffix: str, origin: str) -> object:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise FleetError(f"{origin} is not valid TOML: {str(e).splitlines()[0]}") from None
+        raise FleetError(f"{origin} is not valid TOML: {one_line(e)}") from None

@@ -11,7 +11,14 @@ No sockets here.
 
 from __future__ import annotations
 
-from engine.core.vllm_hashing import REPRODUCIBLE, VLLM_DEFAULT_SEED, VllmBlockHasher, low64, not_reproducible
+from engine.core.vllm_hashing import (
+    REPRODUCIBLE,
+    VLLM_DEFAULT_SEED,
+    VLLM_HASH_ALGOS,
+    VllmBlockHasher,
+    low64,
+    not_reproducible,
+)
 from engine.inspect.kv_events import ExternalHash
 from kvscope.messages import count_text
 from kvscope.sources.remote_cache import ForestNode
@@ -34,9 +41,11 @@ class HashCheck:
         self.seed_given = seed is not None
         self.block_size = block_size  # expected; None: the events' own
         self.algo = algo
-        self.fatal = not_reproducible(algo) if algo != "auto" else None
+        self.fatal = not_reproducible(algo, seed_known=self.seed_given) if algo != "auto" else None
+        # "auto" tries every algorithm this seed can reproduce (xxHash only with the instance's PYTHONHASHSEED)
+        auto = VLLM_HASH_ALGOS if self.seed_given else REPRODUCIBLE
         self.candidates = (
-            [] if self.fatal else [VllmBlockHasher(a, self.seed) for a in (REPRODUCIBLE if algo == "auto" else (algo,))]
+            [] if self.fatal else [VllmBlockHasher(a, self.seed) for a in (auto if algo == "auto" else (algo,))]
         )
         self.scheme: VllmBlockHasher | None = None  # the hashing its blocks confirmed
         self.event_block_size: int | None = None  # what its events say

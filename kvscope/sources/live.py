@@ -119,7 +119,7 @@ class LiveSource:
     def _record(self, out: StepOutput | None, seconds: float = 0.0) -> StepRecord:
         e = self.engine
         audit = e.audit(emit_events=True) if self.audit_enabled else None
-        events = (list(out.events) if out else []) + e.pool.drain_events()
+        events = (list(out.events) if out else []) + e.ledger.drain_events()
         # raw: with no trace to write, the state is not copied (the wire reads it before the next step)
         if not self.raw_snapshots:
             snap = e.snapshot()

@@ -19,8 +19,10 @@ import json
 import time
 from pathlib import Path
 
+from engine.inspect.jsonl import JsonLinesWriter, file_format, read_versioned_header
+from engine.messages import one_line
 from engine.outputs import StepOutput
-from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import PROBE_CAPABILITIES, REPLAY_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
 from kvscope.sources.probe_mirror import MirrorError, VllmPoolMirror
 from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
@@ -41,38 +43,22 @@ POLL_S = 0.1  # how long one step waits for vLLM while running (an idle vLLM giv
 STEP_WAIT_S = 10.0  # how long Step waits for the schedule it asked for
 
 
-class ProbeTraceWriter:
+class ProbeTraceWriter(JsonLinesWriter):
     """The probe's messages as they came, one JSON line each (``t`` seconds from the start, the payload)."""
 
     def __init__(self, path: str, header: dict) -> None:
-        try:
-            self._f = Path(path).open("w", encoding="utf-8")
-        except OSError as e:
-            raise ValueError(f"cannot write trace {path}: {e.strerror or e}") from None
         self._t0 = time.monotonic()
-        self._write({"format": TRACE_FORMAT, "version": TRACE_VERSION, **header})
-
-    def _write(self, obj: dict) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
+        super().__init__(path, TRACE_FORMAT, TRACE_VERSION, header)
 
     def message(self, payload: bytes) -> None:
-        self._write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
-
-    def close(self) -> None:
-        self._f.close()
+        self.write({"t": round(time.monotonic() - self._t0, 6), "payload": base64.b64encode(payload).decode()})
 
 
 def is_probe_trace(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(header, dict) and header.get("format") == TRACE_FORMAT
+    return file_format(path) == TRACE_FORMAT
 
 
-class _Base:
+class _Base(ReadOnlySource):
     """What a live probe and its replay share: the mirror, records, the audit and the refusals."""
 
     info: SourceInfo
@@ -161,10 +147,7 @@ class _Base:
     def current(self) -> StepRecord:
         return self._record([], 0.0, False)
 
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope")
-
-    inject = abort = fork = reset_prefix_cache = _refuse
+    refusal = "a probed vLLM takes requests through its own API (its /v1/completions), not from kvscope"
 
     def set_audit(self, on: bool) -> None:
         pass  # a probed pool is audited every step: it costs O(blocks) in numpy
@@ -340,19 +323,15 @@ class ProbeSource(_Base):
 class ProbeReplay(_Base):
     """A probe trace played back: the same messages through the same mirror, one record a vLLM step."""
 
+    refusal = "a replay is read-only: it shows what was recorded"
+    current = ReadOnlySource.current  # a recording has no "now" to show (the live probe's reads vLLM's pool)
+
     def __init__(self, path: str, scenario=None) -> None:
         """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
         self.path = path
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read trace {path}: {e}") from None
-        header = json.loads(lines[0])
-        if header.get("version") != TRACE_VERSION:
-            raise ValueError(
-                f"{path}: probe trace version {header.get('version')!r}; this kvscope reads version {TRACE_VERSION}"
-            )
+        read_versioned_header(path, TRACE_FORMAT, TRACE_VERSION, "a probe trace")  # one line if it is not one
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
         self._messages = []
         for n, line in enumerate(lines[1:], start=2):
             try:
@@ -360,7 +339,7 @@ class ProbeReplay(_Base):
             except (ValueError, KeyError, TypeError) as e:
                 if n == len(lines):
                     break  # a torn last line (the recording was cut): the rest plays
-                raise ValueError(f"{path}:{n}: not a probe message ({str(e).splitlines()[0]})") from None
+                raise ValueError(f"{path}:{n}: not a probe message ({one_line(e)})") from None
         first = self._messages.pop(0) if self._messages else None
         if not isinstance(first, Keyframe):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")
@@ -384,9 +363,6 @@ class ProbeReplay(_Base):
                 self._load(msg)
                 return self._record([], 0.0, False)
         return self._record([], 0.0, False)
-
-    def current(self) -> StepRecord:
-        raise ReadOnlyError("a replay is read-only")
 
     def close(self) -> None:
         pass

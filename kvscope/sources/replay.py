@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.inspect.trace import read_header, replay_trace
-from kvscope.sources.base import REPLAY_CAPABILITIES, ReadOnlyError, SourceInfo, StepRecord
+from kvscope.sources.base import REPLAY_CAPABILITIES, ReadOnlySource, SourceInfo, StepRecord
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,9 @@ class RecordedAudit:
         return []
 
 
-class ReplaySource:
+class ReplaySource(ReadOnlySource):
+    refusal = "a replay is read-only: it shows what was recorded"
+
     def __init__(self, path: str) -> None:
         self.header = read_header(path)
         self.path = path
@@ -66,14 +68,6 @@ class ReplaySource:
         self.step_count = rec.step
         audit = RecordedAudit(rec.leaked) if rec.leaked else None
         return StepRecord(rec.step, rec.snapshot, events, None, seconds, audit)
-
-    def current(self) -> StepRecord:
-        raise ReadOnlyError("a replay is read-only")
-
-    def _refuse(self, *_a, **_k):
-        raise ReadOnlyError("a replay is read-only: it shows what was recorded")
-
-    inject = abort = fork = reset_prefix_cache = _refuse
 
     def set_audit(self, on: bool) -> None:
         pass  # the recorded run's audit results are what a replay shows

@@ -1,16 +1,15 @@
-"""Start the Qt application around ``MainWindow`` (and the ``--screenshot`` mode)."""
+"""The main window through the one host (``ui.host``), and its driver: the requests the command line injects, the
+``--screenshot`` mode's steps and save, a failed load's exit code."""
 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Slot
-from PySide6.QtWidgets import QApplication
 
 from engine import SamplingParams
 from kvscope.limits import LIMITS, WindowLimits
@@ -18,13 +17,11 @@ from kvscope.runtime.build import SourceSpec
 from kvscope.runtime.engine_process import SpawnedEngine
 from kvscope.serve.options import ServeOptions
 from kvscope.sources.base import InjectSpec
-from kvscope.ui.lifetime import dispose
+from kvscope.ui.host import HostOptions, host_window
 from kvscope.ui.main_window import MainWindow
 from kvscope.ui.screenshot import save_window
-from kvscope.ui.style import apply_style
 from kvscope.ui.worker import ProcessBackend, ThreadBackend
 
-SIGNAL_POLL_MS = 200  # Python runs a signal handler only between bytecodes: a timer lets it in
 REPLAY_END_MS = 3000  # a screenshot of a replay that ended before --steps N: saved this long after its last step
 
 
@@ -101,6 +98,10 @@ class StartupDriver(QObject):
         win.worker.error.connect(self.on_error)
         win.worker.refused.connect(self.on_refused)
         win.worker.compared.connect(self.on_compared)
+
+    def start(self) -> None:
+        """The window's engine starts (its load's result comes back to ``on_loaded``)."""
+        self.win.start()
 
     @Slot(object)
     def on_loaded(self, info) -> None:
@@ -241,7 +242,8 @@ class StartupDriver(QObject):
 
 
 def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
-    """``early``: the engine process started before Qt was imported (``kvscope.cli.window.spawn_early``)."""
+    """The main window through the one host (``ui.host``). ``early``: the engine process started before Qt was
+    imported (``kvscope.cli.window.spawn_early``)."""
     server = None
     if opts.serve is not None:
         from kvscope.serve.server import check_port, start_server
@@ -254,93 +256,51 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         except OSError as e:
             print(f"kvscope: {e}", file=sys.stderr)
             return 2
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    # Ctrl+C in the terminal closes the window (and so stops the worker) the normal way. The handler goes in
-    # before the window is built: a Ctrl+C while it is being built closes it as soon as it exists.
-    interrupted: list[int] = []
-    shown: list[MainWindow] = []
 
-    def on_sigint(signum, _frame) -> None:
-        interrupted.append(signum)
-        for w in shown:
-            QTimer.singleShot(0, w.close)  # runs once the event loop does, even if it has not started yet
+    def build() -> MainWindow:
+        from engine.gc_policy import tune_gc
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        return _run_window(app, opts, early, server, interrupted, shown)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        tune_gc()  # the window's timeline grows by thousands of objects a second: fewer, cheaper collections
+        from kvscope.malloc_policy import tune_malloc
 
+        tune_malloc()  # per-frame copies of long series mapped, not left as holes in the heap
+        spec = opts.spec
+        if opts.engine_thread:
+            backend = ThreadBackend(spec.factory, server.bridge if server else None)
+        else:
+            backend = ProcessBackend(dataclasses.replace(spec, serve=opts.serve), early=early)
+        # A screenshot shows the default layout, never the user's saved one (nor does it change it).
+        settings = (
+            QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat)
+            if opts.screenshot
+            else None
+        )
+        win = MainWindow(backend, settings, limits=opts.limits)
+        if opts.audit:
+            win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
+        return win
 
-def _run_window(
-    app: QApplication,
-    opts: WindowOptions,
-    early: SpawnedEngine | None,
-    server,
-    interrupted: list[int],
-    shown: list[MainWindow],
-) -> int:
-    app.setApplicationName("kvscope")
-    app.setOrganizationName("kvscope")
-    apply_style(app)
-    spec = opts.spec
-    from engine.gc_policy import tune_gc
+    def drive(win: MainWindow) -> StartupDriver:
+        if opts.spec.scenario and not opts.screenshot:  # the lesson reads while the engine loads
+            win.preview_scenario(opts.spec.scenario)
+        return StartupDriver(
+            win,
+            opts.screenshot,
+            opts.steps,
+            list(opts.prompts),
+            opts.max_tokens,
+            opts.replay_steps,
+            list(opts.select),
+            opts.select_block,
+            opts.compare,
+            opts.view,
+            opts.steps_given,
+        )
 
-    tune_gc()  # the window's timeline grows by thousands of objects a second: fewer, cheaper collections
-    from kvscope.malloc_policy import tune_malloc
+    def teardown(win: MainWindow) -> None:
+        win.shutdown()  # detaches the bridge: open responses end before the server stops
+        if server is not None:
+            server.stop()
 
-    tune_malloc()  # per-frame copies of long series mapped, not left as holes in the heap
-    if opts.engine_thread:
-        backend = ThreadBackend(spec.factory, server.bridge if server else None)
-    else:
-        backend = ProcessBackend(dataclasses.replace(spec, serve=opts.serve), early=early)
-    # A screenshot shows the default layout, never the user's saved one (nor does it change it).
-    settings = (
-        QSettings(str(Path(tempfile.mkdtemp()) / "kvscope.ini"), QSettings.Format.IniFormat)
-        if opts.screenshot
-        else None
-    )
-    win = MainWindow(backend, settings, limits=opts.limits)
-    if opts.window_size or opts.screenshot:
-        win.resize(*(opts.window_size or (1600, 1000)))
-    if opts.font_scale is not None:
-        win.set_text_scale(opts.font_scale)
-    if opts.present:
-        win.set_presentation(True)
-    if opts.spec.scenario and not opts.screenshot:  # the lesson reads while the engine loads
-        win.preview_scenario(opts.spec.scenario)
-    if opts.audit:
-        win.audit_box.setChecked(True)  # the command line's --audit, shown where the user can undo it
-    driver = StartupDriver(
-        win,
-        opts.screenshot,
-        opts.steps,
-        list(opts.prompts),
-        opts.max_tokens,
-        opts.replay_steps,
-        list(opts.select),
-        opts.select_block,
-        opts.compare,
-        opts.view,
-        opts.steps_given,
-    )
-    shown.append(win)
-    if interrupted:  # Ctrl+C came while the window was being built
-        QTimer.singleShot(0, win.close)
-    poll = QTimer()
-    poll.timeout.connect(lambda: None)
-    poll.start(SIGNAL_POLL_MS)
-    try:
-        win.show()
-        win.start()
-        code = app.exec()
-    finally:
-        poll.stop()
-    win.shutdown()  # detaches the bridge: open responses end before the server stops
-    dispose(win)
-    if server is not None:
-        server.stop()
-    if interrupted:
-        print("kvscope: interrupted", file=sys.stderr)
-        return 130
-    return driver.exit_code or code
+    host = HostOptions(opts.screenshot, opts.window_size, opts.font_scale, opts.present)
+    return host_window(build, drive, host, teardown)

@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.inspect.snapshot import StepDigest
 from kvscope.diagnosis import Diagnosis, comparison_prompts
 from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits
@@ -722,7 +721,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def on_stepped(self, result: StepResult) -> None:
-        if not isinstance(result.snapshot, StepDigest):  # a digest: a newer record came with it
+        if result.snapshot.has_arrays:  # else a digest: a newer record came with it
             self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
@@ -751,7 +750,7 @@ class MainWindow(QMainWindow):
         self.act_restart.setEnabled(True)
         self.banner.show_message(
             f"{message}. The last state and the trace so far are kept; Engine ▸ Restart starts a new engine process.",
-            "error",
+            "engine",  # a record the dying engine sent before it stopped must not clear this (on_stepped would)
         )
         self.errors.append(message)
 

@@ -29,7 +29,7 @@ def containers(engine) -> dict[str, int]:
         "req_to_block_ids": len(kv.req_to_block_ids),
         "num_cached_blocks": len(kv.num_cached_blocks),
         "tentative": len(pool.tentative),
-        "events": len(pool.events),
+        "events": len(engine.ledger.events),
         "cached": len(pool.cached),
         "waiting": len(engine.scheduler.waiting),
         "running": len(engine.scheduler.running),

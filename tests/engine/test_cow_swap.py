@@ -173,9 +173,9 @@ def test_each_fault_is_found_by_audit(tiny_engine, fault, problem):
         assert set(found.leaked_blocks) == victim and all(p.last_owner == a for p in named)
     if fault == "double-free":  # a finished before b: a released a shared block twice
         assert all(p.last_owner == a for p in named)
-    assert any(e.kind == "leak" for e in engine.pool.drain_events())
+    assert any(e.kind == "leak" for e in engine.ledger.drain_events())
     assert engine.audit(emit_events=True).problems  # found again, but reported once
-    assert not [e for e in engine.pool.drain_events() if e.kind == "leak"]
+    assert not [e for e in engine.ledger.drain_events() if e.kind == "leak"]
 
 
 def test_long_random_run_without_faults_is_clean(tiny_engine):

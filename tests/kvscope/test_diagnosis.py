@@ -132,7 +132,7 @@ def test_an_engine_made_request_is_said_to_be_its_parents_not_unadmitted(tiny_en
     for _ in range(2):
         out = e.step()
         snap = e.snapshot()
-        d.feed(snap.step, list(out.events) + e.pool.drain_events(), snap)
+        d.feed(snap.step, list(out.events) + e.ledger.drain_events(), snap)
     child = next(r for r in snap.requests if r.request_id != "0" and r.request_id.startswith("0"))
     text = d.miss_text(snap, child.request_id)
     assert "has not been admitted" not in text and "a parallel sample of request 0" in text, text

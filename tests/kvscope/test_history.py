@@ -59,7 +59,7 @@ def test_every_step_rebuilds_exactly_from_keyframes_and_events(tiny_engine):
 def test_steps_kept_as_digests_rebuild_exactly_and_plot_the_same(tiny_engine):
     """The window digests a record a newer one came with (no arrays): the timeline keeps the same
     series and still rebuilds every step exactly, from keyframes taken at the whole ones."""
-    from engine.inspect.snapshot import StepDigest, block_counts, state_counts
+    from engine.inspect.snapshot import StepDigest, state_counts
 
     engine = tiny_engine(num_gpu_blocks=24, preemption_mode="swap", num_cpu_blocks=8)
     whole, mixed = RunHistory(keyframe_every=7), RunHistory(keyframe_every=7)
@@ -67,7 +67,7 @@ def test_steps_kept_as_digests_rebuild_exactly_and_plot_the_same(tiny_engine):
     for i, rec in enumerate(busy_run(engine, 120, seed=3)):
         snap = rec.snapshot
         counts = state_counts(snap.ref_cnt, snap.has_hash)
-        assert counts == block_counts(snap)  # the digest counts what the assembled state shows
+        assert counts == snap.state_counts  # the digest counts what the assembled state shows
         whole.record(snap, rec.seconds, None, rec.events)
         if i and i % 5:
             snap = StepDigest(

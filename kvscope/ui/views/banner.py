@@ -9,6 +9,7 @@ from engine.inspect.audit import PROBLEM_NAMES, WRITE_PROBLEMS
 
 KINDS = {  # kind -> (background, text)
     "error": ("#b71c1c", "#ffffff"),
+    "engine": ("#b71c1c", "#ffffff"),  # the engine process died or hung: only a restart clears it
     "audit": ("#b71c1c", "#ffffff"),
     "warning": ("#8d6e00", "#ffffff"),
     "info": ("#2e3440", "#d8dee9"),

@@ -9,23 +9,21 @@ prefix for the prefix routers, each queue for the others), and the panel it went
 log below keeps the last ones.
 
 Like the attach window, this one steps its source (``kvscope.sources.fleet_sim.SimFleetSource``) on a timer on
-the GUI thread: the fleet is simulated, and what is drawn is read from its engines between events.
+the GUI thread (``ui.poll_driver``): the fleet is simulated, and what is drawn is read from its engines between
+events. The speed box sets how much virtual time a step plays; Run/Pause holds the driver.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 
-from PySide6.QtCore import QObject, QRectF, QTimer
+from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import (
-    QApplication,
     QComboBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QMainWindow,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -35,17 +33,14 @@ from PySide6.QtWidgets import (
 
 from engine.inspect.snapshot import BlockState
 from kvscope.sources.fleet_sim import FleetFrame, InstanceFrame, SimFleetSource
-from kvscope.ui.lifetime import dispose
+from kvscope.ui.host import HostedWindow
 from kvscope.ui.palette import ROUTE_HIGHLIGHT, STATES, hex_colour
-from kvscope.ui.screenshot import save_window
-from kvscope.ui.style import apply_style, set_text_scale
 from kvscope.ui.views.grid_cells import codes_lut, to_grid
 from kvscope.ui.views.grid_overview import OverviewView
 from kvscope.ui.views.legend import swatch
 
 SHOWN_STATES = (BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED)
 SPEEDS = (("1x", 1.0), ("10x", 10.0), ("100x", 100.0), ("max", None))  # virtual seconds a wall second
-TICK_S = 0.05  # the timer's period
 ROW_MAX = 8  # panels a row
 LOG_LINES = 200
 
@@ -109,8 +104,8 @@ class PoolPanel(QFrame):
         self.stats.setText(f"used {f.usage:.0%} · {f.running} running · {f.waiting} waiting · hit {hit}")
 
 
-class SimFleetWindow(QMainWindow):
-    """``show_frame(source.frame())`` after each slice of events."""
+class SimFleetWindow(HostedWindow):
+    """``on_step`` after each slice of events (its record's frame)."""
 
     def __init__(self, source: SimFleetSource) -> None:
         super().__init__()
@@ -169,6 +164,28 @@ class SimFleetWindow(QMainWindow):
         self.resize(1500, 900)
         self._logged = 0  # routes already in the log (the fleet keeps a window of the latest)
         self.last_frame: FleetFrame | None = None
+        self.speed.currentTextChanged.connect(lambda name: source.set_speed(dict(SPEEDS)[name]))
+        self.show_frame(source.frame())
+
+    def bind(self, driver) -> None:
+        """The Run/Pause button holds ``driver`` (``ui.poll_driver.PollDriver``)."""
+        self._driver = driver
+        self.run_button.clicked.connect(self._toggle)
+
+    def _toggle(self) -> None:
+        self._driver.toggle()
+        self.run_button.setText("Pause" if self._driver.running else "Run")
+
+    def on_step(self, rec, last: bool = False) -> None:
+        """A slice of events (``rec.sim_fleet``), or the trace's end (None)."""
+        if rec is not None:
+            self.show_frame(rec.sim_fleet)
+        if rec is None or rec.sim_fleet.done:
+            self.run_button.setEnabled(False)  # the trace is over
+
+    def prepare_screenshot(self) -> None:
+        if self.last_frame is not None:
+            self.show_frame(self.last_frame)  # laid out at its size now: the pools' images fit their panels
 
     def arrange(self, cols: int) -> None:
         if cols == self.columns:
@@ -203,70 +220,3 @@ class SimFleetWindow(QMainWindow):
             f"virtual {frame.clock:,.1f} s · {frame.routed:,} of {frame.requests:,} requests routed"
             f"{skipped} · fleet hit rate {hit}" + (" · done" if frame.done else "")
         )
-
-
-class SimFleetDriver(QObject):
-    """Plays the source on a timer, a slice of virtual time a tick (``speed``), or ``steps`` events at once
-    for a screenshot, and draws each slice."""
-
-    def __init__(self, win: SimFleetWindow, screenshot: str | None = None, steps: int | None = None) -> None:
-        super().__init__(win)
-        self.win, self.screenshot, self.steps = win, screenshot, steps
-        self.exit_code = 0
-        self.running = True
-        self.timer = QTimer(self)
-        self.timer.timeout.connect(self.tick)
-        win.run_button.clicked.connect(self.toggle)
-        if screenshot:
-            QTimer.singleShot(0, self.shoot)
-        else:
-            self.timer.start(int(TICK_S * 1000))
-        win.show_frame(win.source.frame())
-
-    def toggle(self) -> None:
-        self.running = not self.running
-        self.win.run_button.setText("Pause" if self.running else "Run")
-        if self.running and self.win.source.has_work():
-            self.timer.start(int(TICK_S * 1000))
-        else:
-            self.timer.stop()
-
-    def tick(self) -> None:
-        src = self.win.source
-        speed = dict(SPEEDS)[self.win.speed.currentText()]
-        now = src.fleet.now
-        src.advance(until_s=None if speed is None else now + speed * TICK_S, budget_s=0.8 * TICK_S)
-        self.win.show_frame(src.frame())
-        if not src.has_work():
-            self.timer.stop()
-            self.win.run_button.setEnabled(False)
-
-    def shoot(self) -> None:
-        src = self.win.source
-        src.advance(events=self.steps)
-        self.win.show_frame(src.frame())
-        QApplication.processEvents()
-        self.win.show_frame(src.frame())  # once laid out at its size: the pools' images fit their panels
-        self.exit_code = 0 if save_window(self.win, self.screenshot) else 1
-        self.win.close()
-
-
-def run_sim_fleet_window(
-    source: SimFleetSource,
-    screenshot: str | None = None,
-    steps: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    font_scale: float | None = None,
-) -> int:
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    apply_style(app)
-    if font_scale:
-        set_text_scale(app, font_scale)
-    win = SimFleetWindow(source)
-    if window_size or screenshot:
-        win.resize(*(window_size or (1600, 1000)))
-    driver = SimFleetDriver(win, screenshot, steps if steps is not None else (4000 if screenshot else None))
-    win.show()
-    code = app.exec()
-    dispose(win)
-    return driver.exit_code or code

@@ -15,8 +15,6 @@ runs four kvscope engines on the embedded SmolLM2 in this process, publishing as
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -32,7 +30,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QMainWindow,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -42,13 +39,15 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.messages import bytes_text, count_text
+from kvscope.sources.base import StepRecord
 from kvscope.sources.fleet import FleetSource
 from kvscope.sources.fleet_record import FleetRecord, InstanceRow
 from kvscope.sources.fleet_route import RouteAnswer
 from kvscope.sources.hash_check import published_low64
 from kvscope.sources.remote_cache import ForestSnapshot, hash_text
+from kvscope.ui.host import HostedWindow
 from kvscope.ui.palette import DOWN, ROUTE_PATH, hex_colour, instance_colour
-from kvscope.ui.views.prefix_forest import captioned, drive_window, layout_forest, styled_app
+from kvscope.ui.views.prefix_forest import captioned, layout_forest
 
 Tokenizer = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int]], str]
@@ -251,8 +250,8 @@ class FleetTable(QTableWidget):
             self.item(r, len(COLUMNS) - 1).setForeground(bad if not row.reproducible else QBrush())
 
 
-class FleetWindow(QMainWindow):
-    """The fleet view; ``on_record`` after each poll, ``route_prompt`` for the prompt box."""
+class FleetWindow(HostedWindow):
+    """The fleet view; ``on_step`` after each poll, ``route_prompt`` for the prompt box."""
 
     def __init__(
         self,
@@ -332,6 +331,21 @@ class FleetWindow(QMainWindow):
         self._drawn = 0.0
 
     # -- each poll -------------------------------------------------------------------------------
+    def on_step(self, rec: StepRecord | None, last: bool = False) -> None:
+        """A step of the source (``ui.poll_driver``): the fleet's poll; None at the source's end."""
+        if rec is not None:
+            self.on_record(rec.fleet, last)
+
+    def ask(self, route: str | list[int]) -> None:
+        """A prompt (text, or token ids) in the box, answered as the caches change."""
+        if isinstance(route, str):
+            self.prompt.setText(route)
+            self.route_box()
+        else:
+            self.kind.setCurrentIndex(1)
+            self.prompt.setText(", ".join(map(str, route)))
+            self.route_ids(list(route))
+
     def on_record(self, rec: FleetRecord, last: bool = False) -> None:
         """A poll: the table, totals, plots and notices; the forest twice a second (``last``: now)."""
         self.last = rec
@@ -391,7 +405,7 @@ class FleetWindow(QMainWindow):
             for s in ans.scores
         }
 
-    def fill_hover(self) -> None:
+    def prepare_screenshot(self) -> None:
         """Offscreen there is no mouse: show what hovering the deepest block would (for a screenshot)."""
         deepest = self.forest.deepest_text()
         if deepest and self.forest.hover.text().startswith("hover"):
@@ -400,159 +414,3 @@ class FleetWindow(QMainWindow):
     def closeEvent(self, ev) -> None:  # noqa: N802
         self.source.close()
         super().closeEvent(ev)
-
-
-def run_fleet_window(
-    source: FleetSource,
-    interval: float = 0.1,
-    screenshot: str | None = None,
-    steps: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    tokenize: Tokenizer | None = None,
-    decode: Decode | None = None,
-    tokenizer_error: str | None = None,
-    route: str | list[int] | None = None,
-    before_poll: Callable[[], None] | None = None,
-) -> int:
-    """The fleet window until it is closed (or, with ``screenshot``, until ``steps`` polls are saved); the source's
-    polls must not wait (``poll_interval`` 0). ``route``: a prompt (text, or token ids) in the box from the start,
-    answered as the caches change."""
-    styled_app()
-    win = FleetWindow(source, tokenize, decode, tokenizer_error)
-    if route is not None:
-        if isinstance(route, str):
-            win.prompt.setText(route)
-            win.route_box()
-        else:
-            win.kind.setCurrentIndex(1)
-            win.prompt.setText(", ".join(map(str, route)))
-            win.route_ids(list(route))
-    return drive_window(win, interval, screenshot, steps, window_size, before_poll)
-
-
-# --- the demo -----------------------------------------------------------------------------------
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Four kvscope engines (one set of SmolLM2 weights, a pool each) publishing vLLM's KV events with vLLM's
-    sha256_cbor hashes, watched as a fleet: chats sharing a system prompt sent round robin to a, b and c (so the
-    system prompt is cached three times; their pools evict), d serving other prompts until it goes away. The prompt
-    box asks where the last chat sent to b would go."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.core.vllm_hashing import seed_from_env
-    from kvscope.presets import QUESTIONS, SYSTEM_PROMPT
-    from kvscope.runtime.build import KVEventsObserver
-    from kvscope.runtime.kv_events_options import KVEventsConfig
-    from kvscope.runtime.kv_publisher import KVEventPublisher
-    from kvscope.sources.endpoints import connectable
-    from kvscope.sources.fleet_spec import FleetSpec, InstanceSpec
-    from kvscope.sources.live import LiveSource
-
-    config = EngineConfig(num_gpu_blocks=args.demo_blocks, block_size=16, max_num_seqs=2, hash_algo="sha256_cbor")
-    first = LLMEngine(config)
-    engines = [first] + [
-        LLMEngine.from_model(first.runner.model, first.tokenizer, config, name=first.model_name) for _ in range(3)
-    ]
-    sessions, pubs = [], []
-    for e in engines:
-        s = LiveSource(e)
-        pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 16)
-        s.observers.append(KVEventsObserver(pub))
-        sessions.append(s)
-        pubs.append(pub)
-    bpb = first.runner.block_bytes
-    spec = FleetSpec(
-        tuple(
-            InstanceSpec(
-                name,
-                connectable(p.endpoint),
-                connectable(p.replay_endpoint),
-                bytes_per_block=bpb,
-                hash_algo="sha256_cbor",
-                hash_seed=seed_from_env(),
-            )
-            for name, p in zip("abcd", pubs)
-        ),
-        "demo: four kvscope engines",
-    )
-    source = FleetSource(spec, poll_interval=0.0)
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    asked = [0]
-    others = [
-        "Write a haiku about a disk scheduler.",
-        "List three uses of a bloom filter.",
-        "Explain a TCP handshake to a child.",
-        "Why do B-trees have a high fan-out?",
-    ]
-    gone_at = args.steps - 25 if args.steps else 120
-    polls = [0]
-
-    def chat(i: int) -> str:  # the system prompt, then a question long enough to fill blocks of its own
-        return (
-            f"{SYSTEM_PROMPT}\n\nQuestion {i}: {QUESTIONS[i % len(QUESTIONS)]} Please answer for a first-year "
-            f"student, with one small example from a real operating system, and say which textbook chapter "
-            f"covers it."
-        )
-
-    def step() -> None:
-        poll = polls[0]
-        polls[0] += 1
-        i = asked[0]
-        if all(len(e.requests) < 2 for e in engines[:3]) and i < 15:
-            sessions[i % 3].inject(chat(i), params)
-            asked[0] += 1
-        if poll < gone_at and not engines[3].requests:
-            sessions[3].inject(others[poll % len(others)], params)
-        if poll == gone_at:
-            sessions[3].observers.clear()
-            pubs[3].close()  # d goes away: its subscriber sees the connection drop
-        for s in sessions[:3] + ([sessions[3]] if poll < gone_at else []):
-            if s.has_work():
-                s.step()
-
-    tok = first.tokenizer
-    try:
-        return run_fleet_window(
-            source,
-            interval=0.05,
-            screenshot=args.screenshot,
-            steps=args.steps,
-            window_size=args.window_size,
-            tokenize=lambda t: list(tok.encode(t)),
-            decode=tok.decode,
-            route=chat(13),
-            before_poll=step,
-        )
-    finally:
-        for s in sessions:
-            s.close()
-        for p in pubs:
-            p.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from kvscope.arg_types import positive_int, window_size
-
-    p = argparse.ArgumentParser(
-        prog="python -m kvscope.ui.views.fleet_view",
-        description="The fleet window over four kvscope engines in this process (--demo).",
-    )
-    p.add_argument("--demo", action="store_true", help="run four kvscope engines here and watch them as a fleet")
-    p.add_argument(
-        "--demo-blocks", type=positive_int, default=16, help="each engine's pool, in blocks (small: they evict)"
-    )
-    p.add_argument("--screenshot", metavar="FILE", help="save a PNG after --steps polls and exit")
-    p.add_argument("--steps", type=positive_int, default=None)
-    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH", help="e.g. 1280x720")
-    args = p.parse_args(argv)
-    if not args.demo:
-        p.error("give --demo (a real fleet: kvscope --fleet FILE, or several --attach)")
-    if args.screenshot:
-        import os
-
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    return _demo(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

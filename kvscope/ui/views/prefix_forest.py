@@ -20,20 +20,16 @@ requests on the embedded SmolLM2 in the same process.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QApplication,
     QHBoxLayout,
     QLabel,
-    QMainWindow,
     QPushButton,
     QSlider,
     QSplitter,
@@ -43,10 +39,9 @@ from PySide6.QtWidgets import (
 
 from kvscope.sources.attach_history import AttachHistory
 from kvscope.sources.attached import CANNOT_SHOW, AttachRecord
+from kvscope.sources.base import StepRecord
 from kvscope.sources.remote_cache import DrawNode, ForestSnapshot, RemoteCacheModel, Tier, hash_text
-from kvscope.ui.lifetime import dispose
-from kvscope.ui.screenshot import save_window
-from kvscope.ui.style import apply_style
+from kvscope.ui.host import HostedWindow
 from kvscope.ui.views.event_log import EventLogView
 
 MEDIUM_COLOURS = {"GPU": (52, 168, 83), "CPU": (66, 133, 244), "DISK": (251, 140, 0)}
@@ -281,7 +276,7 @@ class AttachPanel(QWidget):
         )
 
 
-class AttachWindow(QMainWindow):
+class AttachWindow(HostedWindow):
     """kvscope's window in attach mode: the forest, rates, counters, event log and a timeline over polls.
 
     The engine's controls (step, inject, abort, fork, audit, the block grid and tables) do not apply to
@@ -318,6 +313,11 @@ class AttachWindow(QMainWindow):
         self.setMinimumSize(1024, 600)
         self.resize(1500, 900)
 
+    def on_step(self, rec: StepRecord | None, last: bool = False) -> None:
+        """A step of the source (``ui.poll_driver``): its poll; None at the source's end."""
+        if rec is not None:
+            self.on_record(rec.cache, last)
+
     def on_record(self, rec: AttachRecord, last: bool = False) -> None:
         """A new poll: into the history and the plots; on screen when following live (``last``: the screenshot's)."""
         self.history.record(rec, self.source.model)
@@ -343,7 +343,7 @@ class AttachWindow(QMainWindow):
         if rec is not None and model is not None:
             self.panel.show_at(rec, model, live=self.live)
 
-    def fill_hover(self) -> None:
+    def prepare_screenshot(self) -> None:
         """Offscreen there is no mouse: show what hovering the deepest block would (for a screenshot)."""
         forest = self.panel.forest
         if forest.node_count() and forest.hover.text().startswith("hover"):
@@ -356,195 +356,3 @@ class AttachWindow(QMainWindow):
     def closeEvent(self, ev) -> None:  # noqa: N802
         self.source.close()
         super().closeEvent(ev)
-
-
-class AttachDriver(QObject):
-    """Steps the source on a timer, one poll a tick, through the ``Source`` interface, and shows each record in
-    the window (``win.on_record``): the attach window's, and the fleet window's (``views.fleet_view``). The
-    source's poll must not wait (``poll_interval`` 0): the timer paces the polls (a gap's replay may still block
-    up to its timeout). With ``screenshot``, after ``steps`` polls (or at the end of a replay) the window fills
-    in what a hover would show (``win.fill_hover``) and is saved and closed.
-
-    Not the main window's ``HostLoop`` and engine process: those carry the pool's snapshots (block grid,
-    tables, ref counts) over the wire into ``RunHistory``, none of which an attached engine has; hosting the
-    forest, its timeline (``AttachHistory``) and panel there would be a redesign of the main window. So
-    this window stays a thin adapter, on the GUI thread, where the forest it draws is read between polls.
-
-    ``before_poll`` runs first on each tick (the ``--demo`` steps its engine there).
-    """
-
-    def __init__(
-        self,
-        win,
-        interval: float,
-        steps: int | None,
-        screenshot: str | None,
-        before_poll: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(win)
-        self.win, self.steps, self.screenshot, self.before_poll = win, steps, screenshot, before_poll
-        self.polls = 0
-        self.exit_code = 0
-        self.timer = QTimer(self)
-        self.timer.timeout.connect(self.tick)
-        self.timer.start(max(1, int(interval * 1000)))
-
-    def tick(self) -> None:
-        src = self.win.source
-        if not src.has_work():
-            self.timer.stop()
-            if self.screenshot:
-                self.save()
-            return
-        if self.before_poll is not None:
-            self.before_poll()
-        rec = src.step().snapshot  # the poll's record
-        self.polls += 1
-        last = bool(self.screenshot and self.steps is not None and self.polls >= self.steps)
-        self.win.on_record(rec, last)
-        if last:
-            self.timer.stop()
-            self.save()
-
-    def save(self) -> None:
-        self.win.fill_hover()
-        self.exit_code = 0 if save_window(self.win, self.screenshot) else 1
-        self.win.close()
-
-
-def styled_app() -> QApplication:
-    """The application (made once, before any window), in kvscope's style."""
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    apply_style(app)
-    return app
-
-
-def drive_window(
-    win,
-    interval: float,
-    screenshot: str | None,
-    steps: int | None,
-    window_size: tuple[int, int] | None,
-    before_poll: Callable[[], None] | None,
-) -> int:
-    """Show ``win`` and poll its source on a timer (``AttachDriver``) until it is closed; the exit code."""
-    if window_size:
-        win.resize(*window_size)
-    driver = AttachDriver(
-        win, interval, steps if steps is not None else (40 if screenshot else None), screenshot, before_poll
-    )
-    win.show()
-    code = QApplication.instance().exec()
-    dispose(win)
-    return driver.exit_code or code
-
-
-def run_attach_window(
-    source,
-    interval: float = 0.1,
-    screenshot: str | None = None,
-    steps: int | None = None,
-    decode: Decode | None = None,
-    before_poll: Callable[[], None] | None = None,
-    window_size: tuple[int, int] | None = None,
-) -> int:
-    styled_app()
-    return drive_window(AttachWindow(source, decode), interval, screenshot, steps, window_size, before_poll)
-
-
-# --- the demo ---------------------------------------------------------------------------------
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Publish from a kvscope engine (embedded SmolLM2) and attach to it, in one process."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
-    from kvscope.presets import shared_system_prompt
-    from kvscope.runtime.build import KVEventsObserver
-    from kvscope.runtime.kv_events_options import KVEventsConfig
-    from kvscope.runtime.kv_publisher import KVEventPublisher
-    from kvscope.sources.attached import AttachConfig, AttachedSource
-    from kvscope.sources.endpoints import connectable
-    from kvscope.sources.live import LiveSource
-
-    engine = LLMEngine(EngineConfig(num_gpu_blocks=args.demo_blocks, block_size=16, max_num_seqs=4))
-    session = LiveSource(engine)
-    pub = KVEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"), 16)
-    session.observers.append(KVEventsObserver(pub))
-    source = AttachedSource(
-        AttachConfig(connectable(pub.endpoint), connectable(pub.replay_endpoint), block_size=16, poll_interval=0.0)
-    )
-    params = SamplingParams(max_tokens=24, temperature=0.0)
-    topics = ["a hash table", "a B-tree", "virtual memory", "a TCP handshake", "garbage collection", "an LRU cache"]
-    count = [0]
-
-    def step() -> None:
-        # Two in flight: chats sharing a system prompt, and plain prompts sharing an opening.
-        if len(engine.requests) < 2:
-            i = count[0]
-            session.inject(
-                shared_system_prompt(i // 2)
-                if i % 2 == 0
-                else f"Explain to a first-year student, step by step and with one small example, how "
-                f"{topics[(i // 2) % len(topics)]} works.",
-                params,
-            )
-            count[0] += 1
-        if session.has_work():
-            session.step()
-
-    try:
-        return run_attach_window(
-            source,
-            interval=0.05,
-            screenshot=args.screenshot,
-            steps=args.steps,
-            decode=engine.tokenizer.decode if engine.tokenizer else None,
-            before_poll=step,
-            window_size=args.window_size,
-        )
-    finally:
-        session.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from kvscope.arg_types import window_size
-
-    p = argparse.ArgumentParser(
-        prog="python -m kvscope.ui.views.prefix_forest",
-        description="Attach to an engine's KV events and draw its prefix forest.",
-    )
-    p.add_argument("--attach", metavar="ADDR", help="PUB address, e.g. tcp://127.0.0.1:5557")
-    p.add_argument("--replay-endpoint", metavar="ADDR", help="replay address, e.g. tcp://127.0.0.1:5558")
-    p.add_argument("--topic", default="")
-    p.add_argument("--dp-size", type=int, default=1)
-    p.add_argument("--demo", action="store_true", help="attach to an in-process kvscope publishing SmolLM2 requests")
-    p.add_argument("--demo-blocks", type=int, default=40, help="--demo: the engine's pool (small: evictions)")
-    p.add_argument("--screenshot", metavar="FILE", help="save a PNG after --steps polls and exit")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--interval", type=float, default=0.1)
-    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH", help="e.g. 1280x720")
-    args = p.parse_args(argv)
-    if args.screenshot:
-        import os
-
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    if args.demo:
-        return _demo(args)
-    if not args.attach:
-        p.error("give --attach ADDR or --demo")
-    from kvscope.sources.attached import AttachConfig, AttachedSource
-
-    try:
-        source = AttachedSource(
-            AttachConfig(args.attach, args.replay_endpoint, args.topic, args.dp_size, poll_interval=0.0)
-        )
-    except ValueError as e:
-        print(f"kvscope: {e}", file=sys.stderr)
-        return 2
-    return run_attach_window(
-        source, interval=args.interval, screenshot=args.screenshot, steps=args.steps, window_size=args.window_size
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,6 +10,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import hash_block_tokens
 from engine.core.request import Request
 from engine.inspect.events import BlockEvicted
+from engine.inspect.pool_ledger import PoolLedger
 
 
 def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
@@ -17,7 +18,7 @@ def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
 
 
 def manager(num_blocks: int = 8, bs: int = 4, caching: bool = True) -> KVCacheManager:
-    return KVCacheManager(BlockPool(num_blocks, caching), bs, extra_keys=("model-a",))
+    return KVCacheManager(BlockPool(num_blocks, caching, listener=PoolLedger(num_blocks)), bs, extra_keys=("model-a",))
 
 
 def admit(kv: KVCacheManager, r: Request) -> list[int]:
@@ -42,7 +43,7 @@ def test_free_returns_tail_first_and_eviction_is_least_recently_freed():
     assert kv.pool.free_queue.ids() == [3, 4, 5, 2, 1, 0]
     b = req("1", range(200, 216))  # 4 blocks, no hit: takes 3 4 5 then evicts 2 (a's chain end)
     assert admit(kv, b) == [3, 4, 5, 2]
-    evicted = [e.block_id for e in kv.pool.drain_events() if isinstance(e, BlockEvicted)]
+    evicted = [e.block_id for e in kv.pool.listener.drain_events() if isinstance(e, BlockEvicted)]
     assert evicted == [2]
     # a's first two blocks are still cached: a repeat of a hits them.
     hits, n = kv.get_computed_blocks(req("2", range(12)))

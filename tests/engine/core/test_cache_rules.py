@@ -68,9 +68,9 @@ class Mirrors:
 
     def check(self, step: int) -> None:
         pool = self.engine.pool
-        truth = dict(pool.hash_hex_by_block.items())
+        truth = {b.block_id: b.block_hash.hex() for b in pool.cached.values()}  # the pool's own blocks
         assert dict(self.replay.hashes.items()) == truth, f"replay, step {step}"
-        assert dict(self.replay.cached_tokens.items()) == {b: tuple(t) for b, t in pool.tokens_by_block.items()}
+        assert dict(self.replay.cached_tokens.items()) == {b.block_id: b.token_ids for b in pool.cached.values()}
         assert dict(self.history.at(step).block_hashes) == truth, f"timeline, step {step}"
         assert {h for (_, _, h) in self.remote.nodes} == {external_hash(h, "int") for h in truth.values()}, (
             f"subscriber, step {step}"

@@ -26,6 +26,7 @@ from engine.inspect.events import (
     BlockUnpublished,
     CacheReset,
 )
+from engine.inspect.pool_ledger import PoolLedger
 from tests.engine.core.test_kv_manager_stateful import BS, NB, KVMachine
 
 _n = 0
@@ -55,7 +56,7 @@ def _cached_prefixes(kv: KVCacheManager, tokens) -> int:
 
 def test_lru_is_vllms_queue_and_the_default():
     assert isinstance(BlockPool(4).free_queue, FreeKVCacheBlockQueue)
-    assert BlockPool(4).eviction_policy == EngineConfig().eviction_policy == "lru"
+    assert BlockPool(4).free_queue.policy == EngineConfig().eviction_policy == "lru"
     assert isinstance(BlockPool(4, eviction_policy="lfu").free_queue, LFUFreeQueue)
     with pytest.raises(ValueError, match="eviction_policy must be one of lru, lfu"):
         make_free_queue("mru", [])
@@ -67,7 +68,7 @@ def test_lfu_hands_out_empty_blocks_before_cached_ones():
     """Under LRU an empty block freed after a cached one waits behind it; under LFU it goes first."""
     out = {}
     for policy in ("lru", "lfu"):
-        kv = KVCacheManager(BlockPool(4, eviction_policy=policy), 2)
+        kv = KVCacheManager(BlockPool(4, eviction_policy=policy, listener=PoolLedger(4)), 2)
         kv.free(_run(kv, [1, 2, 3]))  # one full (cached) block, one partial (empty): the queue is e e E [1,2]
         kv.free(_run(kv, [7]))  # one more empty block, freed after [1, 2]: the queue is e E [1,2] E
         kv.free(_run(kv, [9, 9, 9, 9, 9, 9]))  # three blocks: two empty ones, then [1, 2] or the last empty one
@@ -76,7 +77,7 @@ def test_lfu_hands_out_empty_blocks_before_cached_ones():
 
 
 def test_lfu_keeps_the_block_used_most_until_ageing_catches_up():
-    kv = KVCacheManager(BlockPool(3, eviction_policy="lfu"), 2)
+    kv = KVCacheManager(BlockPool(3, eviction_policy="lfu", listener=PoolLedger(3)), 2)
     hot = [1, 1]
     for _ in range(3):  # used three times
         kv.free(_run(kv, hot + [0]))
@@ -96,14 +97,14 @@ def test_a_parent_is_never_evicted_before_its_cached_child(policy):
     """One request at a time over a small prefix tree with hot branches: after every request, every cached
     block's parent is cached too (no orphan: a block that can never hit again while it takes a slot)."""
     rng = random.Random(7)
-    kv = KVCacheManager(BlockPool(24, eviction_policy=policy), 4)
+    kv = KVCacheManager(BlockPool(24, eviction_policy=policy, listener=PoolLedger(24)), 4)
     parent_of: dict[str, str | None] = {}
     trunks = [[rng.randrange(50) for _ in range(4 * rng.randint(1, 4))] for _ in range(6)]
     for _ in range(400):
         base = trunks[min(int(rng.expovariate(0.8)), len(trunks) - 1)]
         tokens = base[: 4 * rng.randint(0, len(base) // 4)] + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
         kv.free(_run(kv, tokens))
-        for ev in kv.pool.drain_events():
+        for ev in kv.pool.listener.drain_events():
             if isinstance(ev, BlockStored):
                 parent_of[ev.block_hash] = ev.parent_hash
         cached = {h.hex() for h in kv.pool.cached}
@@ -114,7 +115,7 @@ def test_a_parent_is_never_evicted_before_its_cached_child(policy):
 
 def test_lfu_heap_stays_proportional_to_the_free_blocks():
     """Removal is lazy (a stale heap entry), so the heap is rebuilt when stale entries outnumber the live."""
-    kv = KVCacheManager(BlockPool(64, eviction_policy="lfu"), 2)
+    kv = KVCacheManager(BlockPool(64, eviction_policy="lfu", listener=PoolLedger(64)), 2)
     rng = random.Random(3)
     live = []
     for _ in range(3000):
@@ -151,18 +152,18 @@ class LFUMachine(KVMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(BlockPool(NB, eviction_policy="lfu"), BS)
+        self.kv = KVCacheManager(BlockPool(NB, eviction_policy="lfu", listener=PoolLedger(NB)), BS)
 
     @invariant()
     def audit_clean_and_replay_matches(self):
         pool = self.kv.pool
-        assert audit_pool(pool, self.kv.req_to_blocks).ok
-        self.events += pool.drain_events()
+        assert audit_pool(pool, self.kv.req_to_blocks, pool.listener).ok
+        self.events += pool.listener.drain_events()
         ref, hashes = _fold(self.events, NB)
         assert ref == [b.ref_cnt for b in pool.blocks]
         assert hashes == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
         assert sorted(pool.free_queue.ids()) == sorted(b.block_id for b in pool.blocks if b.ref_cnt == 0)
-        assert pool.state_counts()[0] + pool.state_counts()[1] == pool.num_free_blocks
+        assert pool.listener.state_counts()[0] + pool.listener.state_counts()[1] == pool.num_free_blocks
 
 
 TestLFUMachine = LFUMachine.TestCase

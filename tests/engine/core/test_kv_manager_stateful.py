@@ -12,6 +12,7 @@ from engine.core.cpu_pool import CpuBlockPool
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
 from engine.inspect.audit import audit_pool
+from engine.inspect.pool_ledger import PoolLedger
 from engine.inspect.replay import PoolReplayer
 from tests.checked import assert_pool_arrays_match, assert_tables_match
 
@@ -23,7 +24,7 @@ PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7]]
 class KVMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(BlockPool(NB), BS)
+        self.kv = KVCacheManager(BlockPool(NB, listener=PoolLedger(NB)), BS)
         self.live: dict[str, Request] = {}
         self.n = 0
         self.events = []
@@ -66,21 +67,21 @@ class KVMachine(RuleBasedStateMachine):
 
     @invariant()
     def audit_clean_and_replay_matches(self):
-        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
-        self.events += self.kv.pool.drain_events()
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks, self.kv.pool.listener).ok
+        self.events += self.kv.pool.listener.drain_events()
         rp = PoolReplayer(NB).apply_all(self.events)
         pool = self.kv.pool
         assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
         assert list(rp.free_queue) == pool.free_queue.ids()
         assert rp.block_hash == [b.block_hash.hex() if b.block_hash else None for b in pool.blocks]
-        assert_pool_arrays_match(pool)  # what a snapshot copies, kept up to date op by op
+        assert_pool_arrays_match(pool, pool.listener)  # what a snapshot copies, kept up to date op by op
         assert_tables_match(self.kv)
 
     def teardown(self):
         for r in list(self.live.values()):
             self.kv.free(r)
         assert self.kv.pool.num_free_blocks == NB
-        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks, self.kv.pool.listener).ok
 
 
 class KVForkSwapMachine(KVMachine):
@@ -89,7 +90,7 @@ class KVForkSwapMachine(KVMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(BlockPool(NB), BS, cpu_pool=CpuBlockPool(8))
+        self.kv = KVCacheManager(BlockPool(NB, listener=PoolLedger(NB)), BS, cpu_pool=CpuBlockPool(8))
         self.swapped: dict[str, Request] = {}
 
     def _new(self, tokens) -> Request:
@@ -129,14 +130,14 @@ class KVForkSwapMachine(KVMachine):
 
     @invariant()
     def audit_clean_and_replay_matches(self):
-        assert audit_pool(self.kv.pool, self.kv.req_to_blocks).ok
+        assert audit_pool(self.kv.pool, self.kv.req_to_blocks, self.kv.pool.listener).ok
         self.kv.take_device_work()
-        self.events += self.kv.pool.drain_events()
+        self.events += self.kv.pool.listener.drain_events()
         rp = PoolReplayer(NB).apply_all(self.events)
         pool = self.kv.pool
         assert rp.ref_cnt.tolist() == [b.ref_cnt for b in pool.blocks]
         assert list(rp.free_queue) == pool.free_queue.ids()
-        assert_pool_arrays_match(pool)
+        assert_pool_arrays_match(pool, pool.listener)
         assert_tables_match(self.kv)
         cpu = self.kv.cpu_pool
         assert cpu.num_free_blocks + sum(len(r.cpu_block_ids) for r in self.swapped.values()) == cpu.num_blocks

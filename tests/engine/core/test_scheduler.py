@@ -9,6 +9,7 @@ from engine.core.cpu_pool import CpuBlockPool
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.inspect.pool_ledger import PoolLedger
 
 BS = 4
 
@@ -16,7 +17,12 @@ BS = 4
 def make(num_blocks: int = 32, **kw) -> Scheduler:
     config = EngineConfig(block_size=BS, num_gpu_blocks=num_blocks, **kw)
     cpu = CpuBlockPool(kw.get("num_cpu_blocks") or 0)
-    return Scheduler(config, KVCacheManager(BlockPool(num_blocks, config.enable_prefix_caching), BS, cpu_pool=cpu))
+    return Scheduler(
+        config,
+        KVCacheManager(
+            BlockPool(num_blocks, config.enable_prefix_caching, listener=PoolLedger(num_blocks)), BS, cpu_pool=cpu
+        ),
+    )
 
 
 _count = [0]

@@ -10,7 +10,7 @@ from engine import SamplingParams
 from engine.config import FAULTS
 from engine.inspect.events import BlockAllocated, RequestAdmitted, RequestFinished, RequestPreempted
 from engine.inspect.replay import PoolReplayer
-from engine.inspect.snapshot import BlockState, block_counts
+from engine.inspect.snapshot import BlockState
 
 
 def run_random_workload(engine, seed: int, steps: int = 120):
@@ -112,7 +112,7 @@ def test_the_pool_counts_blocks_per_state_as_they_change(tiny_engine, fault, mod
         steps += 1
         if steps % 7 == 0 and engine.requests:
             engine.abort(next(iter(engine.requests)))
-        counts = engine.pool.state_counts()
-        assert counts == block_counts(engine.snapshot()), f"step {steps}"
+        counts = engine.ledger.state_counts()
+        assert counts == engine.snapshot().state_counts, f"step {steps}"
         seen.update(BlockState(i) for i, c in enumerate(counts) if c)
     assert {BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED} <= seen

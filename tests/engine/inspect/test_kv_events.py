@@ -127,7 +127,7 @@ def test_old_traces_without_parent_hash_still_load():
 def test_engine_events_chain_like_vllm(tiny_engine):
     engine = tiny_engine(num_gpu_blocks=32, block_size=4)
     engine.add_request(list(range(1, 14)), SamplingParams(max_tokens=1, temperature=0.0))
-    stored = [e for e in engine.step().events + engine.pool.drain_events() if isinstance(e, BlockStored)]
+    stored = [e for e in engine.step().events + engine.ledger.drain_events() if isinstance(e, BlockStored)]
     assert [e.parent_hash for e in stored] == [None] + [e.block_hash for e in stored[:-1]]
 
 

@@ -398,7 +398,7 @@ def test_each_policy_runs_a_trace_with_a_clean_audit(policy):
         if engine.step_count % 50 == 0:
             assert engine.audit().ok
     res = feeder.finish()
-    assert engine.pool.eviction_policy == policy and res.evictions > 0 and engine.audit().ok
+    assert engine.pool.free_queue.policy == policy and res.evictions > 0 and engine.audit().ok
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 

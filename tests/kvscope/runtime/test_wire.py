@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 
 from engine import SamplingParams
-from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest, block_counts
+from engine.inspect.snapshot import KVSnapshot, LiveState, PoolState, StepDigest
 from kvscope.runtime import protocol as p
 from kvscope.runtime.shm import ShmSlots
 from kvscope.runtime.wire import RecordDecoder, RecordEncoder, decode_rows, encode_rows
@@ -79,7 +79,7 @@ def test_an_engine_process_record_is_the_raw_state_and_decodes_to_the_whole_snap
             (d,) = dig.decode(batch, whole=False)
             d = d.record.snapshot
             assert isinstance(d, StepDigest) and d.requests == want.requests and d.counters == want.counters
-            assert d.state_counts == block_counts(want) and d.num_blocks == want.num_blocks
+            assert d.state_counts == want.state_counts and d.num_blocks == want.num_blocks
             enc.release(batch.slot)
             got = got.assembled().record.snapshot
             swapped += int((got.cpu_state != 0).sum())
@@ -116,7 +116,7 @@ def test_a_batch_of_steps_decodes_to_every_steps_snapshot(tiny_engine):
         for res, (want, events) in zip(got, truth):
             snap = res.record.snapshot
             assert snap.step == want.step and snap.requests == want.requests and snap.counters == want.counters
-            assert block_counts(snap) == block_counts(want) and res.events == events
+            assert snap.state_counts == want.state_counts and res.events == events
         assert all(isinstance(r.record.snapshot, StepDigest) for r in got[:-1])
         _same_snapshot(got[-1].assembled().record.snapshot, truth[-1][0])
     assert batches >= 3

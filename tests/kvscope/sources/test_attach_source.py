@@ -103,7 +103,7 @@ def test_the_live_subscriber_is_a_source_and_a_step_is_one_poll(pub):
         assert_refuses_every_command(src)
         records: list[StepRecord] = []
         deadline = time.monotonic() + 20
-        while not records or not records[-1].snapshot.summary.blocks:
+        while not records or not records[-1].cache.summary.blocks:
             pub.publish_payload(encode_batch([WireStored((1,), None, (7, 8), 2)], 0.0), 1)
             assert src.has_work()
             records.append(src.step())
@@ -111,14 +111,14 @@ def test_the_live_subscriber_is_a_source_and_a_step_is_one_poll(pub):
             time.sleep(0.02)
         assert [r.step for r in records] == list(range(len(records))) and src.step_count == len(records)
         rec = records[-1]
-        assert isinstance(rec.snapshot, AttachRecord) and rec.snapshot.tick == rec.step
+        assert isinstance(rec.cache, AttachRecord) and rec.cache.tick == rec.step and rec.snapshot is None
         assert rec.step_output is None and rec.audit is None and rec.error is None
         assert any(e.kind == "stored" for r in records for e in r.events)
         src.config.poll_interval = 0.2  # with nothing queued, a step waits the poll interval
-        while src.step().snapshot.batches:
+        while src.step().cache.batches:
             pass  # drain
         t0 = time.monotonic()
-        assert src.step().snapshot.batches == 0 and time.monotonic() - t0 >= 0.15
+        assert src.step().cache.batches == 0 and time.monotonic() - t0 >= 0.15
     finally:
         src.close()
     assert not src.has_work()
@@ -135,7 +135,7 @@ def test_the_replay_of_an_attach_is_a_source_until_its_end(tmp_path):
     while rep.has_work():
         steps.append(rep.step())
     assert [r.step for r in steps] == [0, 1, 2, 3] and rep.step_count == 4
-    assert steps[-1].snapshot.summary.blocks == 4 and steps[-1].snapshot.t == 2.0
+    assert steps[-1].cache.summary.blocks == 4 and steps[-1].cache.t == 2.0
     with pytest.raises(ValueError, match="ended"):
         rep.step()
 

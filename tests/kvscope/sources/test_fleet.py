@@ -341,7 +341,8 @@ def test_joining_an_idle_instance_shows_what_it_already_holds():
         p.publish(stored(hasher, list(range(1, 3 * BS + 1))))  # before anyone listens
     fleet = FleetSource(spec_of(pubs))
     try:
-        rec = until(fleet, lambda r: r.instances[0].blocks == 3, what="a's history")
+        # both connected (b's socket may come up a poll after a's history arrived), a's history in
+        rec = until(fleet, lambda r: r.instances[0].blocks == 3 and r.instances[1].state == "up", what="a's history")
         assert rec.instances[0].gaps_unrepaired == 0 and rec.instances[0].reproducible
         assert rec.instances[1].blocks == 0 and rec.instances[1].state == "up"  # no replay socket: nothing to ask
         assert fleet.members[0].source.counters["replay_requests"] == 1

@@ -116,7 +116,7 @@ def test_bytes_of_duplicates_with_different_block_sizes_and_unknown_ones():
 # --- can an instance's hashes be reproduced? --------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["sha256_cbor", "sha256"])
+@pytest.mark.parametrize("algo", ["sha256_cbor", "sha256", "xxhash_cbor", "xxhash"])
 def test_auto_finds_the_algorithm_from_the_first_block(algo):
     check = HashCheck("auto", "0")
     inst = Instance(FleetIndex(), 0, "a", VllmBlockHasher(algo, "0"), check=check)
@@ -133,7 +133,7 @@ def test_auto_finds_the_algorithm_from_the_first_block(algo):
         (HashCheck("auto"), CBOR0, "PYTHONHASHSEED unset"),
         (HashCheck("sha256", "0"), CBOR0, "not vLLM's sha256 with seed '0'"),
         (HashCheck("auto", "0", block_size=8), CBOR0, "hold 4 tokens, not the block size 8"),
-        (HashCheck("xxhash_cbor", "0"), CBOR0, "xxhash_cbor hashes cannot be reproduced"),
+        (HashCheck("xxhash_cbor"), CBOR0, "xxhash_cbor hashes cannot be reproduced without its PYTHONHASHSEED"),
     ],
 )
 def test_a_setup_that_cannot_be_reproduced_is_said_in_one_line(check, hasher, says):

@@ -40,7 +40,7 @@ def test_the_fleet_source_played_in_slices_is_the_headless_run(router):
             pool = inst.engine.pool
             counts = np.bincount(f.states, minlength=len(BlockState))
             assert counts[BlockState.FREE] + counts[BlockState.CACHED] == pool.num_free_blocks
-            assert counts[BlockState.CACHED] == pool.num_cached_free and f.usage == pool.usage()
+            assert counts[BlockState.CACHED] == inst.engine.ledger.num_cached_free and f.usage == pool.usage()
             assert f.running == len(inst.scheduler.running) and f.routed == inst.routed
         assert frame.routed == sum(f.routed for f in frame.instances) and not frame.done
         src.advance(events=slices[k % len(slices)])
@@ -69,15 +69,18 @@ def test_advance_stops_at_a_virtual_time():
 
 
 def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
-    from kvscope.ui.views.fleet_sim_view import SimFleetDriver, SimFleetWindow, best_columns
+    from kvscope.sources.fleet_sim import TICK_S
+    from kvscope.ui.poll_driver import PollDriver
+    from kvscope.ui.views.fleet_sim_view import SimFleetWindow, best_columns
 
     src = source(instances=4, router="prefix-aware")
     win = SimFleetWindow(src)
     qtbot.addWidget(win)
     win.resize(1280, 720)
     win.show()
-    driver = SimFleetDriver(win)
-    driver.timer.stop()
+    driver = PollDriver(win, src, TICK_S)
+    win.bind(driver)  # not started: the test ticks it
+    driver.running = True
     win.speed.setCurrentText("max")
     while src.frame().routed < 12:
         driver.tick()
@@ -93,8 +96,8 @@ def test_the_window_draws_every_pool_and_the_latest_route(qtbot):
     assert f"{frame.routed:,} of 40 requests routed" in win.status.text() and "skipped" in win.status.text()
     shares = [p.title.text() for p in win.panels]
     assert all("of requests" in t for t in shares)
-    driver.toggle()
-    assert win.run_button.text() == "Run" and not driver.timer.isActive()
+    win.run_button.click()  # Pause
+    assert win.run_button.text() == "Run" and not driver.timer.isActive() and not driver.running
     while src.has_work():
         driver.tick()
     assert "done" in win.status.text() and not win.run_button.isEnabled()

@@ -91,7 +91,8 @@ def test_the_attach_window_replays_a_trace_and_saves_a_screenshot(qtbot, tmp_pat
     from engine.inspect.kv_wire import encode_batch
     from kvscope.sources.attach_trace import AttachTraceWriter
     from kvscope.sources.attached import AttachReplay
-    from kvscope.ui.views.prefix_forest import AttachDriver, AttachWindow
+    from kvscope.ui.poll_driver import PollDriver
+    from kvscope.ui.views.prefix_forest import AttachWindow
 
     trace = tmp_path / "t.jsonl"
     a = _Applier(AttachConfig("tcp://127.0.0.1:1"), AttachTraceWriter(trace, {"endpoints": ["tcp://127.0.0.1:1"]}))
@@ -102,9 +103,10 @@ def test_the_attach_window_replays_a_trace_and_saves_a_screenshot(qtbot, tmp_pat
     win = AttachWindow(AttachReplay(str(trace)))
     qtbot.addWidget(win)
     png = tmp_path / "attach.png"
-    driver = AttachDriver(win, 0.01, steps=None, screenshot=str(png))
+    driver = PollDriver(win, win.source, 0.01, steps=None, screenshot=str(png))
+    driver.start()
     qtbot.waitUntil(lambda: png.exists(), timeout=10_000)
-    assert driver.polls == 4 and driver.exit_code == 0
+    assert driver.taken == 4 and driver.exit_code == 0
     assert win.panel.forest.node_count() == 4 and win.panel.forest.band_labels() == ["dp 0 · GPU · 4 blocks"]
 
 

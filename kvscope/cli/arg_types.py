@@ -1,6 +1,6 @@
 """The types of command-line values (argparse ``type=``): each parses one value or says in one line why not.
 
-Shared by ``kvscope``'s parser and the attach window's own (``python -m kvscope.ui.views.prefix_forest``).
+Shared by ``kvscope``'s parser and the demos' (``python -m kvscope.cli.demo``).
 """
 
 from __future__ import annotations
