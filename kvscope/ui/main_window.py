@@ -146,9 +146,13 @@ class MainWindow(QMainWindow):
         pool.addWidget(self.cpu_grid)
         pool.setStretchFactor(0, 3)
         pool.setStretchFactor(1, 2)
+        # The first screen lies over the (empty) pool until the first request, step or lesson; the panels step aside
+        # while it shows (they hold nothing yet), so that every lesson's button is on screen at 1280x720, 1.5x text.
         area = QWidget()
-        self.pages = QStackedLayout(area)  # the pool (presentation borrows it, then puts it back)
-        self.pages.addWidget(pool)
+        self.pages = QStackedLayout(area)
+        self.pages.setStackingMode(QStackedLayout.StackingMode.StackAll)
+        self.pages.addWidget(pool)  # presentation borrows the pool, then puts it back
+        self.pages.addWidget(self.welcome)
         centre = QWidget()
         cl = QVBoxLayout(centre)
         cl.setContentsMargins(4, 4, 4, 4)
@@ -160,9 +164,6 @@ class MainWindow(QMainWindow):
         self.central = QStackedWidget()
         self.central.addWidget(centre)
         self.central.addWidget(self.present_page)
-        # The first screen takes the window until the first request, step or lesson: the panels step aside while
-        # it shows (they hold nothing yet), so that every lesson's button is on screen at 1280x720, 1.5x text.
-        self.central.addWidget(self.welcome)
         self._welcome_state = None  # the panels' layout to go back to when the first screen goes
         self.setCentralWidget(self.central)
         self.docks: dict[str, QDockWidget] = {}
@@ -452,6 +453,7 @@ class MainWindow(QMainWindow):
         self.plots.set_text_scale(scale)
         self.miss_panel.apply_sizes()
         self.present_page.apply_sizes()
+        self.welcome.fit()  # its lessons in one column or two at the new size
 
     @property
     def presenting(self) -> bool:
@@ -500,7 +502,9 @@ class MainWindow(QMainWindow):
             self.restoreState(state)  # the docks and the toolbar as they were
             self.set_text_scale(scale, keep=False)
             if welcoming:  # the first screen again, the panels aside
-                self.show_welcome(True)
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
         self.act_present.blockSignals(True)
         self.act_present.setChecked(on)
         self.act_present.blockSignals(False)
@@ -570,21 +574,26 @@ class MainWindow(QMainWindow):
 
     @property
     def welcoming(self) -> bool:
-        return self.central.currentWidget() is self.welcome
+        return getattr(self, "_welcoming", False)
 
     def show_welcome(self, on: bool) -> None:
-        """The first screen over the whole window (the panels step aside and come back as they were)."""
+        """The first screen, over the pool; the panels step aside while it shows and come back as they were
+        (presenting: it takes the page's place until a lesson starts)."""
+        self.welcome.setVisible(on)
+        if on:
+            self.pages.setCurrentWidget(self.welcome)
         if on == self.welcoming:
             return
+        self._welcoming = on
+        if self.presenting:
+            self.central.setCurrentIndex(0 if on else 1)
         if on:
             if not self.presenting:
                 self._welcome_state = self.saveState()
                 for dock in self.docks.values():
                     dock.hide()
-            self.central.setCurrentWidget(self.welcome)
             self.welcome.fit()
             return
-        self.central.setCurrentWidget(self.present_page if self.presenting else self.central.widget(0))
         state, self._welcome_state = self._welcome_state, None
         if state is not None and not self.presenting:
             self.restoreState(state)
@@ -625,6 +634,8 @@ class MainWindow(QMainWindow):
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
         # the lesson's subjects (what its notes point at), and nothing the user chose in the last one
+        if info.scenario or info.watch or info.notes or info.read_only:  # a lesson or a replay: the panels back first
+            self.show_welcome(False)
         self.subjects = self._subjects_of(info)
         self._pinned, self._pinned_blocks, self.focus = (), (), focus_rule.Focus()
         self._present_view = None
@@ -734,6 +745,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def on_error(self, message: str) -> None:
+        self.show_welcome(False)  # the banner says what went wrong: the panels come back to show it
         self.errors.append(message)
         if self.info is not None and not self.info.read_only:
             self.diagnosis_panel.compare_failed(message)
@@ -860,7 +872,11 @@ class MainWindow(QMainWindow):
             miss, hit = explained
             self.miss_panel.show_miss(rid, miss, hit)
             # under the block table, one line; the whole answer is its tooltip and the Miss tab's
-            short = f"{hit}" + (f"; first miss: block {miss.block_index}, {miss.reason} (Miss tab)" if miss else "")
+            short = f"{hit}" + (
+                f"; first miss: block {miss.block_index} at token {miss.token_position}, {miss.reason} (Miss tab)"
+                if miss
+                else ""
+            )
             self.requests.set_miss_text(short, text)
         else:
             self.miss_panel.show_text(text)

@@ -230,8 +230,7 @@ class BlockGridView(GridNavigation, QWidget):
     def _fit_zoom_label(self) -> None:
         """The zoom label as wide as its widest text at the current text size."""
         fm = self.zoom_label.fontMetrics()
-        widest = ("000 px/block · slots + tokens", "00.0 blocks/px · ids, ref, fill", "000 px/block · ids, ref, fill")
-        self.zoom_label.setFixedWidth(max(fm.horizontalAdvance(t) for t in widest) + 8)
+        self.zoom_label.setFixedWidth(max(fm.horizontalAdvance(t) for t in ("000 px/block", "00.0 blocks/px")) + 8)
 
     def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(ev)

@@ -500,7 +500,8 @@ class FigureView(QWidget):
         # Start from the layout that fitted last (a lesson grows step by step: its layout rarely changes); a layout
         # before it is tried again only for other requests or another panel size.
         key = (tuple(self.request_ids), s.block_size, vw, vh)
-        first = self._last_fit[1] if getattr(self, "_last_fit", (None,))[0] == key else 0
+        last = getattr(self, "_last_fit", None)
+        first = last[1] if last is not None and last[0] == key else 0
         first = min(first, len(tries) - 1)
         scene, self.scene = self.scene, _Bounds()  # measured, not drawn, until one fits
         try:
@@ -525,6 +526,7 @@ class FigureView(QWidget):
         self.scene.clear()
         self._cells = {"requests": {}, "physical": {}, "arrows": []}
         self.layout_used = lay
+        self._m = Metrics.now()  # each layout from the same sizes (a compact one's table is its own)
         if lay.compact:  # the table without its "logical" column (each row's label is its logical block)
             self._m = dataclasses.replace(self._m, table=tuple(c for c in self._m.table if c[0] != "logical"))
         s, m = self.snapshot, self._m
@@ -860,6 +862,12 @@ class FigureView(QWidget):
                 size = (vw, vh)
                 if size != getattr(self, "_fitted_to", None):  # the panel changed: lay the lesson out again
                     self._fitted_to = size
+                    self._redraw()
+                    return
+                rect = self.scene.sceneRect()
+                if (rect.width() > vw or rect.height() > vh) and getattr(self, "_rechosen_for", None) != size:
+                    self._rechosen_for = size  # what fitted does not now: choose again from the first, once a size
+                    self._last_fit = None
                     self._redraw()
                     return
             else:

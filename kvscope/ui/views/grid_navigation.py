@@ -231,13 +231,9 @@ class GridNavigation:
             DetailLevel.LABELS: "ids, ref, fill",
             DetailLevel.SLOTS: "slots + tokens",
         }
-        self.zoom_label.setText(
-            f"{px:.0f} px/block · {names[level]}"
-            if px >= 1
-            else f"{1 / px:.1f} blocks/px · {names[level]}"
-            if px > 0
-            else ""
-        )
+        # the zoom in a few characters (a fixed width: it changes as the view zooms), what it shows in its tooltip
+        self.zoom_label.setText(f"{px:.0f} px/block" if px >= 1 else f"{1 / px:.1f} blocks/px" if px > 0 else "")
+        self.zoom_label.setToolTip(f"at this zoom the grid shows {names[level]}")
         self.overview.set_frame(self.plot.getViewBox().viewRect())
         self._highlight_style()
         self.layer.update()

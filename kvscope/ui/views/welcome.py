@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QGridLayout,
     QLabel,
@@ -166,14 +166,17 @@ class WelcomeView(QWidget):
         self.fit()
 
     def fit(self) -> None:
-        """One column where every button and its summary fit the page's height, else two."""
-        room = self.scroll.viewport().height()
+        """One column where every button and its summary fit the page's height, else two (checked once the layout
+        has placed them: a wrapped summary's height is known then)."""
         self._arrange(1)
-        inner = self.scroll.widget()
-        inner.layout().activate()
-        bottom = max((b.geometry().bottom() for b in self.buttons.values()), default=0)
-        bottom = max([bottom] + [ln.y() + ln.heightForWidth(ln.width()) for ln in self.lines.values()])
-        if bottom > room:
+        QTimer.singleShot(0, self._check_fit)
+
+    def _check_fit(self) -> None:
+        room = self.scroll.viewport().height()
+        lines = [ln for ln in self.lines.values() if ln.isVisible()]
+        bottom = max([b.geometry().bottom() for b in self.buttons.values()] + [ln.geometry().bottom() for ln in lines])
+        short = any(ln.height() < ln.heightForWidth(ln.width()) for ln in lines)
+        if self.columns == 1 and (bottom > room or short):
             self._arrange(2)
 
     @staticmethod

@@ -101,9 +101,7 @@ def test_a_lesson_on_another_panel_presents_that_panel(qtbot, window):
     win = window
     win.set_presentation(True)
     lesson(qtbot, win, "fragmentation", 10)
-    assert (
-        win.lesson_view() == "fragmentation" and win.present_page.lesson is win.docks["fragmentation"].widget() is None
-    )
+    assert win.lesson_view() == "fragmentation" and win.present_page.lesson.widget() is win.fragmentation
     assert not win.figure.isVisible() and not win.docks["requests"].isVisible()
     frag = win.fragmentation
     assert 0 < frag.canvas.bars_bottom <= frag.canvas.height()
