@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from engine.inspect.snapshot import BlockState, KVSnapshot
 from kvscope.ui import palette
 from kvscope.ui.palette import MODES
+from kvscope.ui.style import text_scale
 from kvscope.ui.views.grid_cells import (
     DetailLevel,
     codes_for,
@@ -49,6 +50,9 @@ from kvscope.ui.views.grid_navigation import GridNavigation
 from kvscope.ui.views.grid_overview import OverviewView
 from kvscope.ui.views.legend import LegendView
 from kvscope.ui.views.token_text import BlockTokens, TokenDecoder
+
+
+SIDE_PX = 190  # the legend and overview's column at 1x text
 
 
 class _KeyForwarder(QObject):
@@ -211,8 +215,8 @@ class BlockGridView(GridNavigation, QWidget):
         legend_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         legend_scroll.setMinimumHeight(60)
         side_lay.addWidget(legend_scroll, 1)
-        side.setFixedWidth(190)
         self.side = side
+        self._fit_side()
         side.setVisible(legend or show_overview)
         self.legend_shown = legend
         legend_scroll.setVisible(legend)
@@ -236,6 +240,11 @@ class BlockGridView(GridNavigation, QWidget):
         super().changeEvent(ev)
         if ev.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # a new text size
             self._fit_zoom_label()
+            self._fit_side()
+
+    def _fit_side(self) -> None:
+        """The legend's column: 190 px at 1x text, wider with the text (at 1.5x its names were cut at the side)."""
+        self.side.setFixedWidth(round(SIDE_PX * max(1.0, text_scale())))
 
     def set_compact(self, on: bool) -> None:
         """Presentation's grid: the whole pool in as many columns as make its cells largest in the view, with no

@@ -266,3 +266,16 @@ def test_view_chooses_the_presented_panel_and_a_click_pins_until_esc(qtbot, wind
     assert win.figure.request_ids == ["1"]  # the pin holds as the lesson steps
     win.unpin()  # Esc
     assert win.focus.rule == "lesson" and win.figure.request_ids == ["0", "1"]
+
+
+def test_font_scale_applies_to_the_figure_too(qtbot, window):
+    """``--font-scale 2`` enlarged everything around the figure and not the figure (issue 42): presenting at 2x,
+    the figure's text is 24 px, laid out to fit, not shrunk."""
+    win = window
+    win.set_text_scale(2.0)
+    win.set_presentation(True)
+    lesson(qtbot, win, "four-score", 3)
+    assert text_scale() == 2.0 and win.figure.min_text_px() >= 24 - 0.01
+    assert win.figure.lesson_in_view()
+    win.set_presentation(False)
+    win.set_text_scale(1.0)
