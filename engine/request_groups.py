@@ -24,10 +24,9 @@ from .core.kv_cache_manager import KVCacheManager
 from .core.request import Request, RequestStatus
 from .core.scheduler import Scheduler
 from .output_processor import OutputProcessor
+from .request_ids import BEAM_SEP, FORK_SEP, MAX_FINISHED, SAMPLE_SEP
 
-SAMPLE_SEP, FORK_SEP, BEAM_SEP = "#", "+", "~"
 RESERVED_ID_CHARS = SAMPLE_SEP + FORK_SEP + BEAM_SEP
-MAX_FINISHED = 64  # what a snapshot shows
 
 
 def check_user_request_id(request_id: object) -> None:

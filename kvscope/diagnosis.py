@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.inspect.block_story import StoryLine, block_story
-from engine.inspect.cache_miss import CacheMissExplainer
+from engine.inspect.cache_miss import CacheMiss, CacheMissExplainer
 from engine.inspect.snapshot import KVSnapshot
-from engine.request_groups import BEAM_SEP, FORK_SEP, SAMPLE_SEP
+from engine.request_ids import BEAM_SEP, FORK_SEP, SAMPLE_SEP
 from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits, misses_text
 
@@ -74,19 +74,31 @@ class Diagnosis:
             if r.status == "WAITING":
                 return f"prefix cache: request {request_id} is waiting: it has not been admitted yet"
             return f"prefix cache: request {request_id} has not been admitted yet"
-        bs = snap.block_size
-        hit = (
-            f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit "
-            f"({r.num_cached_tokens // bs} block(s))"
-        )
+        hit = hit_line(r, snap.block_size)
         miss = self.misses.misses[request_id]
         if miss is None:
             return f"{hit}: every full block of the prompt was found"
         return f"{hit}. First miss, block {miss.block_index} ({miss.reason}): {miss.detail}"
 
+    def explained(self, snap: KVSnapshot | None, request_id: str) -> tuple[CacheMiss | None, str] | None:
+        """(its first miss, None where every full block hit; the line of its hits) for an admitted request whose
+        explanation is kept, else None (``miss_text`` says why in words)."""
+        r = snap.request(request_id) if snap is not None and request_id else None
+        if r is None or not self.prefix_caching or self.misses is None or request_id not in self.misses.misses:
+            return None
+        return self.misses.misses[request_id], hit_line(r, snap.block_size)
+
     def story(self, block_id: int, history: RunHistory, up_to: int | None = None) -> list[StoryLine]:
         steps = [s for s in history.steps if up_to is None or s <= up_to]
         return block_story(block_id, ((s, history.events_at(s)) for s in steps), self.decode)
+
+
+def hit_line(r, block_size: int) -> str:
+    """How many of a request's prompt tokens came from the prefix cache."""
+    return (
+        f"prefix cache: {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens hit "
+        f"({r.num_cached_tokens // block_size} block(s))"
+    )
 
 
 def comparison_prompts(history: RunHistory) -> tuple[tuple[tuple[int, ...], ...], int]:

@@ -45,7 +45,7 @@ def timeline_text(budget_bytes: int = LIMITS.timeline_bytes, requests: int = LIM
 
 
 def requests_text() -> str:
-    from engine.request_groups import MAX_FINISHED  # the engine's own bound (its module loads torch: not at import)
+    from engine.request_ids import MAX_FINISHED  # the engine's own bound
 
     return f"requests table: those in flight and the engine's last {MAX_FINISHED} finished"
 

@@ -3,7 +3,8 @@
 Format (JSON), every field but ``requests`` optional::
 
     {"title": "...", "description": "one paragraph", "watch": "what to watch, in a few sentences",
-     "notes": [{"at": 1, "text": "what just happened at step 1"}, {"at": 3, "text": "..."}],
+     "notes": [{"at": 1, "text": "what just happened at step 1", "requests": ["0"]},
+               {"at": 3, "text": "...", "requests": ["0", "1"], "blocks": [9, 10, 11]}],
      "config": {"block_size": 4, "num_gpu_blocks": 64, "preemption_mode": "swap", "fault": "abort-leak"},
      "steps": 80,
      "requests": [
@@ -13,7 +14,10 @@ Format (JSON), every field but ``requests`` optional::
      ]}
 
 ``at`` and ``abort_at`` are engine step numbers. A note's ``at`` is the step number the window
-shows (the state after that many steps); a note holds until the next one. A conversation sends each turn as
+shows (the state after that many steps); a note holds until the next one. A note's ``requests`` (at most two:
+the paper's figure draws two) and ``blocks`` are the lesson's subject from that step on: what the window selects
+and its figure draws, as a teacher would point at them (``Subject``); a note without them keeps the subject
+before it, and ``"requests": []`` ends it. A conversation sends each turn as
 the whole chat so far (earlier replies included), when the previous turn finishes.
 No Qt here: the headless mode and the window's worker both drive it.
 """
@@ -37,7 +41,9 @@ if TYPE_CHECKING:
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "resources" / "scenarios"
 CONFIG_KEYS = scenario_keys()  # every EngineConfig field but the machine's (model, tokenizer, device)
-VIEWS = ("", "figure", "events", "diagnosis", "plots", "fragmentation")  # the window's bottom panels
+# the window's bottom panels; "miss": the miss explainer's answer for the lesson's request (in the Why? tab, and a
+# panel of its own in presentation)
+VIEWS = ("", "figure", "events", "diagnosis", "plots", "fragmentation", "miss")
 PLOTTED = SERIES + ("ttft", "pool_bytes", "pool_used")  # what the Plots tab draws (the last three it derives)
 MAX_STEP = 100_000  # "at" / "abort_at": a scenario must not idle the engine for ever
 MAX_COPIES = 4096
@@ -92,6 +98,25 @@ def scenario_listing() -> str:
     return "\n".join(lines)
 
 
+MAX_SUBJECT_REQUESTS = 2  # the paper's figure draws one request or two side by side
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a lesson points at from step ``at`` on: the requests its figure draws and the blocks it names."""
+
+    at: int
+    requests: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()
+
+
+def subject_at(subjects: list[Subject] | tuple[Subject, ...], step: int | None) -> Subject | None:
+    """The subject in force at ``step`` (the last one at or before it), or None."""
+    if step is None:
+        return None
+    return next((s for s in reversed(subjects) if s.at <= step), None)
+
+
 @dataclass
 class Scenario:
     name: str
@@ -102,6 +127,7 @@ class Scenario:
     requests: list[dict]
     watch: str = ""
     notes: list[tuple[int, str]] = field(default_factory=list)  # (step, text), sorted by step
+    subjects: list[Subject] = field(default_factory=list)  # what the notes point at, sorted by step
     view: str = ""  # the window's panel that tells this scenario's story, brought to the front on load
     plot: str = ""  # with view "plots": the series whose plot the lesson reads, scrolled into view
     # a recorded probe trace of a real vLLM (kvscope --probe ... --trace) played instead of kvscope's engine
@@ -271,24 +297,45 @@ def load_scenario(name_or_file: str) -> Scenario:
         steps,
         data["requests"],
         data.get("watch", ""),
-        _notes(p, data.get("notes", [])),
-        view,
-        plot,
-        probe_trace,
+        *_notes(p, data.get("notes", []), config.get("num_gpu_blocks")),
+        view=view,
+        plot=plot,
+        probe_trace=probe_trace,
     )
 
 
-def _notes(p: Path, notes) -> list[tuple[int, str]]:
+def _notes(p: Path, notes, num_blocks: int | None) -> tuple[list[tuple[int, str]], list[Subject]]:
+    """The notes (step, text) and the subjects they name, each sorted by step."""
     if not isinstance(notes, list):
         raise ValueError(f'scenario {p}: \'notes\' must be a list of {{"at": step, "text": "..."}}')
-    out = []
+    out, subjects = [], []
     for i, n in enumerate(notes):
         at = n.get("at") if isinstance(n, dict) else None
         text = n.get("text") if isinstance(n, dict) else None
         if not (isinstance(at, int) and not isinstance(at, bool) and at >= 0 and isinstance(text, str)):
             raise ValueError(f"scenario {p}: notes[{i}] needs an integer 'at' >= 0 and a 'text' string, got {n!r}")
+        unknown = sorted(set(n) - {"at", "text", "requests", "blocks"})
+        if unknown:
+            raise ValueError(f"scenario {p}: notes[{i}]: unknown key(s) {unknown}; known: at, text, requests, blocks")
         out.append((at, text))
-    return sorted(out, key=lambda t: t[0])
+        if "requests" in n or "blocks" in n:
+            reqs, blocks = n.get("requests", []), n.get("blocks", [])
+            if (
+                not isinstance(reqs, list)
+                or len(reqs) > MAX_SUBJECT_REQUESTS
+                or not all(isinstance(r, str) and r for r in reqs)
+            ):
+                raise ValueError(
+                    f"scenario {p}: notes[{i}]: 'requests' is a list of at most {MAX_SUBJECT_REQUESTS} request ids "
+                    f"(the figure draws one or two), got {json.dumps(reqs)}"
+                )
+            if not isinstance(blocks, list) or not all(
+                _int(b) and 0 <= b and (num_blocks is None or b < num_blocks) for b in blocks
+            ):
+                pool = f" in 0..{num_blocks - 1}" if num_blocks else " >= 0"
+                raise ValueError(f"scenario {p}: notes[{i}]: 'blocks' is a list of block ids{pool}, got {blocks!r}")
+            subjects.append(Subject(at, tuple(reqs), tuple(blocks)))
+    return sorted(out, key=lambda t: t[0]), sorted(subjects, key=lambda s: s.at)
 
 
 @dataclass

@@ -82,9 +82,10 @@ def status_text(snap, info=None, live: bool = True) -> str:
     q = c.get("prefix_cache_queries", 0)
     hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
     cached = int(np.count_nonzero(snap.state == BlockState.CACHED))
+    total, null = usable_blocks(snap, info)
     text = (
         f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/"
-        f"{c.get('num_blocks', snap.num_blocks):,} blocks ({cached:,} cached) · usage "
+        f"{total:,} blocks{null} ({cached:,} cached) · usage "
         f"{100 * c.get('kv_cache_usage_perc', 0):.1f}% · prefix hit rate {hit} · running "
         f"{c.get('num_requests_running', 0)} waiting {c.get('num_requests_waiting', 0)}"
     )
@@ -97,3 +98,29 @@ def status_text(snap, info=None, live: bool = True) -> str:
             f" · KV{kv} {info.block_bytes / 1024:.1f} KiB/block, capacity {info.num_blocks * info.block_size:,} tokens"
         )
     return text
+
+
+def usable_blocks(snap, info=None) -> tuple[int, str]:
+    """(the blocks a request can get, a note on those it cannot): a probed vLLM keeps block 0 as its null block,
+    never free and never counted in its usage, so its free count and usage read against the other blocks."""
+    total = int(snap.counters.get("num_blocks", snap.num_blocks))
+    if info is not None and info.extra.get("vllm_version"):
+        return total - 1, " usable (block 0: vLLM's null block)"
+    return total, ""
+
+
+def short_status(snap, info=None, live: bool = True) -> str:
+    """The status in one short line (presentation's, beside the keys): the step, the free blocks, the hit
+    rate, what runs and waits, the preemptions; the same counters as ``status_text``."""
+    c = snap.counters
+    q = c.get("prefix_cache_queries", 0)
+    hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
+    total, null = usable_blocks(snap, info)
+    text = (
+        f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/{total:,}"
+        f"{' usable' if null else ''} · hit "
+        f"rate {hit} · running {c.get('num_requests_running', 0)} · waiting {c.get('num_requests_waiting', 0)}"
+    )
+    if c.get("num_requests_swapped"):
+        text += f" · swapped {c['num_requests_swapped']}"
+    return text + f" · preempted {c.get('num_preemptions', 0)}"

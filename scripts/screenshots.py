@@ -3,7 +3,11 @@ command and its picture cannot part), and the same windows at 1280x720 for a loo
 
     .venv/bin/python scripts/screenshots.py              # docs/*.png as the docs say
     .venv/bin/python scripts/screenshots.py --small DIR  # also each window at 1280x720 into DIR
+    .venv/bin/python scripts/screenshots.py --size 1600x1000 --into DIR  # each at that size into DIR, for a look
     .venv/bin/python scripts/screenshots.py --only cow   # the pictures whose name contains "cow"
+
+A screenshot takes the path a window takes: it selects nothing of its own (the window follows the lesson's
+subject, else the newest running request; ``--select`` in a command is the user's choice, as a click is).
 
 Runs offscreen (QT_QPA_PLATFORM=offscreen), one command at a time; exits 1 if any command failed.
 """
@@ -42,14 +46,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", metavar="DIR", help="also save each window at 1280x720 into DIR")
     ap.add_argument("--only", default="", help="only pictures whose name contains this")
+    ap.add_argument("--size", metavar="WxH", help="with --into: each window at this size instead of the docs'")
+    ap.add_argument("--into", metavar="DIR", help="with --size: save there, not over docs/")
     args = ap.parse_args()
+    if bool(args.size) != bool(args.into):
+        ap.error("--size and --into go together")
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     failed = []
     for path, argv in quoted_shots().items():
         if args.only not in path:
             continue
         runs = [(path, argv)]
-        if args.small and "--window-size" not in argv:
+        if args.into:  # another size, into another folder: a look, the docs untouched
+            out = str(pathlib.Path(args.into) / pathlib.Path(path).name)
+            argv = [out if w == path else w for w in argv]
+            if "--window-size" in argv:
+                argv[argv.index("--window-size") + 1] = args.size
+            else:
+                argv += ["--window-size", args.size]
+            runs = [(out, argv)]
+        elif args.small and "--window-size" not in argv:
             small = str(pathlib.Path(args.small) / pathlib.Path(path).name)
             runs.append(
                 (small, [*argv[: argv.index(path)], small, *argv[argv.index(path) + 1 :], "--window-size", "1280x720"])

@@ -52,6 +52,7 @@ from .events import (
 
 Decode = Callable[[list[int]], "str | None"]
 CONTEXT = 12  # characters of text shown on each side of the differing position
+MARK = ("⟦", "⟧")  # around the token that differs, in a detail's text
 MAX_SHIFT = 512  # the longest run of tokens put in front of a cached chain that ``shifted`` looks for
 
 
@@ -64,6 +65,17 @@ class _Cached:
 
 
 @dataclass(frozen=True, slots=True)
+class SeamSide:
+    """One side of where a miss begins, as text: what comes before the token that differs, the token, what follows
+    (the window shows the prompt's side and the cache's side by side)."""
+
+    before: str
+    token: str
+    after: str
+    token_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class CacheMiss:
     block_index: int  # the request's first logical block that was not a hit
     reason: str
@@ -72,6 +84,9 @@ class CacheMiss:
     evicted_at: int | None = None
     shift: int | None = None  # ``shifted``: how many tokens later (negative: earlier) the cached chain sits
     seam: int | None = None  # ``shifted`` at a changed seam: the prompt position where it agrees with the chain again
+    # ``differs_at`` and ``shifted`` at a seam: the token that differs, in the prompt and in the cache (with text)
+    prompt_side: SeamSide | None = None
+    cached_side: SeamSide | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -236,13 +251,15 @@ class CacheMissExplainer:
         shift = self._shift(prompt, pos, nexts, children)
         if shift is not None:
             return self._shifted(prompt, i, pos, *shift)
+        cached = prompt[:pos] + best.tokens
         return CacheMiss(
             i,
             "differs_at",
             p,
             f"a cached chain differs from the prompt at token {p}: "
-            f"prompt {self._around(prompt, p)} vs cached "
-            f"{self._around(prompt[:pos] + best.tokens, p)}",
+            f"prompt {self._around(prompt, p)} vs cached {self._around(cached, p)}",
+            prompt_side=self._side(prompt, p),
+            cached_side=self._side(cached, p),
         )
 
     def _shift(
@@ -311,6 +328,8 @@ class CacheMissExplainer:
             f"block {i} never reappears and every block boundary after it moved: no block hashes alike",
             shift=k,
             seam=q,
+            prompt_side=self._side(prompt, q - 1),
+            cached_side=self._side(full, pos + c - 1),
         )
 
     def _show(self, ids: tuple[int, ...]) -> str:
@@ -333,11 +352,25 @@ class CacheMissExplainer:
         return n > 0 and a[:n] == b[:n]
 
     def _around(self, tokens, p: int) -> str:
+        """The text around position ``p`` with the token there in ``MARK`` brackets (not "|": a chat template's
+        ``<|im_end|>`` has pipes of its own)."""
         if self.decode is None:
             return str(list(tokens[max(0, p - 3) : p + 3]))
+        side = self._side(tokens, p)
+        return repr(f"{side.before}{MARK[0]}{side.token}{MARK[1]}{side.after}")
+
+    def _side(self, tokens, p: int) -> SeamSide | None:
+        """The text before token ``p``, the token and the text after it (token ids where there is no tokenizer)."""
+        if not 0 <= p < len(tokens):
+            return None
+        if self.decode is None:
+            ids = list(tokens)
+            return SeamSide(str(ids[max(0, p - 3) : p])[1:-1], str(ids[p]), str(ids[p + 1 : p + 4])[1:-1], ids[p])
+        whole = self.decode(list(tokens[: p + 1])) or ""
         before = self.decode(list(tokens[:p])) or ""
-        after = self.decode(list(tokens[p : p + 6])) or ""
-        return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
+        token = whole[len(before) :] if whole.startswith(before) else (self.decode([tokens[p]]) or "")
+        after = (self.decode(list(tokens[: p + 7])) or "")[len(whole) :]
+        return SeamSide(before[-CONTEXT:], token, after[:CONTEXT], int(tokens[p]))
 
 
 def _seam(prompt: tuple[int, ...], pos: int, chain: tuple[int, ...], q: int, c: int) -> tuple[int, int]:

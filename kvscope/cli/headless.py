@@ -41,15 +41,18 @@ def drive(
     ``on_record``; the source is closed at the end. Returns None, or the exit code of a failure already said
     in one line on stderr (2: bad input, a corrupt trace, a request refused; 1: anything else).
     ``until_interrupted``: Ctrl+C ends the run as its limits would (a source whose work never ends)."""
-    taken, t0 = 0, time.monotonic()  # steps run (a replay's step numbers start at 0, so count them)
+    # steps run, counted: a record of step 0 is the state before any step (a recorded vLLM's first), not a step, so
+    # --steps N ends at step N whatever the source (a live engine's and a kvscope trace's records start at step 1)
+    taken, t0 = 0, time.monotonic()
     try:
         while (
             source.has_work()
             and (limit is None or taken < limit)
             and (duration is None or time.monotonic() - t0 < duration)
         ):
-            on_record(source.step())
-            taken += 1
+            rec = source.step()
+            on_record(rec)
+            taken += rec.step != 0
     except KeyboardInterrupt:
         if not until_interrupted:
             raise

@@ -33,7 +33,7 @@ ENGINE_GROUPS = ("model", "KV cache", "scheduler", "debugging")
 
 
 # The panels below the grid (MainWindow.docks) that --view can bring to the front.
-VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "welcome")  # welcome: the first screen
+VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss", "welcome")  # welcome: the first screen
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=positive_int,
         default=None,
-        help="steps to run (headless, screenshot; a replay counts its replayed steps); default: until done",
+        help="run to step N (headless, screenshot, and a window; a replay's steps count from its step 0); "
+        "default: until done (a window: none)",
     )
     a.add_argument(
         "--inject",
@@ -223,9 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--present",
         action="store_true",
-        help="presentation, for a projector (also View > Presentation, F11): the grid, the paper's "
-        "figure and the scenario's note fill the window, the other panels step aside, text at "
-        "least 1.5x",
+        help="presentation, for a projector (also View > Presentation, F11): a page laid out for 1280x720, the "
+        "lesson's panel over its note, the whole pool and a legend, text 18 px; F10 steps, PgDn/PgUp change lessons",
     )
     a.add_argument(
         "--view",

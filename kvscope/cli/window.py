@@ -56,6 +56,7 @@ def run_window(config: EngineConfig, args: argparse.Namespace) -> int:
         args.font_scale,
         window_limits(args),
         args.present,
+        bool(args.steps),
     )
     return run_app(opts, early)
 
@@ -69,7 +70,9 @@ def presentation_refused(args: argparse.Namespace, window: str) -> str | None:
 
 def run_sim_fleet_window(config: EngineConfig, args: argparse.Namespace) -> int:
     """``kvscope --workload FILE --instances N``: the fleet's pools side by side, played on the GUI thread."""
-    refused = presentation_refused(args, "--instances (a simulated fleet's window)")
+    refused = presentation_refused(args, "--instances (a simulated fleet's window)") or steps_problem(
+        args, "--instances (a simulated fleet)"
+    )
     if refused:
         print(refused, file=sys.stderr)
         return 2
@@ -103,9 +106,24 @@ def demo_prompts() -> list:
     return [shared_system_prompt(i) for i in range(4)]
 
 
+def steps_problem(args: argparse.Namespace, what: str) -> str | None:
+    """``--steps N`` in a window whose driver polls on its own (an attached engine, a fleet, a simulated fleet):
+    refused in one line, never ignored; with ``--screenshot`` it counts the polls before the picture."""
+    if args.steps and not args.screenshot:
+        return (
+            f"kvscope: --steps {args.steps} with {what} in a window: it polls on its own and takes no steps "
+            "(--steps counts its polls with --screenshot)"
+        )
+    return None
+
+
 def run_attach_window(source, args: argparse.Namespace) -> int:
     """``kvscope --attach ADDR``: the same display checks as every other window."""
-    problem = window_problem(args) or presentation_refused(args, "--attach (the attach window)")
+    problem = (
+        window_problem(args)
+        or presentation_refused(args, "--attach (the attach window)")
+        or steps_problem(args, "--attach")
+    )
     if problem:
         source.close()
         print(problem, file=sys.stderr)
@@ -121,7 +139,11 @@ def run_fleet_window(
 ) -> int:
     """``kvscope --fleet FILE`` or several ``--attach``: the same display checks as every other window. The prompt
     box tokenizes with ``tokenizer`` (None: it takes token ids, and ``tokenizer_error`` says why)."""
-    problem = window_problem(args) or presentation_refused(args, "a fleet (the fleet window)")
+    problem = (
+        window_problem(args)
+        or presentation_refused(args, "a fleet (the fleet window)")
+        or steps_problem(args, "--fleet")
+    )
     if problem:
         source.close()
         print(problem, file=sys.stderr)

@@ -22,6 +22,8 @@ from kvscope.ui.main_window import MainWindow
 from kvscope.ui.screenshot import save_window
 from kvscope.ui.worker import ProcessBackend, ThreadBackend
 
+REPLAY_END_MS = 3000  # a screenshot of a replay that ended before --steps N: saved this long after its last step
+
 
 @dataclass(frozen=True, slots=True)
 class WindowOptions:
@@ -44,6 +46,7 @@ class WindowOptions:
     font_scale: float | None = None  # every view's text (None: as kept in the settings)
     limits: WindowLimits = LIMITS  # how much of a long run each store keeps
     present: bool = False  # presentation: the lesson fills the window (View > Presentation)
+    steps_given: bool = False  # --steps was given: a window runs to that step too, not only a screenshot
 
 
 class StartupDriver(QObject):
@@ -66,8 +69,10 @@ class StartupDriver(QObject):
         select_block: int | None = None,
         compare: bool = False,
         view: str | None = None,
+        steps_given: bool = False,
     ) -> None:
         super().__init__(win)
+        self.steps_given = steps_given
         self.view = view
         self.select = select or []
         self.select_block, self.compare = select_block, compare
@@ -81,6 +86,12 @@ class StartupDriver(QObject):
         self._received = 0
         self._saving = False
         self._refused = False
+        self._goal: int | None = None  # a step to run to once the first record shows where the source is
+        # a replay sends its records back to back: none for this long after the last means it ended
+        self._idle = QTimer(self)
+        self._idle.setSingleShot(True)
+        self._idle.setInterval(REPLAY_END_MS)
+        self._idle.timeout.connect(lambda: self._waiting and self._schedule_save())
         win.worker.loaded.connect(self.on_loaded)
         win.worker.load_failed.connect(self.on_failed)
         win.worker.stepped.connect(self.on_stepped)
@@ -101,19 +112,34 @@ class StartupDriver(QObject):
         if self.view:
             self.win.show_view(self.view)
         if not self.path:
-            if first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
+            if first and self.steps_given:  # --steps N: the window shows step N, as a screenshot would
+                self.go_to_step()
+            elif first and info.extra.get("workload"):  # kvscope --workload: the trace plays at once, at full speed
                 self.win.run_at_max()
             return
         self._waiting = True
         if self.steps == 0:  # the first screen (--view welcome): nothing to run
             self._schedule_save()
             return
-        if info.read_only:
+        if info.read_only:  # a replay stops at its end: the trace's last step, if it comes first
             self._target = min(self.steps, self.replay_steps if self.replay_steps is not None else self.steps)
             if self._target == 0:
                 self._schedule_save()
                 return
-        self.win.step(self.steps)
+            self._idle.start()  # a replay that ends before step N: saved at its end
+        self.go_to_step()
+
+    def go_to_step(self) -> None:
+        """Run to step N, by the records' own numbers: a live engine shows its step 0 as it loads, a replay's first
+        record (the window asks for it on load) is the trace's first step, whatever its number; so the steps to
+        send are known once a record is there."""
+        self._goal = self.steps
+        if self.win.latest is None and self.win.first_step_sent:
+            return  # on the replay's first record (on_stepped)
+        now = self.win.latest.step if self.win.latest is not None else 0
+        self._goal = None
+        if now < self.steps:
+            self.win.step(self.steps - now)
 
     @Slot(str)
     def on_failed(self, msg: str) -> None:
@@ -129,11 +155,16 @@ class StartupDriver(QObject):
 
     @Slot(object)
     def on_stepped(self, result) -> None:
+        if self._goal is not None:  # the replay's first record: now the steps to N are known
+            self._goal, now = None, result.step
+            if now < self.steps:
+                self.win.step(self.steps - now)
         if not (self.path and self._waiting):
             return
         if self.win.info is not None and self.win.info.read_only:
-            self._received += 1
-            done = self._received >= self._target
+            self._received += 1  # step N, as everywhere; or a replay's end (its steps counted, or none come)
+            done = result.step >= self.steps or (self.replay_steps is not None and self._received >= self.replay_steps)
+            self._idle.start()
         else:
             done = result.step >= self.steps
         if done:
@@ -178,8 +209,9 @@ class StartupDriver(QObject):
         QTimer.singleShot(delay_ms, self.save)
 
     def select_for_shot(self) -> list[str]:
-        """Select ``--select``'s requests, else the one with the most blocks, so the figure view, block table and
-        path show up. Returns the selected ids; raises ``ValueError`` (one line) for a request that is not there."""
+        """Select ``--select``'s requests (the user's choice, as a click makes it); without it the window's own
+        focus rule chose what the figure shows, as in a window. Returns the selected ids; raises ``ValueError``
+        (one line) for a request that is not there."""
         model = self.win.requests.model
         missing = [rid for rid in self.select if model.row_of(rid) < 0]
         if missing:
@@ -190,9 +222,6 @@ class StartupDriver(QObject):
             raise ValueError(f"--select-block {self.select_block}: no such block (the pool has blocks 0-{n - 1})")
         if self.select:
             self.win.requests.select(list(self.select))
-        elif model.rows and not self.win.requests.selected_id:
-            best = max(model.rows, key=lambda r: len(r.block_ids))
-            self.win.requests.select([best.request_id])
         return self.win.requests.selected_ids()
 
     def save(self) -> None:
@@ -252,6 +281,8 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
         return win
 
     def drive(win: MainWindow) -> StartupDriver:
+        if opts.spec.scenario and not opts.screenshot:  # the lesson reads while the engine loads
+            win.preview_scenario(opts.spec.scenario)
         return StartupDriver(
             win,
             opts.screenshot,
@@ -263,6 +294,7 @@ def run_app(opts: WindowOptions, early: SpawnedEngine | None = None) -> int:
             opts.select_block,
             opts.compare,
             opts.view,
+            opts.steps_given,
         )
 
     def teardown(win: MainWindow) -> None:

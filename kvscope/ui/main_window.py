@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QStackedLayout,
+    QStackedWidget,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -35,30 +36,34 @@ from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits
 from kvscope.prefill_progress import prefill_progress
 from kvscope.runtime import protocol as cmd
-from kvscope.scenario import available, load_scenario
-from kvscope.sources.base import InjectSpec, SourceInfo
-from kvscope.state import ViewState, status_text
+from kvscope.scenario import Subject, available, load_scenario, subject_at
+from kvscope.sources.base import REMOTE_STEPPING, InjectSpec, SourceInfo
+from kvscope.state import ViewState, short_status, status_text
+from kvscope.ui import focus as focus_rule
 from kvscope.ui.style import TEXT_SCALES, set_min_text_px, set_text_scale, text_scale
-from kvscope.ui.views.banner import Banner
+from kvscope.ui.views.banner import Banner, audit_banner
 from kvscope.ui.views.block_grid import BlockGridView
 from kvscope.ui.views.diagnosis_panel import DiagnosisPanel
 from kvscope.ui.views.event_log import EventLogView
 from kvscope.ui.views.figure_view import FigureView
 from kvscope.ui.views.fragmentation import FragmentationView
 from kvscope.ui.views.inject_dialog import InjectDialog
+from kvscope.ui.views.miss_panel import MissPanel
 from kvscope.ui.views.plots import PlotsPanel
+from kvscope.ui.views.presentation import PresentationPage
 from kvscope.ui.views.rank_picker import RankPicker
 from kvscope.ui.views.request_panel import RequestPanel
 from kvscope.ui.views.scenario_notes import ScenarioNotesPanel
-from kvscope.ui.views.welcome import WelcomeView
+from kvscope.ui.views.welcome import WelcomeView, lesson_order
 from kvscope.ui.worker import EngineBackend, StepResult, ThreadBackend
 
 SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 step/s": 1000}
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
-LAYOUT_VERSION = 2  # a saved dock layout of another version (other docks) is not restored
+LAYOUT_VERSION = 3  # a saved dock layout of another version (other docks) is not restored
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
-PRESENT_MIN_TEXT_PX = 12.0  # nothing smaller is drawn in presentation (a label that would be is left out)
+PRESENT_MIN_TEXT_PX = 14.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
+LESSON_VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss")  # what a lesson's panel can be
 
 
 class MainWindow(QMainWindow):
@@ -78,6 +83,13 @@ class MainWindow(QMainWindow):
         self._dirty = False
         self.state = ViewState()
         self._presenting: tuple | None = None  # (the layout and text scale to go back to) while presenting
+        self._present_view: str | None = None  # the panel asked for (--view, show_view) over the lesson's own
+        self.subjects: list[Subject] = []  # what the loaded scenario's notes point at (kvscope.scenario)
+        self.focus = focus_rule.Focus()  # what the window points at now, and the rule that chose it
+        self._pinned: tuple[str, ...] = ()  # requests the user chose (a row, a block, --select)
+        self._pinned_blocks: tuple[int, ...] = ()  # a block the user clicked that no request holds
+        self._applying_focus = False  # selecting the focus's requests: not the user's choice
+        self.first_step_sent = False  # a replay's step 0 asked for on load (``on_loaded``)
 
         self._build_views()
         self._build_toolbar()
@@ -105,6 +117,7 @@ class MainWindow(QMainWindow):
         self.events = EventLogView(max_rows=self.limits.event_log_rows)
         self.figure = FigureView()
         self.diagnosis_panel = DiagnosisPanel()
+        self.miss_panel = MissPanel()  # "why did it miss?": the Miss tab, and a lab's lesson panel in presentation
         self.fragmentation = FragmentationView()
         self.diagnosis_panel.step_activated.connect(self.show_step)
         self.diagnosis_panel.compare_requested.connect(self.compare_caching)
@@ -128,17 +141,18 @@ class MainWindow(QMainWindow):
         tl.addWidget(self.live_button)
         # The CPU swap pool beside the GPU pool, not under it: the grid area is wide and short, and stacked the
         # two grids each got a strip too thin to read (issue 25's pool-exhaustion at 1280x720).
-        pool = QSplitter(Qt.Orientation.Horizontal)
+        self.pool = pool = QSplitter(Qt.Orientation.Horizontal)
         pool.setChildrenCollapsible(False)
         pool.addWidget(self.grid)
         pool.addWidget(self.cpu_grid)
         pool.setStretchFactor(0, 3)
         pool.setStretchFactor(1, 2)
-        # The first screen lies over the (empty) pool until the first request, step or scenario.
+        # The first screen lies over the (empty) pool until the first request, step or lesson; the panels step aside
+        # while it shows (they hold nothing yet), so that every lesson's button is on screen at 1280x720, 1.5x text.
         area = QWidget()
         self.pages = QStackedLayout(area)
         self.pages.setStackingMode(QStackedLayout.StackingMode.StackAll)
-        self.pages.addWidget(pool)
+        self.pages.addWidget(pool)  # presentation borrows the pool, then puts it back
         self.pages.addWidget(self.welcome)
         centre = QWidget()
         cl = QVBoxLayout(centre)
@@ -146,7 +160,13 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.banner)
         cl.addWidget(area, 1)
         cl.addLayout(tl)
-        self.setCentralWidget(centre)
+        # presentation's own page (``views.presentation``): the lesson panel and the pool move there while it lasts
+        self.present_page = PresentationPage()
+        self.central = QStackedWidget()
+        self.central.addWidget(centre)
+        self.central.addWidget(self.present_page)
+        self._welcome_state = None  # the panels' layout to go back to when the first screen goes
+        self.setCentralWidget(self.central)
         self.docks: dict[str, QDockWidget] = {}
         # Short titles: they are the tabs below the grid, which must read whole at 1280x720 with 1.5x text (long
         # ones were cut to "E…" and "P…"); what each panel is, is its tooltip.
@@ -169,6 +189,7 @@ class MainWindow(QMainWindow):
             ),
             ("Events", "every event of every step", self.events, bottom, "events"),
             ("Why?", "a block's story; caching on vs off", self.diagnosis_panel, bottom, "diagnosis"),
+            ("Miss", "why the request in focus missed the prefix cache", self.miss_panel, bottom, "miss"),
             ("Fragmentation", "contiguous reservation vs paged blocks", self.fragmentation, bottom, "fragmentation"),
             ("Plots", "the run's series against the step", self.plots, bottom, "plots"),
         ):
@@ -187,7 +208,8 @@ class MainWindow(QMainWindow):
         # Below the grid, one tab at a time: the paper's figure, the event log, the plots.
         self.tabifyDockWidget(self.docks["figure"], self.docks["events"])
         self.tabifyDockWidget(self.docks["events"], self.docks["diagnosis"])
-        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["fragmentation"])
+        self.tabifyDockWidget(self.docks["diagnosis"], self.docks["miss"])
+        self.tabifyDockWidget(self.docks["miss"], self.docks["fragmentation"])
         self.tabifyDockWidget(self.docks["fragmentation"], self.docks["plots"])
         self.docks["figure"].raise_()
         self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -205,6 +227,8 @@ class MainWindow(QMainWindow):
         act.setToolTip(f"{tip or text}" + (f" ({shortcut})" if shortcut else ""))
         act.triggered.connect(slot)
         bar.addAction(act)
+        if shortcut:  # the window's too: the keys work while the toolbar steps aside (presentation)
+            self.addAction(act)
         return act
 
     def _build_toolbar(self) -> None:
@@ -302,6 +326,17 @@ class MainWindow(QMainWindow):
         self.act_present.setShortcut(QKeySequence(PRESENT_SHORTCUT))
         self.act_present.toggled.connect(self.set_presentation)
         view.addAction(self.act_present)
+        self.addAction(self.act_present)
+        for text, key, slot in (
+            ("Next lesson", "PgDown", lambda: self.next_lesson(1)),
+            ("Previous lesson", "PgUp", lambda: self.next_lesson(-1)),
+            ("Follow the lesson (forget the request I chose)", "Esc", self.unpin),
+        ):
+            act = QAction(text, self)
+            act.setShortcut(QKeySequence(key))
+            act.triggered.connect(slot)
+            view.addAction(act)
+            self.addAction(act)
         view.addSeparator()
         for dock in self.docks.values():
             view.addAction(dock.toggleViewAction())
@@ -381,6 +416,24 @@ class MainWindow(QMainWindow):
         self.show_welcome(not name)
         self.worker.send(cmd.Load(name))
 
+    def preview_scenario(self, name: str) -> None:
+        """While the engine loads (a model takes seconds), the lesson already reads: its title, its first note and
+        what its notes point at; and Step is taken at once (the engine runs it when it has loaded), so that a
+        class starts the lesson without waiting for the weights."""
+        try:
+            sc = load_scenario(name)
+        except ValueError:
+            return  # the engine says why, in one line
+        self.show_welcome(False)
+        self.notes.set_scenario(sc.watch, list(sc.notes), sc.title)
+        self.notes.set_step(0)
+        self.subjects = list(sc.subjects)
+        self._preview_title = sc.title
+        self.act_step.setEnabled(True)
+        self.act_step_n.setEnabled(True)
+        if self.presenting:
+            self._show_page()
+
     def fork_selected(self) -> None:
         if self.requests.selected_id:
             self.worker.send(cmd.Fork(self.requests.selected_id))
@@ -401,75 +454,157 @@ class MainWindow(QMainWindow):
             self.settings.setValue("text_scale", scale)
         self.grid.redraw(force=True)
         self.cpu_grid.redraw(force=True)
-        self.figure.set_snapshot(self.figure.snapshot)  # laid out again at the new size
+        self.figure.set_snapshot(self.figure.snapshot, self.figure.flagged, self.figure.flag_kinds)  # laid out again
         self.plots.set_text_scale(scale)
+        self.miss_panel.apply_sizes()
+        self.present_page.apply_sizes()
+        self.welcome.fit()  # its lessons in one column or two at the new size
 
     @property
     def presenting(self) -> bool:
         return self._presenting is not None
 
     def set_presentation(self, on: bool) -> None:
-        """Presentation (View > Presentation, ``--present``): for a projector. The lesson's views (the grid, the
-        paper's figure, the scenario's note) fill the window and the other panels step aside; the text is at least
-        ``PRESENT_MIN_SCALE`` and nothing is drawn smaller than ``PRESENT_MIN_TEXT_PX``. Leaving it restores the
-        panels and the text size as they were."""
+        """Presentation (View > Presentation, F11, ``--present``): for a projector. The lesson fills the window on a
+        page of its own (``views.presentation``): its panel, the step's note, a compact grid of the whole pool, the
+        legend of the states present and a one-line status; menus, toolbar and other panels step aside and the keys
+        drive. The text is at least ``PRESENT_MIN_SCALE`` and nothing is drawn under ``PRESENT_MIN_TEXT_PX``.
+        Leaving it restores the panels, bars and text size as they were."""
         if on == self.presenting:
             return
         if on:
-            self._presenting = (self.saveState(), text_scale())
-            self._present_docks()
+            bars = (self.menuBar().isVisible(), self.statusBar().isVisible())
+            state, self._welcome_state = (self._welcome_state or self.saveState()), None
+            self._presenting = (state, text_scale(), bars)
+            set_min_text_px(PRESENT_MIN_TEXT_PX)
             self.set_text_scale(max(text_scale(), PRESENT_MIN_SCALE), keep=False)
-            # the figure spans the window's whole width (the note beside the grid only): the two requests of the
-            # paper's figures 5 and 6 side by side need it
-            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.BottomDockWidgetArea)
+            for dock in self.docks.values():
+                dock.hide()
+            for bar in self.findChildren(QToolBar):
+                bar.hide()
+            self.menuBar().hide()
+            self.statusBar().hide()
+            self.grid.set_compact(True)
+            self.cpu_grid.set_compact(True)
+            self._place_lesson()
+            if not self.welcoming:  # the first screen stays, its text at presentation's size, until a lesson
+                self.central.setCurrentWidget(self.present_page)
+            self._show_page()
         else:
-            state, scale = self._presenting
+            state, scale, (menu, status) = self._presenting
             self._presenting = None
-            self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
-            self.restoreState(state)
+            self._return_lesson()
+            self.present_page.take_pool()
+            self.pages.insertWidget(0, self.pool)
+            self.pool.show()
+            self.grid.set_compact(False)
+            self.cpu_grid.set_compact(False)
+            welcoming = self.welcoming
+            self.central.setCurrentIndex(0)
+            self.menuBar().setVisible(menu)
+            self.statusBar().setVisible(status)
+            set_min_text_px(None)
+            self.restoreState(state)  # the docks and the toolbar as they were
             self.set_text_scale(scale, keep=False)
-        set_min_text_px(PRESENT_MIN_TEXT_PX if on else None)
-        self.grid.overview.setVisible(self.grid.show_overview and not on)  # the legend gets the side panel's room
+            if welcoming:  # the first screen again, the panels aside
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
         self.act_present.blockSignals(True)
         self.act_present.setChecked(on)
         self.act_present.blockSignals(False)
-        if on:
-            QTimer.singleShot(0, self.present_layout)
         self.grid.redraw(force=True)
-        self.figure.set_snapshot(self.figure.snapshot)
+        self._dirty = True
+        self.flush()
 
     def lesson_view(self) -> str:
-        """The panel below the grid that the loaded scenario's lesson reads (its ``view``), else the figure."""
-        view = self.info.view if self.info is not None else None
-        return view if view in ("figure", "events", "diagnosis", "fragmentation", "plots") else "figure"
+        """The panel the lesson reads: the one asked for (``--view``, ``show_view`` while presenting), else the
+        loaded scenario's (its ``view``), else the paper's figure."""
+        view = self._present_view or (self.info.view if self.info is not None else None)
+        return view if view in LESSON_VIEWS else "figure"
 
-    def _present_docks(self) -> None:
-        """Presenting: the lesson's panel and the note shown, every other panel stepped aside."""
-        lesson = self.lesson_view()
-        for name, dock in self.docks.items():
-            dock.setVisible(name in (lesson, "scenario"))
-        self.docks[lesson].raise_()
+    def _lesson_widget(self, name: str) -> QWidget:
+        return self.docks[name].widget()
+
+    def _place_lesson(self) -> None:
+        """Presenting: the lesson's panel and the pool on the presentation page."""
+        name = self.lesson_view()
+        if self.present_page.lesson is not None and self.present_page.lesson is not self._lesson_widget(name):
+            self._return_lesson()
+        widget = self._lesson_widget(name)
+        self._presented = name
+        self.present_page.place(widget, self.pool)
+
+    def _return_lesson(self) -> None:
+        """The presented lesson panel back in its dock."""
+        widget = self.present_page.take_lesson()
+        name = getattr(self, "_presented", None)
+        if widget is None or name is None:
+            return
+        self.docks[name].setWidget(widget)
+        widget.show()
+        self.miss_panel.apply_sizes()
 
     def present_layout(self) -> None:
-        """In presentation the figure takes over half the height: it is the lesson; the note a third of the width."""
-        if not self.presenting:
-            return
-        w, h = self.width(), self.height()
-        self.resizeDocks([self.docks[self.lesson_view()]], [int(h * 0.55)], Qt.Orientation.Vertical)
-        self.resizeDocks([self.docks["scenario"]], [int(w * 0.34)], Qt.Orientation.Horizontal)
+        """Presentation lays itself out (its page); kept for callers of the docks' layout."""
+        if self.presenting:
+            self._place_lesson()
 
     def show_view(self, name: str) -> None:
         """Bring one of the panels below the grid to the front (``cli.VIEWS`` names them; ``welcome`` is the
-        first screen, shown until the first request)."""
+        first screen, shown until the first request).
+        While presenting (or before, with ``--present``) the panel becomes the lesson's."""
         if name == "welcome":
             self.show_welcome(True)
             return
+        self._present_view = name
+        if self.presenting:
+            self._place_lesson()
+            return
         self.docks[name].raise_()
 
+    def next_lesson(self, delta: int) -> None:
+        """The next (or previous) lesson in a classroom's order (PgDn, PgUp): a teacher's tour from the keyboard."""
+        names = lesson_order(available())
+        here = self.info.scenario_name if self.info is not None else None
+        i = names.index(here) + delta if here in names else 0 if delta > 0 else len(names) - 1
+        if 0 <= i < len(names):
+            self.load_scenario(names[i])
+
+    def unpin(self) -> None:
+        """Esc: forget the user's choice; the figure follows the lesson (or the newest running request) again."""
+        self._pinned, self._pinned_blocks = (), ()
+        self._dirty = True
+        self.flush()
+
+    @property
+    def welcoming(self) -> bool:
+        return getattr(self, "_welcoming", False)
+
     def show_welcome(self, on: bool) -> None:
+        """The first screen, over the pool; the panels step aside while it shows and come back as they were
+        (presenting: it takes the page's place until a lesson starts)."""
         self.welcome.setVisible(on)
         if on:
             self.pages.setCurrentWidget(self.welcome)
+        if on == self.welcoming:
+            return
+        self._welcoming = on
+        if self.presenting:
+            self.central.setCurrentIndex(0 if on else 1)
+        if on:
+            if not self.presenting:
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
+            self.welcome.fit()
+            return
+        state, self._welcome_state = self._welcome_state, None
+        if state is not None and not self.presenting:
+            self.restoreState(state)
+            if getattr(self, "_layout_pending", False):  # the first show came while the first screen was up
+                self._layout_pending = False
+                QTimer.singleShot(0, self.default_layout)
 
     # -- engine signals -----------------------------------------------------------------
     @Slot(object)
@@ -503,16 +638,25 @@ class MainWindow(QMainWindow):
         self.plots.set_pool(info.block_bytes)
         self.fragmentation.set_info(info.max_model_len, info.kv_layout)
         self.fragmentation.set_snapshot(None)
-        if self.presenting:  # a scenario whose lesson is another panel: that panel in the figure's place
-            self._present_docks()
-            QTimer.singleShot(0, self.present_layout)
-        if info.view in self.docks:
-            self.show_view(info.view)
-            if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
-                QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
+        # the lesson's subjects (what its notes point at), and nothing the user chose in the last one
+        if info.scenario or info.watch or info.notes or info.read_only:  # a lesson or a replay: the panels back first
+            self.show_welcome(False)
+        self.subjects = self._subjects_of(info)
+        self._pinned, self._pinned_blocks, self.focus = (), (), focus_rule.Focus()
+        self._present_view = None
+        if self.presenting:  # a scenario whose lesson is another panel: that panel on the page
+            self._place_lesson()
+        elif info.view in LESSON_VIEWS:
+            self.docks[info.view].raise_()
+        if info.view == "plots" and info.plot:  # at 1280x720 one row of plots shows: the lesson's one
+            QTimer.singleShot(0, lambda name=info.plot: self.plots.show_series(name))
         self.state.reset()
         self.banner.clear()
-        self.requests.select([])
+        self._applying_focus = True  # not the user's choice: nothing of the last session is followed
+        try:
+            self.requests.select([])
+        finally:
+            self._applying_focus = False
         for a in self.controls:
             a.setEnabled(not (info.read_only and a in self.write_controls))
         # a probed vLLM is audited after every step on its own: the box says so (and is not the user's to change);
@@ -525,6 +669,13 @@ class MainWindow(QMainWindow):
         ranks = list(info.extra.get("dp_ranks", ()))
         self.rank_picker.set_ranks(ranks, info.extra.get("dp_rank", 0))
         self.act_rank.setVisible(len(ranks) > 1)
+        # A replay's first record is its step 0: shown at once, as a live engine shows its step 0 when it loads (so
+        # that F10 means the next step for every source; a live vLLM is not stepped uninvited).
+        self.first_step_sent = (
+            info.read_only and REMOTE_STEPPING not in info.capabilities and not info.extra.get("workload")
+        )
+        if self.first_step_sent:
+            self.worker.send(cmd.Step(1))
         self.cpu_grid.setVisible(info.num_cpu_blocks > 0)
         self.cpu_grid.set_title(f"CPU swap pool · {info.num_cpu_blocks} blocks")
         title = f"kvscope · {info.model_name}" + (f" · {info.scenario}" if info.scenario else "")
@@ -543,6 +694,16 @@ class MainWindow(QMainWindow):
         if info.read_only:
             self.show_welcome(False)
 
+    @staticmethod
+    def _subjects_of(info: SourceInfo) -> list[Subject]:
+        """The loaded scenario's subjects, read from its file (a run without a scenario has none)."""
+        if not info.scenario_name:
+            return []
+        try:
+            return list(load_scenario(info.scenario_name).subjects)
+        except ValueError:  # a replay of a scenario since renamed: no subjects, the window follows the run
+            return []
+
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
         self.busy.hide()
@@ -552,6 +713,8 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def on_progress(self, text: str) -> None:
         self.status_label.setText(text)
+        if self.presenting:
+            self.present_page.set_status(text)
 
     @Slot(object)
     def on_progress_fraction(self, fraction) -> None:
@@ -582,7 +745,7 @@ class MainWindow(QMainWindow):
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
         self.events.append(result.step, result.events)
-        if result.snapshot.requests and self.welcome.isVisible():
+        if result.snapshot.requests and self.welcoming:
             self.show_welcome(False)
         if result.record.error is None and self.banner.isVisible() and self.banner.kind == "error":
             self.banner.clear()  # the next action succeeded: the old error no longer applies
@@ -590,6 +753,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def on_error(self, message: str) -> None:
+        self.show_welcome(False)  # the banner says what went wrong: the panels come back to show it
         self.errors.append(message)
         if self.info is not None and not self.info.read_only:
             self.diagnosis_panel.compare_failed(message)
@@ -657,27 +821,90 @@ class MainWindow(QMainWindow):
     def _show(self, snap, audit=None, events=()) -> None:
         """Every view at one step: the live one, or the timeline's."""
         leaked = np.array(audit.bad_blocks, np.int64) if audit is not None and not audit.ok else None
-        self.grid.set_snapshot(
-            snap, leaked, *((audit.kinds_names(), audit.block_kinds()) if leaked is not None else (None, None))
-        )
-        if self.cpu_grid.isVisible():
-            self.cpu_grid.set_snapshot(snap)
+        kinds = audit.block_kinds() if leaked is not None else None
+        subject = subject_at(self.subjects, snap.step)
         if leaked is not None:
-            worst = "; ".join(str(p) for p in audit.problems[:3])
-            self.banner.show_message(f"audit: {audit.kinds_text()} (red in the grid). {worst}", "audit")
+            first = subject.blocks if subject is not None else ()
+            self.banner.show_message(audit_banner(audit, first), "audit")
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap, leaked if leaked is not None else ())
-        self.requests.set_miss_text(self.diagnosis.miss_text(snap, self.requests.selected_id))
-        self.figure.set_snapshot(snap, leaked)
+        self.figure.set_snapshot(snap, leaked, kinds)
         self.figure.set_events(list(events))
+        self._apply_focus(snap, audit, subject, redraw=False)  # the grids draw it with their snapshot: once
+        self.grid.set_snapshot(snap, leaked, *((audit.kinds_names(), kinds) if leaked is not None else (None, None)))
+        if self.cpu_grid.isVisible():
+            self.cpu_grid.set_snapshot(snap)
         self.fragmentation.set_snapshot(snap)
-        if self.requests.selected_id:
-            self.grid.set_highlight(list(self.requests.selected_block_ids()))
         self.notes.set_step(snap.step)
         progress = prefill_progress(snap)  # a long prompt's chunks: the one thing moving for a minute
         status = status_text(snap, self.info, self.state.live)
-        self.status_label.setText(f"{progress} · {status}" if progress else status)
+        # the whole line where it fits, else its short form (the whole line is the tooltip): never cut mid-line
+        full = f"{progress} · {status}" if progress else status
+        short = short_status(snap, self.info, self.state.live)
+        short = f"{progress} · {short}" if progress else short
+        fits = self.status_label.fontMetrics().horizontalAdvance(full) <= self.status_label.width() - 4
+        self.status_label.setText(full if fits or not self.status_label.width() else short)
+        self.status_label.setToolTip(full)
+        if self.presenting:
+            self._show_page(snap)
+
+    def _apply_focus(self, snap, audit, subject: Subject | None, redraw: bool = True) -> None:
+        """Point at what the focus rule chooses (``kvscope.ui.focus``): select its requests (not as the user's
+        choice), draw them in the figure with the rule's words, outline their blocks in the grid."""
+        f = focus_rule.choose(snap, audit, subject, self._pinned, self._pinned_blocks, self.focus)
+        self.focus = f
+        if f.rule != focus_rule.PINNED and self.requests.selected_ids() != [
+            r for r in (row.request_id for row in self.requests.model.rows) if r in f.requests
+        ]:
+            self._applying_focus = True
+            try:
+                self.requests.select(list(f.requests))
+            finally:
+                self._applying_focus = False
+        self.figure.set_focus(list(f.requests), f.blocks, f.why)
+        tables = [snap.request(r) for r in f.requests]
+        tables = [r.block_ids for r in tables if r is not None and r.block_ids]
+        if len(tables) == 1 and not f.blocks:
+            self.grid.set_highlight(list(tables[0]), redraw=redraw)  # one table: its path, in logical order
+        else:
+            blocks = sorted({b for t in tables for b in t} | set(f.blocks))
+            self.grid.set_highlight(blocks, logical=False, redraw=redraw)
+        if self.cpu_grid.isVisible():  # a swapped-out request's KV: in the CPU pool
+            swapped = [q.cpu_block_ids for q in (snap.request(r) for r in f.requests) if q is not None]
+            self.cpu_grid.set_highlight(sorted({c for ids in swapped for c in ids}), logical=False, redraw=redraw)
+        rid = f.requests[0] if f.requests else self.requests.selected_id
+        text = self.diagnosis.miss_text(snap, rid)
+        explained = self.diagnosis.explained(snap, rid)
+        if explained is not None:
+            miss, hit = explained
+            self.miss_panel.show_miss(rid, miss, hit)
+            # under the block table, one line; the whole answer is its tooltip and the Miss tab's
+            short = f"{hit}" + (
+                f"; first miss: block {miss.block_index} at token {miss.token_position}, {miss.reason} (Miss tab)"
+                if miss
+                else ""
+            )
+            self.requests.set_miss_text(short, text)
+        else:
+            self.miss_panel.show_text(text)
+            self.requests.set_miss_text(text)
+
+    def _show_page(self, snap=None) -> None:
+        """Presentation's page at this step: the lesson's title and note, the legend of what is present, a status
+        (before the first step: the lesson's title and first note, while the engine loads)."""
+        note = self.notes.current_note()
+        title = (self.info.scenario if self.info is not None else None) or getattr(self, "_preview_title", "kvscope")
+        watch = self.notes.watch if note is None else note[1]
+        self.present_page.set_note(title, snap.step if snap is not None else self.notes.step, watch)
+        if snap is None:
+            return
+        entries = list(self.grid.legend.entries)
+        if self.cpu_grid.isVisible():
+            entries += [e for e in self.cpu_grid.legend.entries if e.name != "free"]
+        self.present_page.set_legend(entries)
+        self.present_page.set_status(short_status(snap, self.info))
+        self.present_page.set_banner(self.banner.text() if self.banner.isVisibleTo(self.banner.parentWidget()) else "")
 
     def _on_timeline(self, pos: int) -> None:
         steps = self.history.steps
@@ -729,17 +956,31 @@ class MainWindow(QMainWindow):
     def on_block_clicked(self, block_id: int) -> None:
         snap = self.grid.snapshot
         owners = snap.owners_of(block_id) if snap else []
-        self.requests.select(owners)
+        self.requests.select(owners)  # the user's choice: pinned (on_request_selected)
+        self._pinned_blocks = () if owners else (block_id,)
         self.grid.set_highlight([block_id], logical=False)
         up_to = None if self.state.live or snap is None else snap.step
         self.diagnosis_panel.show_story(
             block_id, self.diagnosis.story(block_id, self.history, up_to), self.history.reach
         )
+        if not owners:
+            self._pinned = ()
+            self._refocus()
 
     def on_request_selected(self, request_id: str) -> None:
-        self.grid.set_highlight(list(self.requests.selected_block_ids()) if request_id else [])
-        self.figure.set_requests(self.requests.selected_ids())
-        self.requests.set_miss_text(self.diagnosis.miss_text(self.requests.snapshot, request_id))
+        if self._applying_focus:
+            return
+        self._pinned = tuple(self.requests.selected_ids())  # the user's choice: the figure keeps it (Esc: unpin)
+        self._pinned_blocks = ()
+        self._refocus()
+
+    def _refocus(self) -> None:
+        """Point again at what the rule chooses now (the user changed the choice), at the step on screen."""
+        snap = self.requests.snapshot
+        if snap is None:
+            return
+        latest = self.latest if self.state.live else None
+        self._apply_focus(snap, latest.audit if latest is not None else None, subject_at(self.subjects, snap.step))
 
     def on_event_activated(self, ev) -> None:
         bid = getattr(ev, "block_id", None)
@@ -761,6 +1002,9 @@ class MainWindow(QMainWindow):
         if self.presenting:
             self.present_layout()
             return
+        if self.welcoming:  # the panels are aside: laid out when they come back
+            self._layout_pending = True
+            return
         w, h = self.width(), self.height()
         self.resizeDocks([self.docks["figure"]], [int(h * 0.36)], Qt.Orientation.Vertical)
         self.resizeDocks([self.docks["scenario"]], [max(300, int(w * 0.26))], Qt.Orientation.Horizontal)
@@ -775,6 +1019,10 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(s.value("geometry"))
         if s.value("state") is not None and str(s.value("layout_version")) == str(LAYOUT_VERSION):
             self._layout_restored = self.restoreState(s.value("state"))
+            if self._layout_restored and self.welcoming:  # the user's panels, kept aside until the first screen goes
+                self._welcome_state = self.saveState()
+                for dock in self.docks.values():
+                    dock.hide()
         for key, box in (("colour_mode", self.grid.mode_box), ("speed", self.speed)):
             v = s.value(key)
             if v is not None and box.findText(str(v)) >= 0:
@@ -790,7 +1038,8 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         s = self.settings
         s.setValue("geometry", self.saveGeometry())
-        s.setValue("state", self._presenting[0] if self._presenting else self.saveState())  # not presentation's
+        # the user's panels: not presentation's, nor the first screen's (which puts them aside)
+        s.setValue("state", self._presenting[0] if self._presenting else self._welcome_state or self.saveState())
         s.setValue("layout_version", LAYOUT_VERSION)
         s.setValue("colour_mode", self.grid.mode)
         s.setValue("speed", self.speed.currentText())

@@ -9,13 +9,9 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyMod
 from engine.inspect.events import Event
 from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from kvscope.limits import LIMITS
+from kvscope.ui.status_words import status_tip, status_words
 
 _ROOT = QModelIndex()  # the invisible root: these models are flat tables
-
-
-# A preempted request says how it comes back: recompute (its KV dropped, the prompt prefilled again) or swap
-# (its KV copied to the CPU pool and back): the difference the scheduling lesson is about.
-STATE_WORDS = {"preempted": "preempted: recompute", "swapped": "preempted: swapped out"}
 
 
 class _FlatTableModel(QAbstractTableModel):
@@ -74,9 +70,7 @@ class RequestTableModel(_FlatTableModel):
             return None
         r = self.rows[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            state = STATE_WORDS.get(r.status.lower(), r.status.lower()) + (
-                " (kept: selected)" if r.request_id in self.kept else ""
-            )
+            state = status_words(r.status) + (" (kept: selected)" if r.request_id in self.kept else "")
             return (
                 r.request_id,
                 r.num_prompt_tokens,
@@ -88,6 +82,8 @@ class RequestTableModel(_FlatTableModel):
                 r.text.replace("\n", " ⏎ ")[-200:],
             )[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
+            if index.column() == self.HEADERS.index("state"):  # vLLM's own word for the state
+                return status_tip(r.status)
             return r.error or r.text
         if role == Qt.ItemDataRole.UserRole:
             return r.request_id

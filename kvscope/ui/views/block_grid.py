@@ -37,9 +37,11 @@ from PySide6.QtWidgets import (
 from engine.inspect.snapshot import BlockState, KVSnapshot
 from kvscope.ui import palette
 from kvscope.ui.palette import MODES
+from kvscope.ui.style import text_scale
 from kvscope.ui.views.grid_cells import (
     DetailLevel,
     codes_for,
+    columns_to_fill,
     cpu_codes_for,
     to_grid,
 )
@@ -48,6 +50,8 @@ from kvscope.ui.views.grid_navigation import GridNavigation
 from kvscope.ui.views.grid_overview import OverviewView
 from kvscope.ui.views.legend import LegendView
 from kvscope.ui.views.token_text import BlockTokens, TokenDecoder
+
+SIDE_PX = 190  # the legend and overview's column at 1x text
 
 
 class _KeyForwarder(QObject):
@@ -122,6 +126,8 @@ class BlockGridView(GridNavigation, QWidget):
         self.lut: np.ndarray | None = None
         self.num_redraws = 0
         self.auto_fit = True  # follow the blocks in use until the user zooms or pans
+        self.compact = False  # presentation: the whole pool, its columns fitted to the view, nothing around it
+        self.columns: int | None = None  # compact: the grid's columns (None: near-square)
         self._key = None
         self._shape: tuple[int, int] | None = None
         self._level = DetailLevel.CELLS
@@ -131,6 +137,7 @@ class BlockGridView(GridNavigation, QWidget):
 
         self.title = QLabel(title)
         self.title.setMinimumWidth(40)
+        self.title.setWordWrap(True)  # a long title wraps: it never runs under the zoom label beside it
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.mode_box = QComboBox()
         self.mode_box.addItems(MODES)
@@ -141,7 +148,7 @@ class BlockGridView(GridNavigation, QWidget):
         self.fit_button.clicked.connect(self.fit_used)
         self.zoom_label = QLabel("")
         self.zoom_label.setStyleSheet("color: #8a93a5")
-        self.zoom_label.setFixedWidth(150)  # its text changes as the view zooms: never relayout for it
+        self._fit_zoom_label()  # its text changes as the view zooms: a fixed width, never a relayout for it
         self.hover_label = QLabel(" ")
         self.hover_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -190,9 +197,12 @@ class BlockGridView(GridNavigation, QWidget):
         top.addWidget(self.title, 1)
         top.addWidget(self.zoom_label)
         top.addWidget(self.fit_button)
+        self.top_widgets = [self.title, self.zoom_label, self.fit_button]
         if not cpu:  # the CPU pool follows the GPU grid's colour mode: its own box only took its title's room
-            top.addWidget(QLabel("colour by"))
+            colour_by = QLabel("colour by")
+            top.addWidget(colour_by)
             top.addWidget(self.mode_box)
+            self.top_widgets += [colour_by, self.mode_box]
         side = QWidget()
         side_lay = QVBoxLayout(side)
         side_lay.setContentsMargins(0, 0, 0, 0)
@@ -204,9 +214,10 @@ class BlockGridView(GridNavigation, QWidget):
         legend_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         legend_scroll.setMinimumHeight(60)
         side_lay.addWidget(legend_scroll, 1)
-        side.setFixedWidth(190)
         self.side = side
+        self._fit_side()
         side.setVisible(legend or show_overview)
+        self.legend_shown = legend
         legend_scroll.setVisible(legend)
         body = QHBoxLayout()
         body.setContentsMargins(0, 0, 0, 0)
@@ -218,6 +229,49 @@ class BlockGridView(GridNavigation, QWidget):
         lay.addLayout(top)
         lay.addLayout(body, 1)
         lay.addWidget(self.hover_label)
+
+    def _fit_zoom_label(self) -> None:
+        """The zoom label as wide as its widest text at the current text size."""
+        fm = self.zoom_label.fontMetrics()
+        self.zoom_label.setFixedWidth(max(fm.horizontalAdvance(t) for t in ("000 px/block", "00.0 blocks/px")) + 8)
+
+    def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(ev)
+        if ev.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # a new text size
+            self._fit_zoom_label()
+            self._fit_side()
+
+    def _fit_side(self) -> None:
+        """The legend's column: 190 px at 1x text, wider with the text (at 1.5x its names were cut at the side)."""
+        self.side.setFixedWidth(round(SIDE_PX * max(1.0, text_scale())))
+
+    def set_compact(self, on: bool) -> None:
+        """Presentation's grid: the whole pool in as many columns as make its cells largest in the view, with no
+        title row, side panel or hover line (the page around it has its own legend and status)."""
+        if on == self.compact:
+            return
+        self.compact = on
+        for w in self.top_widgets:
+            w.setVisible(not on)
+        self.side.setVisible(not on and (self.legend_shown or self.show_overview))
+        self.hover_label.setVisible(not on)
+        self.columns = None
+        self._key = None
+        self.auto_fit = True
+        self.fit_compact() if on else self.redraw(force=True)
+
+    def _compact_columns(self) -> int:
+        vb = self.plot.getViewBox()
+        return columns_to_fill(self.num_cells(), vb.width(), vb.height())
+
+    def fit_compact(self) -> None:
+        """Compact: the columns for the view's size now, and the whole pool in view."""
+        if not self.compact or self.snapshot is None:
+            return
+        if self._compact_columns() != self.columns:
+            self.redraw(force=True)
+        if self.grid is not None:
+            self.fit_all()
 
     # -- token text --------------------------------------------------------------------
     @property
@@ -286,7 +340,9 @@ class BlockGridView(GridNavigation, QWidget):
         codes, lut = cpu_codes_for(snap, self.mode) if self.cpu else codes_for(snap, self.mode, self.leaked)
         k = len(lut) - 1
         self.codes, self.lut = codes, lut
-        grid = to_grid(codes, k)
+        if self.compact:
+            self.columns = self._compact_columns()
+        grid = to_grid(codes, k, self.columns if self.compact else None)
         if self.grid is None or grid.shape != self.grid.shape:
             self.layer.prepareGeometryChange()  # before the layer's bounding rect changes (the scene's index)
         self.grid = grid
@@ -299,15 +355,19 @@ class BlockGridView(GridNavigation, QWidget):
         self.layer.update()
         self.num_redraws += 1
 
-    def set_highlight(self, block_ids: list[int], logical: bool = True) -> None:
+    def set_highlight(self, block_ids: list[int], logical: bool = True, redraw: bool = True) -> None:
         """Outline these blocks; with ``logical`` they are a block table in its order: drawn as a path, each with
         its logical index as a badge (a block clicked on its own is no table's: it wears no "L0")."""
-        self.highlight = list(block_ids)
-        self.logical_index = {}
-        for i, b in enumerate(self.highlight if logical else ()):
-            self.logical_index.setdefault(int(b), i)
+        block_ids = [int(b) for b in block_ids]
+        index: dict[int, int] = {}
+        for i, b in enumerate(block_ids if logical else ()):
+            index.setdefault(b, i)
+        if block_ids == self.highlight and index == self.logical_index:
+            return  # the same outline: no redraw (the window sets it every step)
+        self.highlight, self.logical_index = block_ids, index
         self._key = None
-        self.redraw()
+        if redraw:  # else the caller's next set_snapshot draws it (one redraw a step)
+            self.redraw()
 
     def _highlight_style(self) -> None:
         """Small cells: a spotlight (the rest dimmed) and a path in logical order. Big cells (text): an outline and an
@@ -333,7 +393,10 @@ class BlockGridView(GridNavigation, QWidget):
         ids = ids[(ids >= 0) & (ids < rows * cols)]
         mask[ids] = 0
         self.overlay.setImage(mask.reshape(rows, cols, 4), levels=(0, 255), autoLevels=False)
-        self.path.setData(ids % cols + 0.5, ids // cols + 0.5)
+        if self.logical_index:  # a block table: its path in logical order
+            self.path.setData(ids % cols + 0.5, ids // cols + 0.5)
+        else:
+            self.path.setData([], [])
 
     # -- view range and level of detail ------------------------------------------------------
     # -- mouse ------------------------------------------------------------------------

@@ -64,9 +64,12 @@ class DiagnosisPanel(QWidget):
         row.addWidget(self.compare_label, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
+        # the verdict first: its lines keep their height where the panel is short (1.5x text at 1280x720), and
+        # the story's table, which scrolls, takes what is left
+        lay.addLayout(row)
         lay.addWidget(self.title)
         lay.addWidget(self.table, 1)
-        lay.addLayout(row)
+        self.table.setMinimumHeight(40)
         self._steps: list[int] = []
 
     def show_story(self, block_id: int, lines: list[StoryLine], reach: tuple[int, int] | None) -> None:

@@ -14,7 +14,9 @@ API: ``FigureView()``; ``set_snapshot(snap)``, ``set_requests([ids])`` (one or t
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen, QPolygonF
@@ -30,32 +32,29 @@ from PySide6.QtWidgets import (
 
 from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from kvscope.ui import palette
+from kvscope.ui.status_words import status_words
 from kvscope.ui.style import min_text_px, text_scale
+from kvscope.ui.views.banner import block_ranges
 from kvscope.ui.views.token_text import BlockTokens, TokenDecoder, request_block_tokens, request_filled
 
 MAX_FIGURE_BLOCKS = 24  # logical blocks drawn per request (the first 2 and the last ones)
 MAX_PHYSICAL_SPAN = 20  # show every block between the lowest and highest mapped one up to this span
 MIN_PHYSICAL_ROWS = 8  # and at least this many, so the pool looks like a pool
 SLOT_W, SLOT_H = 72.0, 26.0
-# Presentation (a projector at 1280x720): narrower slots and larger text in the scene, so the whole figure of two
-# requests fits the window's width with every text at least the presentation's floor (12 px).
-PRESENT_SLOT_W = 48.0
-PRESENT_TABLE_COLS = (("logical", 58.0), ("physical", 66.0), ("# filled", 62.0), ("ref", 36.0))  # 13 px headers
-PRESENT_GAP = 36.0
-PRESENT_PHYS_LABEL_W = 104.0  # "block 12" and "ref 2" side by side at 13 px
-PRESENT_SCENE_TEXT = 13  # no text in the scene smaller than this while presenting
 SLOTS_PER_LINE = 8  # a block of 16 is drawn as two lines of 8 slots (or four of 4 where the panel is narrow)
 MIN_TEXT_PX = 10.0  # the smallest text on screen: the figure scrolls rather than shrink below it
 LABEL_W = 56.0
 TABLE_COLS = (("logical", 48.0), ("physical", 60.0), ("# filled", 58.0), ("ref", 34.0))
 GAP = 46.0  # between columns (room for the arrows)
-HEAD_H = 62.0
 PHYS_LABEL_W = 90.0
 ROW_GAP = 8.0
+PRESENT_TEXT_PX = 12.0  # presenting: every text of the figure is this times the text scale (18 px at 1.5), unzoomed
+MIN_PRESENT_ROWS = 3  # presenting: a request's logical blocks are cut to no fewer rows than this (with a gap row)
 INK = QColor(216, 222, 233)
 DIM = QColor(138, 147, 165)
 EMPTY = QColor(34, 38, 45)
 PAPER = QColor(30, 33, 39)
+FOCUS = QColor(255, 255, 255)
 
 
 def _qc(rgb, alpha: int = 255) -> QColor:
@@ -64,38 +63,159 @@ def _qc(rgb, alpha: int = 255) -> QColor:
     return c
 
 
-def slot_w() -> float:
-    """A token slot's width in the scene: narrower while presenting."""
-    return PRESENT_SLOT_W if min_text_px() is not None else SLOT_W
+def presenting() -> bool:
+    return min_text_px() is not None
 
 
-def table_cols() -> tuple[tuple[str, float], ...]:
-    return PRESENT_TABLE_COLS if min_text_px() is not None else TABLE_COLS
+def present_text_px() -> int:
+    """The figure's text while presenting: 12 px times the text scale (18 px at presentation's 1.5), drawn 1:1."""
+    return round(PRESENT_TEXT_PX * text_scale())
 
 
-def gap() -> float:
-    return PRESENT_GAP if min_text_px() is not None else GAP
+def _font(px: float, bold: bool = False) -> QFont:
+    f = QFont()
+    f.setPixelSize(max(1, round(px)))
+    f.setBold(bold)
+    return f
 
 
-def phys_label_w() -> float:
-    return PRESENT_PHYS_LABEL_W if min_text_px() is not None else PHYS_LABEL_W
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """The figure's sizes in scene pixels: the paper's proportions at 12 px (zoomed to the panel), or, while
+    presenting, measured from the presentation's text size (drawn unzoomed: the text is what a room reads)."""
+
+    px: float  # body text
+    small: float  # secondary text (the prompt line, "ref" labels): the body's size while presenting
+    head: float  # a request's title
+    slot_w: float
+    slot_h: float
+    label_w: float
+    table: tuple[tuple[str, float], ...]
+    gap: float
+    phys_label_w: float
+    row_gap: float
+    bar_w: float  # a block drawn as one bar of its text (a large block while presenting)
+
+    @property
+    def table_w(self) -> float:
+        return sum(w for _, w in self.table)
+
+    @property
+    def line(self) -> float:
+        return round(self.px * 1.45)
+
+    @staticmethod
+    def now() -> Metrics:
+        if not presenting():
+            return Metrics(12, 11, 14, SLOT_W, SLOT_H, LABEL_W, TABLE_COLS, GAP, PHYS_LABEL_W, ROW_GAP, 6 * SLOT_W)
+        px = present_text_px()
+        fm, bold = QFontMetricsF(_font(px)), QFontMetricsF(_font(px, True))
+        slot_w = max(max(fm.horizontalAdvance(w) for w in ("score", "seven", "years", "times")) + 10, 3.2 * px)
+        table = tuple((n, max(bold.horizontalAdvance(n), fm.horizontalAdvance("000")) + 14) for n, _ in TABLE_COLS)
+        return Metrics(
+            px,
+            px,
+            px,
+            slot_w,
+            round(px * 1.6),
+            fm.horizontalAdvance("block 00") + 12,
+            table,
+            round(1.8 * px),
+            fm.horizontalAdvance("block 00") + fm.horizontalAdvance("ref 00") + 18,
+            round(px * 0.35),
+            5.5 * slot_w,
+        )
 
 
-def slot_offset(j: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the figure is laid out: what presentation changes, one step at a time, until the lesson fits."""
+
+    per_line: int = SLOTS_PER_LINE  # slots a line of a block
+    stacked: bool = False  # two requests: one above the other (the pool on their right), not either side of it
+    bars: bool = False  # each block as one bar of its text (its slots as ticks), not a slot a token
+    mapped_only: bool = False  # the pool's rows: only the blocks drawn (with gaps), not their neighbours
+    legend: bool = True  # the line under the figure that says what a dashed slot is
+    compact: bool = False  # no prompt line over a request, no "logical" column in its table (its rows say it)
+    max_rows: int | None = None  # a request's logical blocks: the first and the last ones, a gap row between
+
+
+def present_layouts(block_size: int, two: bool, longest: int) -> list[Layout]:
+    """Presentation's layouts, the paper's own first, then by what each gives up, least first: two requests
+    stacked instead of either side of the pool; narrower blocks (more lines each), or blocks as bars; a pool of
+    the drawn blocks only; no line saying what a dashed slot is; compact heads and tables; then fewer logical rows.
+    The first that fits is drawn: the text never shrinks."""
+    lines = [n for n in (min(block_size, SLOTS_PER_LINE), 4, 2) if n <= block_size and block_size / n <= 4]
+    shapes = [(n, False) for n in dict.fromkeys(lines)] + ([(block_size, True)] if block_size > 4 else [])
+    rows = [None] + list(range(longest - 1, MIN_PRESENT_ROWS - 1, -1))
+    out = []
+    for cut, max_rows in enumerate(rows):
+        for compact in (False, True):
+            for legend in (True, False):
+                for mapped_only in (False, True):
+                    for k, (per_line, bars) in enumerate(shapes):
+                        for stacked in (False, True) if two else (False,):
+                            cost = (cut, compact, not legend, mapped_only, k, stacked)
+                            out.append((cost, Layout(per_line, stacked, bars, mapped_only, legend, compact, max_rows)))
+    return [lay for _, lay in sorted(out, key=lambda t: t[0])]
+
+
+class _Bounds:
+    """A scene that only measures: what ``FigureView._draw`` would draw, as one bounding rectangle (a layout is
+    tried this way, and only the one that fits is drawn)."""
+
+    def __init__(self) -> None:
+        self.rect = QRectF()
+
+    def _unite(self, r: QRectF) -> None:
+        self.rect = r if self.rect.isNull() else self.rect.united(r)
+
+    def addRect(self, r: QRectF, *_):  # noqa: N802 - QGraphicsScene's names
+        self._unite(QRectF(r))
+
+    def addLine(self, x1, y1, x2, y2, *_):  # noqa: N802
+        self._unite(QRectF(QPointF(x1, y1), QPointF(x2, y2)).normalized())
+
+    def addPath(self, path, *_):  # noqa: N802
+        self._unite(path.boundingRect())
+
+    def addPolygon(self, poly, *_):  # noqa: N802
+        self._unite(poly.boundingRect())
+
+    def addItem(self, item) -> None:  # noqa: N802
+        self._unite(item.sceneBoundingRect())
+
+    def itemsBoundingRect(self) -> QRectF:  # noqa: N802
+        return QRectF(self.rect)
+
+    def clear(self) -> None:
+        self.rect = QRectF()
+
+    def setSceneRect(self, r: QRectF) -> None:  # noqa: N802
+        self.scene_rect = QRectF(r)
+
+    def sceneRect(self) -> QRectF:  # noqa: N802
+        return self.scene_rect
+
+
+def slot_offset(j: int, per_line: int, m: Metrics) -> tuple[float, float]:
     """(dx, dy) of slot ``j`` inside a block drawn as lines of ``per_line`` slots."""
-    return (j % per_line) * slot_w(), (j // per_line) * SLOT_H
+    return (j % per_line) * m.slot_w, (j // per_line) * m.slot_h
 
 
-def block_size_px(block_size: int, per_line: int = SLOTS_PER_LINE) -> tuple[float, float]:
-    """(width, height) of a block's slots."""
-    return min(block_size, per_line) * slot_w(), math.ceil(block_size / per_line) * SLOT_H
+def block_size_px(block_size: int, lay: Layout, m: Metrics) -> tuple[float, float]:
+    """(width, height) of a block's slots (or its bar)."""
+    if lay.bars:
+        return m.bar_w, m.slot_h
+    return min(block_size, lay.per_line) * m.slot_w, math.ceil(block_size / lay.per_line) * m.slot_h
 
 
 def figure_width(block_size: int, two: bool, per_line: int) -> float:
-    """The scene's width: [A logical][A table] [physical] ([B table][B logical])."""
-    blk = block_size_px(block_size, per_line)[0]
-    one = LABEL_W + blk + 16 + sum(w for _, w in table_cols()) + gap() + phys_label_w() + blk
-    return one + (gap() + sum(w for _, w in table_cols()) + 16 + LABEL_W + blk if two else 0.0)
+    """The scene's width at the paper's layout: [A logical][A table] [physical] ([B table][B logical])."""
+    m, lay = Metrics.now(), Layout(per_line)
+    blk = block_size_px(block_size, lay, m)[0]
+    one = m.label_w + blk + 16 + m.table_w + m.gap + m.phys_label_w + blk
+    return one + (m.gap + m.table_w + 16 + m.label_w + blk if two else 0.0)
 
 
 def _soft(rgb, t: float) -> QColor:
@@ -118,11 +238,15 @@ class FigureView(QWidget):
         super().__init__(parent)
         self.snapshot: KVSnapshot | None = None
         self.request_ids: list[str] = []
+        self.focus_blocks: list[int] = []  # blocks the lesson names (a leak's), outlined and drawn in the pool
+        self.why = ""  # the rule that chose what is drawn (``kvscope.ui.focus``), the figure's first line
         self.flagged: set[int] = set()
-        self.per_line = SLOTS_PER_LINE  # slots a line of a block, chosen for the panel's width (``_layout``)
+        self.flag_kinds: dict[int, str] = {}
+        self.layout_used = Layout()  # the layout of the last drawing (presentation picks one that fits)
         self.decoder = TokenDecoder()
         self.events: list = []
         self._cells: dict = {"requests": {}, "physical": {}, "arrows": []}
+        self._lesson = None
         self.scene = QGraphicsScene(self)
         self.view = _FitView(self.scene, self._fit)
         self.view.setRenderHint(QPainter.RenderHint.Antialiasing, True)
@@ -140,14 +264,19 @@ class FigureView(QWidget):
         lay.addWidget(self.caption)
         self._redraw()
 
+    @property
+    def per_line(self) -> int:
+        return self.layout_used.per_line
+
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(900, 420)
 
     # -- API ----------------------------------------------------------------------------
-    def set_snapshot(self, snap: KVSnapshot | None, flagged=None) -> None:
-        """``flagged``: blocks the audit found wrong (drawn red, as in the grid)."""
+    def set_snapshot(self, snap: KVSnapshot | None, flagged=None, flag_kinds: dict[int, str] | None = None) -> None:
+        """``flagged``: blocks the audit found wrong (drawn red, as in the grid); ``flag_kinds``: each one's problem."""
         self.snapshot = snap
         self.flagged = set(int(b) for b in flagged) if flagged is not None else set()
+        self.flag_kinds = dict(flag_kinds or {})
         self._redraw()
 
     def _state(self, b: int):
@@ -157,7 +286,14 @@ class FigureView(QWidget):
 
     def set_requests(self, request_ids: list[str]) -> None:
         """Draw these requests (the first two: a third would not fit the paper's layout)."""
+        self.set_focus(request_ids, self.focus_blocks, self.why)
+
+    def set_focus(self, request_ids: list[str], blocks=(), why: str = "") -> None:
+        """Draw these requests (one or two) and the pool's ``blocks`` (a lesson's: a leak's, outlined), and say
+        ``why`` these (the rule that chose them) on the figure's first line."""
         self.request_ids = [r for r in request_ids if r][:2]
+        self.focus_blocks = sorted({int(b) for b in blocks})
+        self.why = why
         self._redraw()
 
     def set_decode(self, fn) -> None:
@@ -174,6 +310,7 @@ class FigureView(QWidget):
         filled, ref)], "pending": (i, slot, label) | None}; ``physical`` = {block: [slot labels]};
         ``arrows`` = [(request id, logical, physical)]; ``state_colours`` = {block: the RGB its ref cell is
         filled with, its state's}."""
+        self._ensure()
         return self._cells
 
     # -- drawing --------------------------------------------------------------------------
@@ -183,20 +320,24 @@ class FigureView(QWidget):
         x: float,
         y: float,
         colour: QColor = INK,
-        size: int = 12,
+        size: float | None = None,
         bold: bool = False,
         italic: bool = False,
         align: str = "left",
         width: float = 0.0,
+        elide: float = 0.0,
     ) -> QGraphicsSimpleTextItem:
+        """A text item; ``size`` defaults to the body's; while presenting no text is smaller than the body's."""
+        m = self._m
+        px = m.px if size is None or presenting() else size
         it = QGraphicsSimpleTextItem(s)
-        f = QFont()
-        if min_text_px() is not None:
-            size = max(size, PRESENT_SCENE_TEXT)
-        f.setPixelSize(size)
-        f.setBold(bold)
+        f = _font(px, bold)
         f.setItalic(italic)
         it.setFont(f)
+        if elide and it.boundingRect().width() > elide:
+            # by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character at a
+            # time and measuring each try took minutes)
+            it.setText(QFontMetricsF(f).elidedText(s[: int(elide) + 2], Qt.TextElideMode.ElideRight, elide))
         it.setBrush(QBrush(colour))
         w = it.boundingRect().width()
         if align == "centre":
@@ -217,31 +358,58 @@ class FigureView(QWidget):
         pending: bool = False,
         border: QColor | None = None,
     ) -> None:
+        m = self._m
         ink = ink or QColor(0, 0, 0)
         pen = QPen(border or QColor(90, 96, 110))
         pen.setWidthF(1.2)
         if pending:
             pen = QPen(INK)
             pen.setStyle(Qt.PenStyle.DashLine)
-        w = slot_w()
-        self.scene.addRect(QRectF(x, y, w, SLOT_H), pen, QBrush(fill))
+        self.scene.addRect(QRectF(x, y, m.slot_w, m.slot_h), pen, QBrush(fill))
         if label:
-            it = self._text(label, x + 4, y + 5, DIM if pending else ink, italic=pending)
-            if it.boundingRect().width() > w - 8:  # elide long tokens
-                s = label
-                while s and it.boundingRect().width() > w - 8:
-                    s = s[:-1]
-                    it.setText(s + "…")
+            self._text(
+                label, x + 4, y + (m.slot_h - m.line) / 2, DIM if pending else ink, italic=pending, elide=m.slot_w - 8
+            )
+
+    def _bar(
+        self,
+        x: float,
+        y: float,
+        toks: tuple[int, ...],
+        size: int,
+        fill: QColor,
+        ink: QColor,
+        border: QColor,
+        pending: int | None = None,
+    ) -> None:
+        """A block as one bar: its filled slots in ``fill``, the rest empty, its text over the filled part, a tick
+        between slots; ``pending``: the slot of a token sampled but not yet written (dashed)."""
+        m = self._m
+        tick = m.bar_w / size
+        n = len(toks)
+        self.scene.addRect(QRectF(x, y, m.bar_w, m.slot_h), QPen(border), QBrush(EMPTY))
+        if n:
+            self.scene.addRect(QRectF(x, y, tick * n, m.slot_h), QPen(Qt.PenStyle.NoPen), QBrush(fill))
+        pen = QPen(border.darker(130))
+        for j in range(1, size):
+            self.scene.addLine(x + j * tick, y + m.slot_h - 5, x + j * tick, y + m.slot_h, pen)
+        if pending is not None and pending < size:
+            dash = QPen(INK)
+            dash.setStyle(Qt.PenStyle.DashLine)
+            self.scene.addRect(QRectF(x + pending * tick, y, tick, m.slot_h), dash, QBrush(Qt.BrushStyle.NoBrush))
+        if n:
+            text = self.decoder.join(toks).replace("\n", "⏎").strip() or "␣"
+            self._text(text, x + 4, y + (m.slot_h - m.line) / 2, ink, elide=max(tick * n - 8, m.slot_w))
 
     def _arrow(self, a: QPointF, b: QPointF, colour: QColor) -> None:
         path = QPainterPath(a)
         mid = (a.x() + b.x()) / 2
         path.cubicTo(QPointF(mid, a.y()), QPointF(mid, b.y()), b)
         pen = QPen(colour)
-        pen.setWidthF(1.8)
+        pen.setWidthF(1.8 if not presenting() else 2.5)
         self.scene.addPath(path, pen)
         ang = math.atan2(0.0, b.x() - mid)  # the curve arrives horizontally
-        size = 8.0
+        size = 8.0 if not presenting() else 11.0
         head = QPolygonF(
             [
                 b,
@@ -251,25 +419,30 @@ class FigureView(QWidget):
         )
         self.scene.addPolygon(head, QPen(colour), QBrush(colour))
 
-    def _shown_logical(self, r: RequestInfo) -> list[int | None]:
-        """Logical block indices drawn (None: a gap row)."""
+    def _shown_logical(self, r: RequestInfo, lay: Layout) -> list[int | None]:
+        """Logical block indices drawn (None: a gap row): all, or the first two and the last ones."""
         n = len(r.block_ids)
-        if n <= MAX_FIGURE_BLOCKS:
+        most = min(MAX_FIGURE_BLOCKS, lay.max_rows or MAX_FIGURE_BLOCKS)
+        if n <= most:
             return list(range(n))
-        return [0, 1, None] + list(range(n - (MAX_FIGURE_BLOCKS - 3), n))
+        head = 2 if most > 4 else 1
+        return list(range(head)) + [None] + list(range(n - (most - head - 1), n))
 
-    def _shown_physical(self, mapped: set[int]) -> list[int | None]:
+    def _shown_physical(self, mapped: set[int], lay: Layout) -> list[int | None]:
         n = self.snapshot.num_blocks
         if not mapped:
             return []
-        lo, hi = max(0, min(mapped) - 1), min(n - 1, max(mapped) + 1)
-        least = MIN_PHYSICAL_ROWS if min_text_px() is None else 0  # presenting: the height is the lesson's
-        if hi - lo + 1 < least:
-            hi = min(n - 1, lo + least - 1)
-            lo = max(0, hi - least + 1)
-        if hi - lo + 1 <= MAX_PHYSICAL_SPAN:
-            return list(range(lo, hi + 1))
-        keep = sorted({x for b in mapped for x in (b - 1, b, b + 1) if 0 <= x < n})
+        if lay.mapped_only:
+            keep = sorted(mapped)
+        else:
+            lo, hi = max(0, min(mapped) - 1), min(n - 1, max(mapped) + 1)
+            least = 0 if presenting() else MIN_PHYSICAL_ROWS  # presenting: the height is the lesson's
+            if hi - lo + 1 < least:
+                hi = min(n - 1, lo + least - 1)
+                lo = max(0, hi - least + 1)
+            if hi - lo + 1 <= MAX_PHYSICAL_SPAN:
+                return list(range(lo, hi + 1))
+            keep = sorted({x for b in mapped for x in (b - 1, b, b + 1) if 0 <= x < n})
         out: list[int | None] = []
         for b in keep:
             if out and out[-1] is not None and b != out[-1] + 1:
@@ -285,61 +458,155 @@ class FigureView(QWidget):
         return i // self.snapshot.block_size, i % self.snapshot.block_size, r.token_ids[i]
 
     def _redraw(self) -> None:
-        self.scene.clear()
-        self._cells = {"requests": {}, "physical": {}, "arrows": []}
+        """Draw again now if the figure is on screen; else when it is shown or asked what it draws (a hidden
+        figure, under another tab or another lesson's panel, costs nothing a step)."""
+        self._stale = True
+        if self.isVisible():
+            self._ensure()
+
+    def _ensure(self) -> None:
+        if getattr(self, "_stale", True):
+            self._stale = False
+            self._draw_now()
+
+    def showEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(ev)
+        self._ensure()
+
+    def _draw_now(self) -> None:
+        self._m = Metrics.now()
         s = self.snapshot
+        self._lesson = None
         if s is None:
             self._message("waiting for the engine")
             return
-        reqs = [s.request(rid) for rid in self.request_ids]
-        reqs = [r for r in reqs if r is not None]
-        if not reqs:
+        reqs = [r for r in (s.request(rid) for rid in self.request_ids) if r is not None]
+        blocks = [b for b in self.focus_blocks if 0 <= b < s.num_blocks]
+        if not reqs and not blocks:
             self._message(
                 "Select a request (or two, with Ctrl+click) to draw it as in the PagedAttention paper:\n"
                 "its logical KV blocks, its block table, and where its blocks sit in the physical pool."
             )
-            self.caption.setText("")
             return
+        if not presenting():
+            self._draw(reqs, blocks, Layout(self._per_line_for_width(s.block_size, len(reqs) == 2)))
+            self._fit()
+            return
+        # Presenting: the text keeps its size; the layout changes until the lesson fits the panel.
+        vw, vh = self._viewport_size()
+        self._fitted_to = (vw, vh)
+        longest = max((len(r.block_ids) for r in reqs), default=0)
+        tries = present_layouts(s.block_size, len(reqs) == 2, longest)
+        # Start from the layout that fitted last (a lesson grows step by step: its layout rarely changes); a layout
+        # before it is tried again only for other requests or another panel size.
+        key = (tuple(self.request_ids), s.block_size, vw, vh)
+        last = getattr(self, "_last_fit", None)
+        first = last[1] if last is not None and last[0] == key else 0
+        first = min(first, len(tries) - 1)
+        scene, self.scene = self.scene, _Bounds()  # measured, not drawn, until one fits
+        try:
+            for i in range(first, len(tries)):
+                self._draw(reqs, blocks, tries[i])
+                rect = self.scene.sceneRect()
+                if rect.width() <= vw and rect.height() <= vh:
+                    break
+        finally:
+            self.scene = scene
+            self._m = Metrics.now()
+        self._last_fit = (key, i)
+        self._draw(reqs, blocks, tries[i])
+        self._fit()
+
+    def _viewport_size(self) -> tuple[float, float]:
+        """The panel's room for the scene (its viewport less a frame's width: no scroll bar when it fits)."""
+        vp = self.view.viewport()
+        return max(1.0, vp.width() - 2.0), max(1.0, vp.height() - 2.0)
+
+    def _draw(self, reqs: list[RequestInfo], blocks: list[int], lay: Layout) -> None:
+        self.scene.clear()
+        self._cells = {"requests": {}, "physical": {}, "arrows": []}
+        self.layout_used = lay
+        self._m = Metrics.now()  # each layout from the same sizes (a compact one's table is its own)
+        if lay.compact:  # the table without its "logical" column (each row's label is its logical block)
+            self._m = dataclasses.replace(self._m, table=tuple(c for c in self._m.table if c[0] != "logical"))
+        s, m = self.snapshot, self._m
         bs = s.block_size
-        self.per_line = self._layout(bs, len(reqs) == 2)
         tokens = BlockTokens(s)
-        table_w = sum(w for _, w in table_cols())
-        blk_w = block_size_px(bs, self.per_line)[0]
-        logical_w = LABEL_W + blk_w
-        phys_w = phys_label_w() + blk_w
+        blk_w, _ = block_size_px(bs, lay, m)
+        logical_w = m.label_w + blk_w
+        request_w = logical_w + 16 + m.table_w
+        phys_w = m.phys_label_w + blk_w
         two = len(reqs) == 2
-        # x of each column: [A logical][A table] [physical] ([B table][B logical])
-        xa_log = 0.0
-        xa_tab = xa_log + logical_w + 16
-        x_phys = xa_tab + table_w + gap()
-        xb_tab = x_phys + phys_w + gap()
-        xb_log = xb_tab + table_w + 16
-        mapped = {b for r in reqs for b in r.block_ids}
-        notes: list[str] = []
+        side = two and not lay.stacked
+        top = 0.0
+        if self.why:
+            names = " and ".join(r.request_id for r in reqs) if reqs else ""
+            what = (f"request{'s' if len(reqs) > 1 else ''} {names}" if reqs else "") + (
+                f"{' · ' if reqs else ''}block{'s' if len(blocks) > 1 else ''} {block_ranges(blocks)}" if blocks else ""
+            )
+            room = self._viewport_size()[0] - 12 if presenting() else 0.0  # one line, never wider than the panel
+            self._text(f"showing {what}: {self.why}", 0, 0, DIM, italic=True, elide=room)
+            top = m.line + 4
+        head_h = self._head_h(lay)
+        y_rows = top + head_h + m.line  # the first row (under the column headers)
+        # x of each column: [A logical][A table] [physical] ([B table][B logical]); stacked: B under A
+        x_phys = (request_w + m.gap) if reqs else 0.0
         self._table_y: dict[str, dict[int, float]] = {}
-        y_top = HEAD_H
+        notes: list[str] = []
+        places = []
+        y = y_rows
+        for k, r in enumerate(reqs):
+            if side and k == 1:
+                x_tab = x_phys + phys_w + m.gap
+                places.append((x_tab + m.table_w + 16, x_tab, y_rows, True))
+            else:
+                places.append((0.0, logical_w + 16, y, False))
+            bottom = self._request(r, lay, *places[-1], _qc(palette.owner_colour(r.index)), notes)
+            y = bottom + m.line + head_h + m.line  # the next request (stacked) starts under this one
+        mapped = {b for r in reqs for b in r.block_ids} | set(blocks)
+        # the pool's rows: the blocks the drawn rows map (a cut table's hidden rows map none drawn here)
+        drawn = {r.block_ids[i] for r in reqs for i in self._table_y[r.request_id]} | set(blocks)
+        self._physical(x_phys, y_rows, drawn if lay.max_rows else mapped, tokens, reqs, lay)
         for k, r in enumerate(reqs):
             colour = _qc(palette.owner_colour(r.index))
-            x_log, x_tab = (xa_log, xa_tab) if k == 0 else (xb_log, xb_tab)
-            self._request(r, k, x_log, x_tab, y_top, colour, notes)
-        self._physical(x_phys, y_top, mapped, tokens, reqs)
-        # arrows: table row (physical cell) -> physical block
-        rows_y = self._phys_y
-        for k, r in enumerate(reqs):
-            colour = _qc(palette.owner_colour(r.index))
-            for i, y in self._table_y[r.request_id].items():
+            for i, ty in self._table_y[r.request_id].items():
                 b = r.block_ids[i]
-                if b not in rows_y:
+                if b not in self._phys_y:
                     continue
-                yb = rows_y[b] + SLOT_H / 2
-                if k == 0:
-                    a = QPointF(xa_tab + table_w + 2, y + SLOT_H / 2)
-                    self._arrow(a, QPointF(x_phys - 10, yb), colour)
+                yb = self._phys_y[b] + m.slot_h / 2
+                _x_log, x_tab, _y0, right = places[k]
+                if right:
+                    self._arrow(QPointF(x_tab - 2, ty + m.slot_h / 2), QPointF(x_phys + phys_w + 10, yb), colour)
                 else:
-                    a = QPointF(xb_tab - 2, y + SLOT_H / 2)
-                    self._arrow(a, QPointF(x_phys + phys_w + 10, yb), colour)
+                    self._arrow(QPointF(x_tab + m.table_w + 2, ty + m.slot_h / 2), QPointF(x_phys - 10, yb), colour)
                 self._cells["arrows"].append((r.request_id, i, b))
-        # what to notice
+        self._notes(reqs, mapped, notes)
+        self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
+        if lay.legend and any(c["pending"] for c in self._cells["requests"].values()):
+            bottom = self.scene.itemsBoundingRect().bottom() + 10
+            self._slot(m.label_w, bottom, None, EMPTY, pending=True)
+            self._text(
+                "dashed: the token just sampled, written into the cache at the next step"
+                if presenting()
+                else "dashed: the token just sampled; its K and V are written into the cache at the next step",
+                m.label_w + m.slot_w + 10,
+                bottom + (m.slot_h - m.line) / 2,
+                DIM,
+            )
+        if isinstance(self.scene, _Bounds):  # measuring a layout: nothing to show yet
+            self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-6, -6, 6, 6))
+            return
+        self.caption.setText("<br>".join(f"• {n}" for n in notes))
+        self.caption.setVisible(bool(notes) and not presenting())  # presenting: the lesson's note says it
+        self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-6, -6, 6, 6))
+
+    def _head_h(self, lay: Layout) -> float:
+        """A request's head above its column headers: its title and its prompt line (compact: the title)."""
+        return (1 if lay.compact else 2) * self._m.line + 4
+
+    def _notes(self, reqs: list[RequestInfo], mapped: set[int], notes: list[str]) -> None:
+        """What to notice, under the figure."""
+        s = self.snapshot
         flagged = sorted(b for b in mapped if b in self.flagged)
         if flagged:
             notes.append(
@@ -372,51 +639,46 @@ class FigureView(QWidget):
                     f"block {ev.src_block_id}, so it got a copy, block {ev.dst_block_id} "
                     f"({ev.num_slots} slots copied); block {ev.src_block_id}'s ref count dropped by one"
                 )
-        if two and not shared and len(mapped) > 1:
-            own = {r.request_id: set(r.block_ids) for r in reqs}
-            a, b = (own[r.request_id] for r in reqs)
+        if len(reqs) == 2 and not shared and len(mapped) > 1:
+            a, b = (set(r.block_ids) for r in reqs)
             if a and b and min(a | b) < max(a | b) and not (max(a) < min(b) or max(b) < min(a)):
                 notes.append("the two requests' blocks interleave in one pool: neither needs contiguous memory")
-        self._lesson = self.scene.itemsBoundingRect()  # the requests, their tables and the physical blocks
-        if any(c["pending"] for c in self._cells["requests"].values()):
-            bottom = self.scene.itemsBoundingRect().bottom() + 10
-            self._slot(xa_log + LABEL_W, bottom, "token", EMPTY, pending=True)
-            self._text(
-                "dashed: the token just sampled; its K and V are written into the cache at the next step",
-                xa_log + LABEL_W + slot_w() + 10,
-                bottom + 5,
-                DIM,
-            )
-        self.caption.setText("<br>".join(f"• {n}" for n in notes))
-        self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-10, -10, 10, 10))
-        self._fit()
 
     def _message(self, text: str) -> None:
+        self.scene.clear()
+        self._cells = {"requests": {}, "physical": {}, "arrows": []}
         self._text(text, 10, 10, DIM, size=13)
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-10, -10, 10, 10))
         self.caption.setText("")
+        self.caption.hide()
         self._fit()
 
     def _request(
-        self, r: RequestInfo, k: int, x_log: float, x_tab: float, y0: float, colour: QColor, notes: list[str]
-    ) -> None:
-        s, bs = self.snapshot, self.snapshot.block_size
+        self,
+        r: RequestInfo,
+        lay: Layout,
+        x_log: float,
+        x_tab: float,
+        y0: float,
+        right: bool,
+        colour: QColor,
+        notes: list[str],
+    ) -> float:
+        """Request ``r``'s title, logical blocks and block table, its rows from ``y0``; returns its bottom."""
+        s, m, bs = self.snapshot, self._m, self.snapshot.block_size
         prompt = self.decoder.join(r.token_ids[: r.num_prompt_tokens])
         out = self.decoder.join(r.token_ids[r.num_prompt_tokens :])
-        status = r.status.lower().replace("_", " ")
         x_head = min(x_log, x_tab)  # the right-hand request's head starts over its table: inside the figure
-        self._text(f"request {r.request_id} · {status}", x_head, 0, colour, size=14, bold=True)
-        line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
-        max_w = LABEL_W + block_size_px(bs, self.per_line)[0] + 16 + sum(w for _, w in table_cols())
-        # elided by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character
-        # at a time and measuring each try took minutes); no line wider than max_w holds more than max_w chars
-        it = self._text(line[: int(max_w) + 2], x_head, 18, DIM, size=11)
-        if it.boundingRect().width() > max_w or len(line) > max_w + 2:
-            it.setText(QFontMetricsF(it.font()).elidedText(line[: int(max_w) + 2], Qt.TextElideMode.ElideRight, max_w))
-        self._text("logical KV blocks", x_log + LABEL_W, y0 - 18, INK, bold=True)
+        width = m.label_w + block_size_px(bs, lay, m)[0] + 16 + m.table_w
+        y_head = y0 - m.line - self._head_h(lay)
+        self._text(f"request {r.request_id} · {status_words(r.status)}", x_head, y_head, colour, size=m.head, bold=True)
+        if not lay.compact:  # compact: the logical blocks show the prompt's tokens; no line of it above them
+            line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
+            self._text(line[: int(width) + 2], x_head, y_head + m.line, DIM, size=m.small, elide=width)
+        self._text("logical KV blocks", x_log + m.label_w, y0 - m.line, INK, bold=True)
         x = x_tab
-        for name, w in table_cols():
-            self._text(name, x, y0 - 18, INK, bold=True, align="centre", width=w)
+        for name, w in m.table:
+            self._text(name, x, y0 - m.line, INK, bold=True, align="centre", width=w)
             x += w
         cell = {"logical": [], "table": [], "pending": None}
         self._cells["requests"][r.request_id] = cell
@@ -427,30 +689,38 @@ class FigureView(QWidget):
         if not r.block_ids:
             why = {
                 "WAITING": "waiting: no blocks yet (it is admitted when the scheduler has room)",
-                "SWAPPED": f"swapped out: its KV sits in CPU blocks {list(r.cpu_block_ids)}",
+                "SWAPPED": f"swapped out: its KV sits in CPU blocks {block_ranges(r.cpu_block_ids)}",
                 "PREEMPTED": "preempted: its blocks were freed; it will be prefilled again",
             }.get(r.status, "finished: its blocks went back to the pool (cached ones stay reusable)")
-            self._text(why, x_log, y0 + 4, DIM)
-            return
+            if r.status.startswith("FINISHED") and self.focus_blocks and self.flagged & set(self.focus_blocks):
+                why = "ended: no table holds the red blocks now"
+            self._text(why, x_log, y0 + 4, DIM, elide=max(width, 2 * m.table_w))
+            return y0 + m.slot_h
         y = y0
         light = _qc(palette.text_on((0, 0, 0)))
-        for i in self._shown_logical(r):
+        blk_h = block_size_px(bs, lay, m)[1]
+        for i in self._shown_logical(r, lay):
             if i is None:
-                self._text("⋮", x_log + LABEL_W + 10, y, DIM, size=14)
-                y += SLOT_H * 0.8
+                self._text("⋮", x_log + m.label_w + 10, y - 2, DIM)
+                y += m.line
                 continue
-            self._text(f"block {i}", x_log, y + 5, DIM)
+            self._text(f"block {i}", x_log, y + (m.slot_h - m.line) / 2, DIM)
             toks = request_block_tokens(r, i, bs)
             labels = [self.decoder.label(t) for t in toks]
-            for j in range(bs):
-                dx, dy = slot_offset(j, self.per_line)
-                xs, ys = x_log + LABEL_W + dx, y + dy
-                if j < len(labels):
-                    self._slot(xs, ys, labels[j], _soft(colour.getRgb()[:3], 0.45), border=colour.darker(130))
-                elif pend is not None and pend[0] == i and pend[1] == j:
-                    self._slot(xs, ys, self.decoder.label(pend[2]), EMPTY, pending=True)
-                else:
-                    self._slot(xs, ys, None, EMPTY)
+            fill, border = _soft(colour.getRgb()[:3], 0.45), colour.darker(130)
+            if lay.bars:
+                here = pend[1] if pend is not None and pend[0] == i else None
+                self._bar(x_log + m.label_w, y, toks, bs, fill, QColor(0, 0, 0), border, here)
+            else:
+                for j in range(bs):
+                    dx, dy = slot_offset(j, lay.per_line, m)
+                    xs, ys = x_log + m.label_w + dx, y + dy
+                    if j < len(labels):
+                        self._slot(xs, ys, labels[j], fill, border=border)
+                    elif pend is not None and pend[0] == i and pend[1] == j:
+                        self._slot(xs, ys, self.decoder.label(pend[2]), EMPTY, pending=True)
+                    else:
+                        self._slot(xs, ys, None, EMPTY)
             cell["logical"].append((i, labels))
             b = r.block_ids[i]
             filled, ref = request_filled(r, i, bs), int(s.ref_cnt[b])
@@ -458,48 +728,56 @@ class FigureView(QWidget):
             self._cells.setdefault("state_colours", {})[b] = self._state(b).colour
             self._table_y[r.request_id][i] = y
             x = x_tab
-            cols = table_cols()
             ref_fill = _qc(self._state(b).colour)  # the block's state colour, as in the grid (shared: orange)
-            for (_, w), (v, fill) in zip(
-                cols, ((str(i), EMPTY), (str(b), EMPTY), (str(filled), EMPTY), (str(ref), ref_fill))
-            ):
-                self.scene.addRect(QRectF(x, y, w, SLOT_H), QPen(QColor(90, 96, 110)), QBrush(fill))
-                ink = QColor(*palette.text_on(fill.getRgb()[:3])) if fill is not EMPTY else light
-                self._text(v, x, y + 5, ink, align="centre", width=w, bold=(w == cols[1][1]))
+            values = {"logical": (str(i), EMPTY), "physical": (str(b), EMPTY), "# filled": (str(filled), EMPTY)}
+            values["ref"] = (str(ref), ref_fill)
+            for name, w in m.table:  # a compact layout has no "logical" column: the row's label says it
+                v, fill_ = values[name]
+                self.scene.addRect(QRectF(x, y, w, m.slot_h), QPen(QColor(90, 96, 110)), QBrush(fill_))
+                ink = QColor(*palette.text_on(fill_.getRgb()[:3])) if fill_ is not EMPTY else light
+                bold = name == "physical"
+                self._text(v, x, y + (m.slot_h - m.line) / 2, ink, align="centre", width=w, bold=bold)
                 x += w
-            y += block_size_px(bs, self.per_line)[1] + ROW_GAP
+            y += blk_h + m.row_gap
         if pend is not None and pend[0] >= len(r.block_ids):
             # The last block is full: the next token needs a new physical block (allocated next step).
-            self._text(f"block {pend[0]}", x_log, y + 5, DIM, italic=True)
-            self._slot(x_log + LABEL_W, y, self.decoder.label(pend[2]), EMPTY, pending=True)
-            self._text("new block at the next step", x_tab, y + 5, DIM, italic=True, size=11)
+            self._text(f"block {pend[0]}", x_log, y + (m.slot_h - m.line) / 2, DIM, italic=True)
+            self._slot(x_log + m.label_w, y, self.decoder.label(pend[2]), EMPTY, pending=True)
+            self._text("new block at the next step", x_tab, y + (m.slot_h - m.line) / 2, DIM, italic=True)
             notes.append(
                 f"request {r.request_id}'s last block is full: its next token "
                 f"{self.decoder.label(pend[2])!r} needs a new physical block"
             )
+            y += m.slot_h + m.row_gap
+        return y
 
-    def _physical(self, x0: float, y0: float, mapped: set[int], tokens: BlockTokens, reqs: list[RequestInfo]) -> None:
-        s, bs = self.snapshot, self.snapshot.block_size
+    def _physical(
+        self, x0: float, y0: float, mapped: set[int], tokens: BlockTokens, reqs: list[RequestInfo], lay: Layout
+    ) -> None:
+        s, m, bs = self.snapshot, self._m, self.snapshot.block_size
         self._phys_y: dict[int, float] = {}
-        self._text("physical KV blocks (the pool)", x0 + phys_label_w(), y0 - 18, INK, bold=True)
+        blk_w, blk_h = block_size_px(bs, lay, m)
+        self._text("physical KV blocks (the pool)", x0 + m.phys_label_w, y0 - m.line, INK, bold=True)
         y = y0
-        for b in self._shown_physical(mapped):
+        focus = set(self.focus_blocks)
+        for b in self._shown_physical(mapped, lay):
             if b is None:
-                self._text("⋮", x0 + phys_label_w() + 10, y, DIM, size=14)
-                y += SLOT_H * 0.8
+                self._text("⋮", x0 + m.phys_label_w + 10, y - 2, DIM)
+                y += m.line
                 continue
             state = self._state(b)
             holders = [k for k, r in enumerate(reqs) if b in r.block_ids]
             ref = int(s.ref_cnt[b])
-            self._text(f"block {b}", x0, y + 5, INK if holders else DIM, bold=bool(holders))
+            mine = bool(holders) or b in focus
+            self._text(f"block {b}", x0, y + (m.slot_h - m.line) / 2, INK if mine else DIM, bold=mine)
             self._text(
                 f"ref {ref}" if ref else state.name,
                 x0,
-                y + 6,
+                y + (m.slot_h - m.line) / 2,
                 _qc(state.line_colour) if ref else DIM,
-                size=11,
+                size=m.small,
                 align="right",
-                width=phys_label_w() - 8,
+                width=m.phys_label_w - 8,
             )
             toks = tokens.of(b)
             labels = [self.decoder.label(t) for t in toks]
@@ -513,51 +791,58 @@ class FigureView(QWidget):
                 fill, border = _soft(rc, 0.45), _qc(rc).darker(130)
             else:  # someone else's, or cached, or free: its state's colour, dimmed
                 fill, border = _soft(state.colour, 0.0).darker(170), _qc(state.colour).darker(150)
-            for j in range(bs):
-                dx, dy = slot_offset(j, self.per_line)
-                xs, ys = x0 + phys_label_w() + dx, y + dy
-                if j < len(labels):
-                    self._slot(xs, ys, labels[j], fill, ink=QColor(0, 0, 0) if holders else INK, border=border)
-                else:
-                    self._slot(xs, ys, None, EMPTY, border=border.darker(140))
+            ink = QColor(0, 0, 0) if holders or b in self.flagged else INK
+            if lay.bars:
+                self._bar(x0 + m.phys_label_w, y, toks, bs, fill, ink, border)
+            else:
+                for j in range(bs):
+                    dx, dy = slot_offset(j, lay.per_line, m)
+                    xs, ys = x0 + m.phys_label_w + dx, y + dy
+                    if j < len(labels):
+                        self._slot(xs, ys, labels[j], fill, ink=ink, border=border)
+                    else:
+                        self._slot(xs, ys, None, EMPTY, border=border.darker(140))
+            if b in focus:  # the lesson names it: outlined, as the grid outlines it
+                pen = QPen(FOCUS)
+                pen.setWidthF(2.5)
+                self.scene.addRect(QRectF(x0 + m.phys_label_w - 2, y - 2, blk_w + 4, blk_h + 4), pen)
             # who maps it: a bar in the request's colour, on the side its arrows come from
             for k in holders:
-                bx = x0 - 8 if k == 0 else x0 + phys_label_w() + block_size_px(bs, self.per_line)[0] + 3
+                bx = x0 - 8 if k == 0 or lay.stacked else x0 + m.phys_label_w + blk_w + 3
                 self.scene.addRect(
-                    QRectF(bx, y, 5, block_size_px(bs, self.per_line)[1]),
-                    QPen(Qt.PenStyle.NoPen),
-                    QBrush(_qc(palette.owner_colour(reqs[k].index))),
+                    QRectF(bx, y, 5, blk_h), QPen(Qt.PenStyle.NoPen), QBrush(_qc(palette.owner_colour(reqs[k].index)))
                 )
             self._phys_y[b] = y
-            y += block_size_px(bs, self.per_line)[1] + ROW_GAP
+            y += blk_h + m.row_gap
         if not mapped:
-            self._text("(no blocks mapped)", x0 + phys_label_w(), y0 + 4, DIM)
+            self._text("(no blocks mapped)", x0 + m.phys_label_w, y0 + 4, DIM)
 
-    def _layout(self, block_size: int, two: bool) -> int:
+    def _per_line_for_width(self, block_size: int, two: bool) -> int:
         """Slots a line: the one whose figure, fitted to the panel's width, draws the largest text."""
         vw = max(1, self.view.viewport().width())
         return max((8, 4), key=lambda n: (min(1.3 * text_scale(), vw / figure_width(block_size, two, n)), n))
 
     def scale(self) -> float:
-        """The figure's zoom: it fills the panel's width (up to 1.3x the presentation scale), the height scrolls
-        where it must, and its smallest text (11 px in the scene) never shows below ``MIN_TEXT_PX`` times the
-        presentation scale: then the figure scrolls sideways too."""
+        """The figure's zoom: it fills the panel's width (up to 1.3x the text scale), the height scrolls where it
+        must, and its smallest text (11 px in the scene) never shows below ``MIN_TEXT_PX`` times the text scale:
+        then the figure scrolls sideways too. Presenting: 1, always (the layout fits the panel, the text does not
+        shrink)."""
+        if presenting():
+            return 1.0
         rect = self.scene.sceneRect()
         vw, vh = max(1, self.view.viewport().width()), max(1, self.view.viewport().height())
         top = 1.3 * text_scale()
         fit = min(vw / max(rect.width(), 1), top)
-        if rect.height() * fit <= vh or min_text_px() is not None:  # it all fits (presenting: it must)
+        if rect.height() * fit <= vh:  # it all fits
             fit = min(top, vw / max(rect.width(), 1), vh / max(rect.height(), 1))
-        floor = min_text_px()
-        if floor is not None:  # presenting: as large as fits, never below the floor (the scene's least text is 13)
-            return max(fit, floor / PRESENT_SCENE_TEXT)
         return max(fit, MIN_TEXT_PX * text_scale() / 11)
 
     def lesson_in_view(self) -> bool:
         """Whether the lesson (every request's head, logical blocks and table rows, and the physical blocks) is
         inside the panel's viewport as it is scrolled now: seen whole, without scrolling."""
-        lesson = getattr(self, "_lesson", None)
-        if lesson is None or not self.request_ids:
+        self._ensure()
+        lesson = self._lesson
+        if lesson is None:
             return False
         shown = self.view.mapFromScene(lesson).boundingRect()
         self.last_lesson = (shown, self.view.viewport().rect())  # what was compared (a failing test says it)
@@ -565,15 +850,31 @@ class FigureView(QWidget):
 
     def min_text_px(self) -> float:
         """The smallest text drawn, in screen pixels (a test keeps it readable at 1280x720)."""
+        self._ensure()
         sizes = [it.font().pixelSize() for it in self.scene.items() if isinstance(it, QGraphicsSimpleTextItem)]
         return min(sizes, default=0) * self.view.transform().m11()
 
     def _fit(self) -> None:
-        if self.snapshot is not None and self.request_ids:
-            want = self._layout(self.snapshot.block_size, len(self.request_ids) == 2)
-            if want != self.per_line:  # the panel's width changed enough to draw the blocks another way
-                self._redraw()
-                return
-        s = self.scale()
+        s = self.snapshot
+        if s is not None and (self.request_ids or self.focus_blocks):
+            if presenting():
+                vw, vh = self._viewport_size()
+                size = (vw, vh)
+                if size != getattr(self, "_fitted_to", None):  # the panel changed: lay the lesson out again
+                    self._fitted_to = size
+                    self._redraw()
+                    return
+                rect = self.scene.sceneRect()
+                if (rect.width() > vw or rect.height() > vh) and getattr(self, "_rechosen_for", None) != size:
+                    self._rechosen_for = size  # what fitted does not now: choose again from the first, once a size
+                    self._last_fit = None
+                    self._redraw()
+                    return
+            else:
+                want = self._per_line_for_width(s.block_size, len(self.request_ids) == 2)
+                if want != self.per_line:  # the panel's width changed enough to draw the blocks another way
+                    self._redraw()
+                    return
+        sc = self.scale()
         self.view.resetTransform()
-        self.view.scale(s, s)
+        self.view.scale(sc, sc)

@@ -60,10 +60,18 @@ def level_for(px_per_cell: float, block_size: int) -> DetailLevel:
     return DetailLevel.CELLS
 
 
-def grid_shape(n: int) -> tuple[int, int]:
-    """(rows, cols) of a near-square grid holding n cells, wider than tall."""
-    cols = max(1, math.ceil(math.sqrt(n)))
-    return math.ceil(n / cols), cols
+def grid_shape(n: int, cols: int | None = None) -> tuple[int, int]:
+    """(rows, cols) of a grid holding n cells: ``cols`` columns, else near-square and wider than tall."""
+    cols = max(1, cols if cols else math.ceil(math.sqrt(n)))
+    return max(1, math.ceil(n / cols)), cols
+
+
+def columns_to_fill(n: int, width: float, height: float) -> int:
+    """The number of columns whose grid of ``n`` square cells has the largest cells inside width x height (a
+    compact grid that shows the whole pool at once)."""
+    if n <= 0 or width <= 0 or height <= 0:
+        return max(1, math.ceil(math.sqrt(max(n, 1))))
+    return max(range(1, n + 1), key=lambda c: (min(width / c, height / math.ceil(n / c)), -c))
 
 
 def _lut(colours: list[tuple[int, int, int]]) -> np.ndarray:
@@ -104,8 +112,8 @@ def cpu_codes_for(snap: KVSnapshot, mode: str) -> tuple[np.ndarray, np.ndarray]:
     return snap.cpu_state.copy(), state_lut()
 
 
-def to_grid(codes: np.ndarray, pad_code: int) -> np.ndarray:
-    rows, cols = grid_shape(len(codes))
+def to_grid(codes: np.ndarray, pad_code: int, cols: int | None = None) -> np.ndarray:
+    rows, cols = grid_shape(len(codes), cols)
     grid = np.full(rows * cols, pad_code, dtype=np.uint8)
     grid[: len(codes)] = codes
     grid = grid.reshape(rows, cols)

@@ -118,10 +118,11 @@ class _DetailLayer(pg.GraphicsObject):
         self.texts.setdefault(b, []).append(badge)
 
     def _readable(self, px: int) -> bool:
-        """Whether text of ``px`` pixels is drawn: always, except below presentation's floor (a back row cannot
-        read it; the cell's colour still says its state)."""
-        floor = min_text_px()
-        if floor is not None and px < floor:
+        """Whether text of ``px`` pixels is drawn: not below presentation's floor (a back row cannot read it; the
+        cell's colour still says its state), nor below 8 px times the text scale (the user asked for larger text:
+        a label that cannot grow with it waits for the next zoom)."""
+        floor = max(min_text_px() or 0.0, 8 * text_scale() if text_scale() > 1 else 0.0)
+        if px < floor:
             return False
         self.min_px = min(self.min_px, px) if self.min_px else px
         return True

@@ -36,7 +36,10 @@ class GridNavigation:
             yMin=-span - 1,
             yMax=rows + span + 1,
         )
-        if shape != self._shape:  # a new pool: open framed on the blocks in use
+        if self.compact:  # presentation: the whole pool, always
+            self._shape = shape
+            self.fit_all()
+        elif shape != self._shape:  # a new pool: open framed on the blocks in use
             self._shape = shape
             self.auto_fit = True
             self.fit_used()
@@ -228,18 +231,16 @@ class GridNavigation:
             DetailLevel.LABELS: "ids, ref, fill",
             DetailLevel.SLOTS: "slots + tokens",
         }
-        self.zoom_label.setText(
-            f"{px:.0f} px/block · {names[level]}"
-            if px >= 1
-            else f"{1 / px:.1f} blocks/px · {names[level]}"
-            if px > 0
-            else ""
-        )
+        # the zoom in a few characters (a fixed width: it changes as the view zooms), what it shows in its tooltip
+        self.zoom_label.setText(f"{px:.0f} px/block" if px >= 1 else f"{1 / px:.1f} blocks/px" if px > 0 else "")
+        self.zoom_label.setToolTip(f"at this zoom the grid shows {names[level]}")
         self.overview.set_frame(self.plot.getViewBox().viewRect())
         self._highlight_style()
         self.layer.update()
 
     def _on_resized(self, *_) -> None:
-        if self.grid is not None and self.auto_fit:
+        if self.compact:
+            self.fit_compact()
+        elif self.grid is not None and self.auto_fit:
             self.fit_used()
         self._on_range()

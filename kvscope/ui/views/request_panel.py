@@ -25,6 +25,7 @@ from engine.inspect.snapshot import KVSnapshot, RequestInfo
 from kvscope.limits import requests_text
 from kvscope.ui import palette
 from kvscope.ui.qt_models import RequestTableModel
+from kvscope.ui.status_words import WIDEST
 
 
 class BlockTableView(QTableWidget):
@@ -138,7 +139,7 @@ class RequestPanel(QWidget):
             "cached": "00000",
             "output": "00000",
             "blocks": "0000",
-            "state": "preempted: swapped out",
+            "state": WIDEST,
             "client": "client 00",
         }
         for i, name in enumerate(self.model.HEADERS[:-1]):
@@ -175,12 +176,19 @@ class RequestPanel(QWidget):
             self._restoring = False
 
     def select(self, request_ids: list[str]) -> None:
+        """Select these requests (one selection change: a listener never sees the empty one in between)."""
         sm = self.table.selectionModel()
-        sm.clearSelection()
-        for rid in request_ids:
-            row = self.model.row_of(rid)
-            if row >= 0:
-                sm.select(self.model.index(row, 0), sm.SelectionFlag.Select | sm.SelectionFlag.Rows)
+        sm.blockSignals(True)
+        try:
+            sm.clearSelection()
+            for rid in request_ids:
+                row = self.model.row_of(rid)
+                if row >= 0:
+                    sm.select(self.model.index(row, 0), sm.SelectionFlag.Select | sm.SelectionFlag.Rows)
+        finally:
+            sm.blockSignals(False)
+        self.table.viewport().update()
+        self._on_selection()
 
     def _on_selection(self, *_):
         if self._restoring:
@@ -209,8 +217,10 @@ class RequestPanel(QWidget):
         )
         self.block_table.show_table(self.snapshot, ids, self.flagged)
 
-    def set_miss_text(self, text: str) -> None:
-        """The selected request's prefix-cache line (its first missed block and why), under its block table."""
+    def set_miss_text(self, text: str, whole: str | None = None) -> None:
+        """The selected request's prefix-cache line (its first missed block and why), under its block table;
+        ``whole``: the whole explanation, when ``text`` is its short form (the label's tooltip)."""
+        self.miss_label.setToolTip(whole or "")
         if text != self.miss_label.text():
             self.miss_label.setText(text)
             self._fit_lower()

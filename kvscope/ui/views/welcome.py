@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QGridLayout,
     QLabel,
@@ -48,13 +48,18 @@ ORDER = [
 ]  # a classroom's order: the paper's figures first
 
 
+def lesson_order(names: list[str]) -> list[str]:
+    """Scenario names in a classroom's order: the paper's figures first, then the rest by name."""
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
 def scenario_lines() -> list[tuple[str, str, str]]:
     """(name, title, one line) of every scenario that loads, the paper's figures first."""
     from kvscope.scenario import available, load_scenario
 
     out = []
     names = available()
-    for name in sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
+    for name in lesson_order(names):
         try:
             sc = load_scenario(name)
         except ValueError:
@@ -64,22 +69,45 @@ def scenario_lines() -> list[tuple[str, str, str]]:
 
 
 class WelcomeView(QWidget):
-    """Signals ``scenario_chosen(name)``, ``inject_requested()``. ``scenarios`` defaults to the files'."""
+    """Signals ``scenario_chosen(name)``, ``inject_requested()``. ``scenarios`` defaults to the files'.
+
+    The lessons come first, every button on screen at once: one a line with its one-line summary where the page is
+    tall enough, else two columns of buttons, each summary then the button's tooltip (1280x720 with 1.5x text)."""
 
     scenario_chosen = Signal(str)
     inject_requested = Signal()
 
     def __init__(self, scenarios: list[tuple[str, str, str]] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.scenarios = scenario_lines() if scenarios is None else scenarios
+        self.scenarios = scenarios_ = scenario_lines() if scenarios is None else scenarios
         self.buttons: dict[str, QPushButton] = {}
+        self.lines: dict[str, QLabel] = {}
+        self.columns = 0
         inner = QWidget()
         lay = QVBoxLayout(inner)
-        lay.setContentsMargins(18, 14, 18, 14)
+        lay.setContentsMargins(18, 12, 18, 12)
         # sizes relative to the text size (the presentation scale): rich text's x-large, not points
         title = QLabel(
             "<span style='font-size:x-large; font-weight:bold'>kvscope: watch a paged KV cache at work</span>"
         )
+        title.setWordWrap(True)
+        lay.addWidget(title)
+        lay.addWidget(self._heading("1. Pick a lesson, then press F10 to step through it (F11: presentation)"))
+        self.grid = QGridLayout()
+        self.grid.setHorizontalSpacing(10)
+        self.grid.setVerticalSpacing(4)
+        for name, sc_title, line in scenarios_:
+            b = QPushButton(sc_title)
+            b.setToolTip(f"{line}\nkvscope --scenario {name}")
+            b.setStyleSheet("text-align: left; padding: 3px 8px")
+            b.clicked.connect(lambda _c=False, n=name: self.scenario_chosen.emit(n))
+            self.buttons[name] = b
+            text = QLabel(line)
+            text.setWordWrap(True)
+            text.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            self.lines[name] = text
+        lay.addLayout(self.grid)
+        lay.addSpacing(6)
         intro = QLabel(
             "A real model runs step by step. Each request's KV cache lives in fixed-size <b>blocks</b> "
             "of a shared pool, mapped by its <b>block table</b>, as in the PagedAttention paper. "
@@ -87,25 +115,7 @@ class WelcomeView(QWidget):
             "the figure view shows a selected request's logical blocks, table and physical blocks."
         )
         intro.setWordWrap(True)
-        lay.addWidget(title)
         lay.addWidget(intro)
-        lay.addSpacing(6)
-        lay.addWidget(self._heading("1. Pick a scenario, then press F10 to step through it"))
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(10)
-        for row, (name, sc_title, line) in enumerate(self.scenarios):
-            b = QPushButton(sc_title)
-            b.setToolTip(f"kvscope --scenario {name}")
-            b.setStyleSheet("text-align: left; padding: 3px 8px")
-            b.clicked.connect(lambda _c=False, n=name: self.scenario_chosen.emit(n))
-            self.buttons[name] = b
-            text = QLabel(line)
-            text.setWordWrap(True)
-            text.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-            grid.addWidget(b, row, 0)
-            grid.addWidget(text, row, 1)
-        grid.setColumnStretch(1, 1)
-        lay.addLayout(grid)
         lay.addSpacing(6)
         lay.addWidget(self._heading("2. Or inject your own request"))
         self.inject_button = QPushButton("Inject a request…  (Ctrl+I)")
@@ -124,16 +134,54 @@ class WelcomeView(QWidget):
         keys.setColumnStretch(3, 1)
         lay.addLayout(keys)
         lay.addStretch(1)
-        scroll = QScrollArea()
-        scroll.setWidget(inner)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(inner)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        outer.addWidget(self.scroll)
+        self._arrange(1)
+
+    def _arrange(self, columns: int) -> None:
+        """The lesson buttons in ``columns`` columns (one: each with its summary beside it)."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for w in list(self.buttons.values()) + list(self.lines.values()):
+            self.grid.removeWidget(w)
+        for i, name in enumerate(self.buttons):
+            if columns == 1:
+                self.grid.addWidget(self.buttons[name], i, 0)
+                self.grid.addWidget(self.lines[name], i, 1)
+                self.lines[name].show()
+            else:
+                self.grid.addWidget(self.buttons[name], i // columns, i % columns)
+                self.lines[name].hide()
+        for c in range(3):
+            self.grid.setColumnStretch(c, 1 if (columns == 1 and c == 1) or (columns > 1 and c < columns) else 0)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(ev)
+        self.fit()
+
+    def fit(self) -> None:
+        """One column where every button and its summary fit the page's height, else two (checked once the layout
+        has placed them: a wrapped summary's height is known then)."""
+        self._arrange(1)
+        QTimer.singleShot(0, self._check_fit)
+
+    def _check_fit(self) -> None:
+        room = self.scroll.viewport().height()
+        lines = [ln for ln in self.lines.values() if ln.isVisible()]
+        bottom = max([b.geometry().bottom() for b in self.buttons.values()] + [ln.geometry().bottom() for ln in lines])
+        short = any(ln.height() < ln.heightForWidth(ln.width()) for ln in lines)
+        if self.columns == 1 and (bottom > room or short):
+            self._arrange(2)
 
     @staticmethod
     def _heading(text: str) -> QLabel:
         h = QLabel(f"<span style='font-size:large'>{text}</span>")
         h.setStyleSheet("font-weight: bold; color: #eceff4")
+        h.setWordWrap(True)
         return h

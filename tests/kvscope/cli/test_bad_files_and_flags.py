@@ -585,3 +585,18 @@ def test_a_model_path_that_does_not_exist_says_what_kvscope_tried(capsys):
         "kvscope: cannot find model '/no/such/model'; tried: local path '/no/such/model' (does not exist); short name"
     )
     assert "Repo id" not in lines[0] and "hub id" not in lines[0]  # a path is not looked up on the hub
+
+
+@pytest.mark.parametrize("flag", ["--attach", "--fleet"])
+def test_steps_in_a_window_that_takes_no_steps_is_refused_not_ignored(capsys, tmp_path, flag, monkeypatch):
+    """``--steps N`` means step N in every window: where a window follows another engine's events and takes no
+    steps (an attached engine, a fleet), it is refused in one line, exit 2 (issue 42)."""
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    if flag == "--fleet":
+        fleet = tmp_path / "fleet.json"
+        fleet.write_text(json.dumps({"instances": [{"name": "a", "endpoint": "tcp://127.0.0.1:5999"}]}))
+        argv = ["--fleet", str(fleet), "--steps", "5"]
+    else:
+        argv = ["--attach", "tcp://127.0.0.1:5999", "--steps", "5"]
+    code, lines = run_main(capsys, *argv)
+    assert code == 2 and len(lines) == 1 and f"--steps 5 with {flag} in a window" in lines[0], lines

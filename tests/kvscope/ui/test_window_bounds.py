@@ -255,7 +255,7 @@ def test_a_selected_request_stays_selected_and_in_the_table(qtbot):
     assert panel.selected_ids() == ["b"] and chosen == ["b"]
     panel.set_snapshot(Snap([row("c"), row("d")]))  # the engine let it go: it stays, as it last was
     assert panel.selected_ids() == ["b"] and [r.request_id for r in panel.model.rows] == ["c", "d", "b"]
-    assert panel.model.index(2, panel.model.HEADERS.index("state")).data() == "finished_stopped (kept: selected)"
+    assert panel.model.index(2, panel.model.HEADERS.index("state")).data() == "finished: stop (kept: selected)"
     panel.select([])
     panel.set_snapshot(Snap([row("e")]))
     assert [r.request_id for r in panel.model.rows] == ["e"] and chosen[-1] == ""

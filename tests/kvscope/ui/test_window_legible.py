@@ -150,10 +150,11 @@ def test_a_screenshot_selects_the_requests_of_select_and_refuses_unknown_ids(qtb
     assert StartupDriver(win, None, 0, [], 8, select=[ids[0], ids[1]]).select_for_shot() == ids[:2]
     with pytest.raises(ValueError, match="--select nope: no such request"):  # a picture of something else: no
         StartupDriver(win, None, 0, [], 8, select=[ids[0], "nope"]).select_for_shot()
-    win.requests.select([])
-    # none asked: the one with the most blocks
-    most = max(win.requests.model.rows, key=lambda r: len(r.block_ids)).request_id
-    assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [most]
+    win.unpin()
+    # none asked: the screenshot selects nothing of its own; what the window follows shows (the newest running)
+    newest = max((r for r in win.requests.model.rows if r.status == "RUNNING"), key=lambda r: r.index).request_id
+    assert StartupDriver(win, None, 0, [], 8, select=[]).select_for_shot() == [newest]
+    assert win.figure.request_ids == [newest] and "newest running" in win.figure.why
 
 
 def test_at_1280x720_the_figure_text_the_legend_and_the_cached_column_are_readable(qtbot, window):
