@@ -41,7 +41,17 @@ from kvscope.sources.base import StepRecord
 from kvscope.sysinfo import MemoryReading
 
 ARRAYS = tuple(name for name, _ in FIELDS)
-SCALARS = ("block_size", "num_blocks", "num_cpu_blocks", "block_bytes", "model_name")  # sent with each batch
+# sent with each batch (the last three: a probed vLLM's null block, KV cache groups and a connector's pins)
+SCALARS = (
+    "block_size",
+    "num_blocks",
+    "num_cpu_blocks",
+    "block_bytes",
+    "model_name",
+    "reserved",
+    "num_groups",
+    "pinned",
+)
 BATCH_S = 0.02  # at full speed, steps are sent together for this long (the window redraws at most every 33 ms)
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
 _ROW = attrgetter(*_ROW_FIELDS)
@@ -377,6 +387,9 @@ class RecordDecoder:
             block_bytes=sc["block_bytes"],
             model_name=sc["model_name"],
             counts=last.counts,
+            reserved=sc.get("reserved", ()),
+            num_groups=sc.get("num_groups", 1),
+            pinned=sc.get("pinned", {}),
         )
         out.append(_stepped(last, snap, events))
         return out

@@ -87,15 +87,23 @@ class _Base:
     def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None) -> SourceInfo:
         i = kf.info
         notes = list(i.notes)
-        if i.num_kv_groups > 1:
-            notes.append("the audit counts group 0's tables only")
+        groups = self.mirror.groups
         watch = (
             f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
             "free queue, and every request's block table, as vLLM holds them, audited after every step. Pause "
             "holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
             "runs exactly one schedule; Run lets it go. Block 0 is vLLM's null block (a placeholder it never "
-            "hands out). Requests come through vLLM's own API." + "".join(f" Note: {n}." for n in notes)
+            "hands out). Requests come through vLLM's own API."
+            + (
+                f" {len(groups)} KV cache groups share the pool: "
+                + ", ".join(f"group {g}: {x.label()}" for g, x in enumerate(groups))
+                + "; every group's tables are read and audited."
+                if len(groups) > 1
+                else ""
+            )
+            + "".join(f" Note: {n}." for n in notes)
         )
+        group_extra = {"kv_groups": groups, "connector": i.connector}
         if scenario is not None:  # a lab on a recorded vLLM: the lesson's own words
             return SourceInfo(
                 model_name=f"vLLM {i.vllm_version} (recorded)",
@@ -115,7 +123,13 @@ class _Base:
                 notes=tuple(scenario.notes),
                 view=scenario.view,
                 plot=scenario.plot,
-                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault, "always_audited": True},
+                extra={
+                    "vllm_version": i.vllm_version,
+                    "probe_notes": notes,
+                    "fault": i.fault,
+                    "always_audited": True,
+                    **group_extra,
+                },
             )
         return SourceInfo(
             model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}",
@@ -136,6 +150,7 @@ class _Base:
                 "fault": i.fault,
                 "async_scheduling": i.async_scheduling,
                 "always_audited": True,
+                **group_extra,
             },
         )
 

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched
+from engine.inspect.snapshot import BlockState
 from kvscope.sources.probe import ProbeSource
 from kvscope.sources.probe_mirror import FreeList, MirrorError, VllmPoolMirror
 from kvscope_vllm_probe.wire import (
@@ -102,7 +103,8 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     assert kinds[:4] == [BlockAllocated, BlockAllocated, BlockStored, BlockTouched]
     assert events[2] == BlockStored(1, f"{h0:016x}", "a", (10, 11, 12, 13), None)
     snap = m.snapshot(1)
-    assert snap.ref_cnt.tolist()[:4] == [1, 2, 1, 1]  # block 0 is vLLM's null block: shown held
+    assert snap.ref_cnt.tolist()[:4] == [0, 2, 1, 1]  # block 0 is vLLM's null block: reserved, no count kept
+    assert snap.state[0] == BlockState.RESERVED and snap.reserved == (0,) and snap.counters["num_reserved_blocks"] == 1
     assert snap.free_queue.tolist() == [4, 5, 6, 7]
     assert snap.block_hashes == {1: f"{h0:016x}"}
     assert m.audit().ok
