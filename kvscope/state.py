@@ -82,9 +82,11 @@ def status_text(snap, info=None, live: bool = True) -> str:
     q = c.get("prefix_cache_queries", 0)
     hit = f"{100 * c.get('prefix_cache_hits', 0) / q:.0f}%" if q else "–"
     cached = int(np.count_nonzero(snap.state == BlockState.CACHED))
+    reserved = int(c.get("num_reserved_blocks", 0))  # vLLM's null block: in no count of free or used blocks
     text = (
         f"{'' if live else 'looking back: '}step {snap.step} · free {c.get('num_free_blocks', 0):,}/"
-        f"{c.get('num_blocks', snap.num_blocks):,} blocks ({cached:,} cached) · usage "
+        f"{c.get('num_blocks', snap.num_blocks) - reserved:,} blocks ({cached:,} cached"
+        f"{f', {reserved} reserved' if reserved else ''}) · usage "
         f"{100 * c.get('kv_cache_usage_perc', 0):.1f}% · prefix hit rate {hit} · running "
         f"{c.get('num_requests_running', 0)} waiting {c.get('num_requests_waiting', 0)}"
     )

@@ -82,10 +82,11 @@ class BlockPool:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def state_counts(self) -> tuple[int, ...]:
-        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked), as counting the
-        snapshot's state array would give them (swaps live in the CPU pool, leaks are the audit's)."""
+        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked, reserved), as counting the
+        snapshot's state array would give them (swaps live in the CPU pool, leaks are the audit's; this pool
+        reserves no block: vLLM's null block is a probed vLLM's)."""
         free, cached, shared = self.free_queue.num_free_blocks, self.num_cached_free, self.num_shared
-        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0)
+        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0, 0)
 
     def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVCacheBlock | None:
         b = self.cached.get(block_hash)

@@ -45,6 +45,7 @@ from .events import (
     Event,
     RequestAdmitted,
 )
+from .kv_groups import hash_group
 
 Decode = Callable[[list[int]], "str | None"]
 CONTEXT = 12  # characters of text shown on each side of the differing position
@@ -68,9 +69,12 @@ class CacheMiss:
     evicted_at: int | None = None
     shift: int | None = None  # ``shifted``: how many tokens later (negative: earlier) the cached chain sits
     seam: int | None = None  # ``shifted`` at a changed seam: the prompt position where it agrees with the chain again
+    group: int | None = None  # a hybrid model's KV cache group that missed (cache_miss_groups.py)
+    group_hits: tuple[int, ...] = ()  # each group's own hit, in tokens
 
     def to_dict(self) -> dict:
         return {
+            **({"group": self.group, "group_hits": list(self.group_hits)} if self.group is not None else {}),
             "block_index": self.block_index,
             "reason": self.reason,
             "token_position": self.token_position,
@@ -91,9 +95,12 @@ class CacheMissExplainer:
         decode: Decode | None = None,
         max_requests: int | None = None,
         max_evicted: int | None = None,
+        group: int | None = None,
     ) -> None:
-        """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all)."""
+        """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all);
+        ``group``: a hybrid model's KV cache group whose cached blocks alone it follows (None: every block)."""
         self.block_size = block_size
+        self.group = group
         self.decode = decode
         self.max_requests, self.max_evicted = max_requests, max_evicted
         self.mirror: dict[str, _Cached] = {}
@@ -119,8 +126,11 @@ class CacheMissExplainer:
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
         mirror = self.mirror
         own: dict[str, list[str]] = {}  # the hashes each request stored in this step, before its admission
+        group = self.group
         for e in events:
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
+            if group is not None and change in _KEYED and hash_group(e.block_hash) != group:
+                continue  # another group's block (its key carries its group)
             if change is CacheChange.STORED:  # visible at once: a later admission in this step hits it
                 mirror[e.block_hash] = _Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id)
                 own.setdefault(e.request_id, []).append(e.block_hash)
@@ -333,6 +343,9 @@ class CacheMissExplainer:
         before = self.decode(list(tokens[:p])) or ""
         after = self.decode(list(tokens[p : p + 6])) or ""
         return repr(before[-CONTEXT:] + "|" + after[:CONTEXT])
+
+
+_KEYED = (CacheChange.STORED, CacheChange.EVICTED, CacheChange.WITHDRAWN)
 
 
 def _seam(prompt: tuple[int, ...], pos: int, chain: tuple[int, ...], q: int, c: int) -> tuple[int, int]:

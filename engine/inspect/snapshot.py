@@ -9,7 +9,7 @@ from itertools import chain
 
 import numpy as np
 
-from .kv_groups import NO_GROUP, hash_group
+from .kv_groups import NO_GROUP, KVCacheGroup, hash_group
 from .slot_init import slot_init
 
 
@@ -77,6 +77,7 @@ class KVSnapshot:
     cpu_owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     reserved: tuple[int, ...] = ()  # blocks never handed out (vLLM's null block): state RESERVED
     num_groups: int = 1  # KV cache groups (kv_groups.py): more than one in a hybrid model
+    kv_groups: tuple[KVCacheGroup, ...] = ()  # each group's kind and block size, when the source says them
     # int8 per block when num_groups > 1: the group whose table holds it, or whose key it is cached under
     # (kv_groups.NO_GROUP for none); empty with one group
     block_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
@@ -117,6 +118,7 @@ def assemble_snapshot(
     num_cpu_blocks: int,
     reserved: tuple[int, ...] = (),
     num_groups: int = 1,
+    kv_groups: tuple[KVCacheGroup, ...] = (),
     **extra,
 ) -> KVSnapshot:
     """Derive the per-block views (state, owner, filled, CPU pool; with several KV cache groups, each block's
@@ -160,6 +162,7 @@ def assemble_snapshot(
         cpu_owner=cpu_owner,
         reserved=tuple(reserved),
         num_groups=num_groups,
+        kv_groups=tuple(kv_groups),
         block_group=group,
         **extra,
     )
@@ -310,6 +313,7 @@ class PoolState:
     reserved: tuple[int, ...] = ()  # KVSnapshot's
     num_groups: int = 1
     pinned: dict[int, int] = field(default_factory=dict)
+    kv_groups: tuple[KVCacheGroup, ...] = ()
     # the assembled snapshot, once made: the window's views and its timeline read the same record
     _snapshot: KVSnapshot | None = field(default=None, compare=False, repr=False)
 
@@ -341,6 +345,7 @@ class PoolState:
                     self.num_cpu_blocks,
                     self.reserved,
                     self.num_groups,
+                    self.kv_groups,
                     block_bytes=self.block_bytes,
                     model_name=self.model_name,
                     pinned=self.pinned,
@@ -368,6 +373,7 @@ class LiveState:
     reserved: tuple[int, ...] = ()  # kvscope's pool reserves no block (vLLM's null block is a probed vLLM's)
     num_groups: int = 1  # and has one KV cache group
     pinned: dict[int, int] = field(default_factory=dict)
+    kv_groups: tuple[KVCacheGroup, ...] = ()
 
     @property
     def num_blocks(self) -> int:

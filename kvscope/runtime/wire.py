@@ -51,6 +51,7 @@ SCALARS = (
     "reserved",
     "num_groups",
     "pinned",
+    "kv_groups",
 )
 BATCH_S = 0.02  # at full speed, steps are sent together for this long (the window redraws at most every 33 ms)
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
@@ -390,6 +391,7 @@ class RecordDecoder:
             reserved=sc.get("reserved", ()),
             num_groups=sc.get("num_groups", 1),
             pinned=sc.get("pinned", {}),
+            kv_groups=sc.get("kv_groups", ()),
         )
         out.append(_stepped(last, snap, events))
         return out

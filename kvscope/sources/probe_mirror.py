@@ -544,6 +544,7 @@ class VllmPoolMirror:
             0,
             reserved,
             self.num_groups,
+            self.groups,
             model_name=self.info.model,
             pinned=dict(self.pinned),
         )

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.inspect.kv_groups import name_of
 from engine.inspect.snapshot import BlockState, KVSnapshot
 from kvscope.ui import palette
 from kvscope.ui.palette import MODES
@@ -365,6 +366,12 @@ class BlockGridView(GridNavigation, QWidget):
         ]
         if b in self.leaked_set:
             parts.append(f"audit: {self.flagged_as(b)}")
+        if s.num_groups > 1 and state is not BlockState.RESERVED:  # a hybrid model: which group holds it
+            g = s.group_of(b)
+            if g >= 0:
+                parts.append(name_of(s.kv_groups, g))
+        if s.pinned.get(b):
+            parts.append(f"held by the KV connector ({s.pinned[b]} ref, no table: a pin for a transfer)")
         if owners:
             parts.append("owners " + ",".join(owners))
         if b in s.block_hashes:

@@ -15,10 +15,12 @@ API: ``FigureView()``; ``set_snapshot(snap)``, ``set_requests([ids])`` (one or t
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen, QPolygonF
 from PySide6.QtWidgets import (
+    QComboBox,
     QGraphicsScene,
     QGraphicsSimpleTextItem,
     QGraphicsView,
@@ -134,11 +136,51 @@ class FigureView(QWidget):
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
         self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # a hybrid model's KV cache groups (a probed vLLM's): which group's tables the figure draws
+        self.group = -1  # -1: the request's first table (the full-attention group's)
+        self.group_box = QComboBox()
+        self.group_box.setToolTip("a hybrid model has a block table per KV cache group: the group drawn")
+        self.group_box.currentIndexChanged.connect(self._group_picked)
+        self.group_box.hide()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
+        lay.addWidget(self.group_box)
         lay.addWidget(self.view, 1)
         lay.addWidget(self.caption)
         self._redraw()
+
+    def _group_picked(self, i: int) -> None:
+        self.group = int(self.group_box.itemData(i)) if i >= 0 and self.group_box.itemData(i) is not None else -1
+        self._redraw()
+
+    def set_group(self, group: int) -> None:
+        """Draw KV cache group ``group``'s tables (-1: each request's first table)."""
+        i = self.group_box.findData(group)
+        if i >= 0:
+            self.group_box.setCurrentIndex(i)
+        else:
+            self.group = group
+            self._redraw()
+
+    def _group_items(self, snap: KVSnapshot) -> None:
+        """The picker's groups, shown only when the pool has several."""
+        labels = [g.label() for g in snap.kv_groups]
+        items = [
+            (f"KV cache group {g}" + (f": {labels[g]}" if g < len(labels) else ""), g) for g in range(snap.num_groups)
+        ]
+        if snap.num_groups < 2:
+            self.group_box.hide()
+            return
+        if [self.group_box.itemText(i) for i in range(self.group_box.count())] != [t for t, _ in items]:
+            self.group_box.blockSignals(True)
+            self.group_box.clear()
+            for text, g in items:
+                self.group_box.addItem(text, g)
+            first = next((g for g, x in enumerate(snap.kv_groups) if x.holds_every_token), 0)
+            self.group_box.setCurrentIndex(self.group if 0 <= self.group < len(items) else first)
+            self.group = int(self.group_box.currentData())
+            self.group_box.blockSignals(False)
+        self.group_box.show()
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(900, 420)
@@ -291,8 +333,12 @@ class FigureView(QWidget):
         if s is None:
             self._message("waiting for the engine")
             return
+        self._group_items(s)
         reqs = [s.request(rid) for rid in self.request_ids]
         reqs = [r for r in reqs if r is not None]
+        g = self.group
+        if s.num_groups > 1 and g >= 0:  # the picked group's tables in place of each request's first
+            reqs = [replace(r, block_ids=r.group_block_ids[g]) if g < len(r.group_block_ids) else r for r in reqs]
         if not reqs:
             self._message(
                 "Select a request (or two, with Ctrl+click) to draw it as in the PagedAttention paper:\n"
@@ -386,6 +432,12 @@ class FigureView(QWidget):
                 xa_log + LABEL_W + slot_w() + 10,
                 bottom + 5,
                 DIM,
+            )
+        if s.num_groups > 1 and 0 <= g < len(s.kv_groups) and s.reserved:
+            x = s.kv_groups[g]
+            notes.append(
+                f"KV cache group {g}, {x.label()}: {x.rules()}"
+                + (f" (block {s.reserved[0]}, reserved)" if any(s.reserved[0] in r.block_ids for r in reqs) else "")
             )
         self.caption.setText("<br>".join(f"• {n}" for n in notes))
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-10, -10, 10, 10))

@@ -21,6 +21,7 @@ import pytest
 from vllm_live import Harness, first_audit_problem, free_port, logged, need_vllm
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
+from kvscope_vllm_probe.wire import PROTOCOL
 
 SYSTEM = list(range(100, 164))  # a shared system prompt: 4 blocks of 16
 
@@ -210,7 +211,7 @@ def test_a_probe_of_another_protocol_refuses_kvscope_in_one_line(vllm_python, mo
     monkeypatch.setattr(client, "PROTOCOL", 999)
     ep = endpoint()
     with Harness(ep) as h:
-        with pytest.raises(ValueError, match=r"speaks probe protocol 1 .*speaks 999: install the probe"):
+        with pytest.raises(ValueError, match=rf"speaks probe protocol {PROTOCOL} .*speaks 999: install the probe"):
             ProbeSource(ep, wait_s=20)
         assert h.cmd("add", id="r", prompt=SYSTEM, max_tokens=2)["ok"]
         assert h.cmd("run")["stepped"] >= 2  # vLLM goes on

@@ -53,3 +53,41 @@ def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
         while h.cmd("dump")["step"] == held + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert h.cmd("dump")["step"] > held + 1, "vLLM stayed held by a window that is gone"
+
+
+def test_a_hybrid_models_groups_and_vllms_null_block_in_the_window(qtbot, tmp_path):
+    """A sliding-window + full-attention pool (vLLM's hybrid coordinator): the grid tells the groups apart (its
+    "KV group" colour mode and legend, each block's hover line), a request's tables show one per group, the figure
+    has a group picker; vLLM's null block is reserved: an idle pool counts 0 used, in the legend and the status."""
+    need_vllm()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    with Harness(ep, num_blocks=40, args=("--groups", "sliding:32,full")) as h:
+        settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+        win = MainWindow(lambda _scenario: ProbeSource(ep, wait_s=30), settings)
+        qtbot.addWidget(win)
+        win.show()
+        win.start()
+        qtbot.waitUntil(lambda: win.latest is not None, timeout=30_000)
+        win.flush()
+        idle = {e.name: e.count for e in win.grid.legend.entries}
+        assert idle["used"] == 0 and idle["reserved"] == 1  # nothing runs: block 0 is vLLM's, not a request's
+        assert "free 39/39 blocks" in win.status_label.text() and "1 reserved" in win.status_label.text()
+        h.cmd("spin", on=True, pace=0.05)
+        h.cmd("add", id="chat", prompt=list(range(100, 164)) + [7] * 9, max_tokens=2000)
+        qtbot.waitUntil(lambda: any(0 in r.tables[0] for r in win.latest.snapshot.requests), timeout=30_000)
+        win.flush()
+        win.requests.select(["chat"])
+        win.flush()
+        rows = [win.requests.block_table.verticalHeaderItem(i).text() for i in range(2)]
+        assert rows == ["group 0 · sliding window (32 tokens)", "group 1 · full attention"]
+        assert win.requests.block_table.item(0, 0).text() == "–"  # a block the window gave back: the null block
+        assert win.figure.group_box.isVisible() and win.figure.group == 1  # the full-attention group first
+        win.figure.set_group(0)
+        assert "sliding window" in win.figure.caption.text()
+        win.grid.set_mode("KV group")
+        names = [e.name for e in win.grid.legend.entries]
+        assert names[:4] == ["no group", "reserved", "group 0: sliding window (32 tokens)", "group 1: full attention"]
+        snap = win.latest.snapshot
+        b = next(b for b in snap.request("chat").group_block_ids[1] if b)
+        assert "group 1 (full attention)" in win.grid.describe(b)
+        win.shutdown()
