@@ -99,7 +99,6 @@ class Recorder:
         self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
         # during cache_full_blocks: block id -> (request, index in its group's table, group's block size)
         self._store: dict[int, tuple[object, int, int]] = {}
-        self.whole_table: set[str] = set()  # requests whose table changed other than by growing
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
         self._saved: list[tuple[object, str, object]] = []
 

@@ -9,8 +9,9 @@ when it changed other than by growing.
 A table changes other than by growing when vLLM puts its null block in place of a block: a sliding window's
 block that left the window, a Mamba group's retired state. vLLM does that inside ``allocate_slots``, which the
 probe does not wrap (it runs for every scheduled request every step), but it frees the block with no request
-named: the recorder keeps those blocks (``loose``), and the rows look up which requests' tables held them, in
-the groups whose tables can be rewritten (a full-attention table only grows).
+named: the recorder keeps those blocks (``loose``), and the rows look up which requests' tables held them
+(``holders``: the blocks sent of the groups whose tables can be rewritten; a full-attention table only grows),
+and send those groups' tables whole. The cost follows the blocks given back, not the requests.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class RowTracker:
         self.any_rewritable = any(self.rewritable)
         self.null = null_block
         self.sent: dict[str, _Sent] = {}
+        # the blocks sent in the rewritable groups' tables: block -> {(request id, group)}; a loose block's entries
+        # are the tables to send whole (``rewrite``: request id -> groups)
+        self.holders: dict[int, set[tuple[str, int]]] = {}
+        self.rewrite: dict[str, set[int]] = {}
         self.added: set[str] = set()  # requests added since the last step
         self.queries = 0
         self.hits = 0
@@ -87,6 +92,8 @@ class RowTracker:
         """Nobody listens: the next subscriber gets every row whole with its keyframe."""
         self.sent.clear()
         self.added.clear()
+        self.holders.clear()
+        self.rewrite.clear()
 
     def count_admissions(self, admissions: list[tuple[str, int, int]]) -> None:
         """Prefix-cache queries and hits in tokens, as vLLM's ``prefix_cache_queries``/``_hits`` count them:
@@ -98,19 +105,23 @@ class RowTracker:
                 self.queries += asked
                 self.hits += hit
 
-    def _table_delta(self, table, sent, whole: bool) -> tuple[int, list[int] | None]:
+    def _table_delta(self, table, sent, whole: bool, key: tuple[str, int]) -> tuple[int, list[int] | None]:
         """(blocks_from, block ids) of one group's table against what ``sent`` (a _Sent or a _Table) says was
-        sent, which is brought up to it; (0, None) when it is as sent."""
+        sent, which is brought up to it; (0, None) when it is as sent. ``key``: (request id, group)."""
         nb = len(table)
         k = sent.num_blocks
         if whole or nb < k or (k and table[k - 1].block_id != sent.last_block):
             out = (0, [b.block_id for b in table])
             if sent.live is not None:
+                self._unhold(sent.live, key)
                 sent.live = {b for b in out[1] if b != self.null}
+                self._hold(sent.live, key)
         elif nb > k:  # it grew: the new blocks alone
             out = (k, [b.block_id for b in table[k:]])
             if sent.live is not None:
-                sent.live.update(b for b in out[1] if b != self.null)
+                new = {b for b in out[1] if b != self.null}
+                sent.live |= new
+                self._hold(new, key)
         else:
             out = (0, None)
         sent.table = table if nb else None  # the list vLLM holds now (a request freed and admitted again has another)
@@ -127,30 +138,34 @@ class RowTracker:
         table = self.tables.get(rid) or ()
         computed = r.num_computed_tokens
         cached = recorder.cached_tokens.get(rid, -1)
-        rewritten = whole or rid in recorder.whole_table
+        again = self.rewrite.pop(rid, ())  # groups whose tables held a block vLLM gave back: sent whole
         more = sent.more
-        if not rewritten and (
-            status == sent.status
-            and n == sent.num_tokens
-            and len(table) == sent.num_blocks
-            and (table[-1].block_id if table else -1) == sent.last_block
-            and computed == sent.computed
-            and cached == sent.cached
+        if (
+            not whole
+            and not again
             and (
-                more is None
-                or all(
-                    len(t := (tables.get(rid) or ())) == g.num_blocks and (t[-1].block_id if t else -1) == g.last_block
-                    for tables, g in zip(self.more_tables, more)
+                status == sent.status
+                and n == sent.num_tokens
+                and len(table) == sent.num_blocks
+                and (table[-1].block_id if table else -1) == sent.last_block
+                and computed == sent.computed
+                and cached == sent.cached
+                and (
+                    more is None
+                    or all(
+                        len(t := (tables.get(rid) or ())) == g.num_blocks
+                        and (t[-1].block_id if t else -1) == g.last_block
+                        for tables, g in zip(self.more_tables, more)
+                    )
                 )
             )
         ):
             return None, sent
-        recorder.whole_table.discard(rid)
-        blocks_from, block_ids = self._table_delta(table, sent, rewritten)
+        blocks_from, block_ids = self._table_delta(table, sent, whole or 0 in again, (rid, 0))
         groups = []
         if more is not None:
             for g, (tables, gs) in enumerate(zip(self.more_tables, more), start=1):
-                start, ids = self._table_delta(tables.get(rid) or (), gs, rewritten)
+                start, ids = self._table_delta(tables.get(rid) or (), gs, whole or g in again, (rid, g))
                 if ids is not None:
                     groups.append((g, start, ids))
         start = 0 if whole else sent.num_tokens
@@ -175,19 +190,45 @@ class RowTracker:
         sent.computed, sent.cached = computed, cached
         return row, sent
 
+    def _hold(self, blocks, key: tuple[str, int]) -> None:
+        holders = self.holders
+        for b in blocks:
+            h = holders.get(b)
+            if h is None:
+                holders[b] = {key}
+            else:
+                h.add(key)
+
+    def _unhold(self, blocks, key: tuple[str, int]) -> None:
+        holders = self.holders
+        for b in blocks:
+            h = holders.get(b)
+            if h is not None:
+                h.discard(key)
+                if not h:
+                    del holders[b]
+
     def _rewritten(self, recorder) -> None:
-        """The requests whose tables held a block freed with no request named (a table entry vLLM replaced by
-        its null block) go to ``recorder.whole_table``: their tables are sent whole."""
+        """The tables that held a block freed with no request named (an entry vLLM replaced by its null block)
+        go to ``rewrite``: they are sent whole."""
         loose = recorder.loose
         if not loose:
             return
         if self.any_rewritable:
-            for rid, st in self.sent.items():
-                if st.live is not None and not loose.isdisjoint(st.live):
-                    recorder.whole_table.add(rid)
-                elif st.more is not None and any(g.live is not None and not loose.isdisjoint(g.live) for g in st.more):
-                    recorder.whole_table.add(rid)
+            holders, rewrite = self.holders, self.rewrite
+            for b in loose:
+                for rid, g in holders.get(b, ()):
+                    rewrite.setdefault(rid, set()).add(g)
         loose.clear()
+
+    def _drop(self, rid: str, st: _Sent) -> None:
+        """A request gone: its blocks are no longer held by its tables as sent."""
+        if st.live is not None:
+            self._unhold(st.live, (rid, 0))
+        for g, t in enumerate(st.more or (), start=1):
+            if t.live is not None:
+                self._unhold(t.live, (rid, g))
+        self.rewrite.pop(rid, None)
 
     def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
         """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
@@ -200,20 +241,21 @@ class RowTracker:
         advanced: list[tuple] = []
         sent = self.sent
         self._rewritten(recorder)
-        dirty = dirty | self.added | recorder.whole_table
+        dirty = dirty | self.added | self.rewrite.keys()
         get, add = sent.get, advanced.append
         for r in s.running:  # the hot loop: a few attribute reads a request (256 a decode step at GPU size)
             rid = r.request_id
             st = get(rid)
             # Its table changed other than by the pool's ops for it (those put it in ``dirty``): it grew, from
             # allocate_slots, which is not hooked (a wrapper there cost 0.18 ms a step). The whole row's delta.
-            if (
-                st is None
-                or rid in dirty
-                or st.table is None
-                or len(st.table) != st.num_blocks
-                or (st.more is not None and any(g.table is None or len(g.table) != g.num_blocks for g in st.more))
-            ):
+            grew = st is None or rid in dirty or st.table is None or len(st.table) != st.num_blocks
+            if not grew and st.more is not None:  # a hybrid model's other groups (a loop: any() costs twice)
+                for g in st.more:
+                    t = g.table
+                    if t is None or len(t) != g.num_blocks:
+                        grew = True
+                        break
+            if grew:
                 row, sent[rid] = self._row(r, st, recorder, False)
                 if row is not None:
                     rows.append(row)
@@ -236,8 +278,10 @@ class RowTracker:
         # Every request vLLM holds is in ``sent`` by now (a keyframe sent them all, and each one added since was
         # in ``dirty``), so a request is gone only when ``sent`` holds more: no walk over 256 ids a step.
         for rid in [rid for rid in sent if rid not in requests] if len(sent) > len(requests) else ():
-            r = sent[rid].request
-            row, _ = self._row(r, sent.pop(rid), recorder, False)  # its last tokens, then it is gone
+            st = sent.pop(rid)
+            r = st.request
+            row, _ = self._row(r, st, recorder, False)  # its last tokens, then it is gone
+            self._drop(rid, st)
             if row is not None:
                 row.block_ids, row.blocks_from, row.groups = None, 0, []  # its tables are freed: the ops said so
                 rows.append(row)
@@ -250,6 +294,8 @@ class RowTracker:
         """Every request the scheduler holds, whole (a keyframe's); what is sent from now on follows these."""
         self.sent.clear()
         self.added.clear()
+        self.holders.clear()
+        self.rewrite.clear()
         recorder.loose.clear()
         out = []
         for r in self.scheduler.requests.values():

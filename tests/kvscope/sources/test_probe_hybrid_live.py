@@ -59,7 +59,13 @@ def hybrid(request, tmp_path_factory):
     folder = hybrid_model(name, tmp_path_factory.mktemp("models"))
     probe = f"tcp://127.0.0.1:{free_port()}"
     with VllmServer(
-        probe=probe, model=folder, dtype=m.dtype, block_size=m.block_size, extra=m.extra, max_model_len=m.max_len
+        probe=probe,
+        model=folder,
+        dtype=m.dtype,
+        block_size=m.block_size,
+        extra=m.extra,
+        max_model_len=m.max_len,
+        startup_s=420,  # a Mamba hybrid starts slowly on a busy 2-core machine
     ) as s:
         s.name, s.probe, s.system = name, probe, m.system
         yield s
