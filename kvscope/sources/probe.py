@@ -84,7 +84,7 @@ class _Base:
         self.notice: str | None = None
         self.tokenizer = None  # the served model's, when its folder is on this machine
 
-    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None) -> SourceInfo:
+    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None, replay: bool = False) -> SourceInfo:
         i = kf.info
         notes = list(i.notes)
         groups = self.mirror.groups
@@ -140,7 +140,8 @@ class _Base:
             block_bytes=i.block_bytes,
             max_model_len=i.max_model_len,
             load_seconds=load_seconds,
-            capabilities=PROBE_CAPABILITIES,
+            # a recording plays read-only (no vLLM to hold: the host asks a replay for no current state)
+            capabilities=REPLAY_CAPABILITIES if replay else PROBE_CAPABILITIES,
             prefix_caching=i.enable_caching,
             watch=watch,
             events_rebuild_pool=False,
@@ -381,7 +382,7 @@ class ProbeReplay(_Base):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")
         self.tokenizer = _tokenizer(first.info.model)  # the recorded model's, if its folder is here too
         self._load(first)
-        self.info = self._info(first, "a recorded probe trace", 0.0, scenario)
+        self.info = self._info(first, "a recorded probe trace", 0.0, scenario, replay=True)
         self._started = False
 
     def has_work(self) -> bool:

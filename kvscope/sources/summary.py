@@ -86,7 +86,8 @@ class Summary:
             "requests": [self._with_miss(r) for r in self.requests.values()],
             "kv_cache_usage_perc": c["kv_cache_usage_perc"],
             "kv_cache_usage_perc_peak": self.peak_usage,
-            "blocks_used_peak": self.peak_blocks_used,
+            "blocks_used_peak": self.peak_blocks_used,  # a probed vLLM's null block is reserved, not used
+            "num_reserved_blocks": int(c.get("num_reserved_blocks", 0)),
             "prefix_cache_queries": c["prefix_cache_queries"],
             "prefix_cache_hits": c["prefix_cache_hits"],
             "num_preemptions": c["num_preemptions"],

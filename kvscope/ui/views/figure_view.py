@@ -545,7 +545,7 @@ class FigureView(QWidget):
             ref = int(s.ref_cnt[b])
             self._text(f"block {b}", x0, y + 5, INK if holders else DIM, bold=bool(holders))
             self._text(
-                f"ref {ref}" if ref else state.name,
+                f"ref {ref}" if ref else "null" if b in s.reserved else state.name,  # vLLM's null block: "null"
                 x0,
                 y + 6,
                 _qc(state.line_colour) if ref else DIM,

@@ -91,3 +91,49 @@ def test_a_hybrid_models_groups_and_vllms_null_block_in_the_window(qtbot, tmp_pa
         b = next(b for b in snap.request("chat").group_block_ids[1] if b)
         assert "group 1 (full attention)" in win.grid.describe(b)
         win.shutdown()
+
+
+def _healed_leak_trace(path) -> None:
+    """A probe trace (no vLLM needed) where block 1 is leaked at step 2 and freed at step 3: the pool heals."""
+    from kvscope.sources.probe import ProbeTraceWriter
+    from kvscope_vllm_probe.wire import OP_POP, OP_PREPEND, OP_REF, OP_REQUEST, Keyframe, PoolInfo, RequestRow, Step
+    from kvscope_vllm_probe.wire import encode as enc
+
+    n = 8
+    info = PoolInfo("m", "0.32.0", 4, n, 0, True, "sha256", 1, False, 2048, "")
+    w = ProbeTraceWriter(str(path), {"endpoint": "test"})
+    w.message(enc(Keyframe(0, 0, info, [0] * n, [], [], list(range(1, n)), [], [], False, "", {})))
+    row = RequestRow("a", "RUNNING", 6, 0, [1, 2, 3, 4, 5, 6], 6, 0, 0, [1], 1.0)
+    steps = [
+        Step(1, 1, 0.01, [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]], [row], [], None, {}, False),
+        Step(2, 2, 0.01, [], [], [("a", "FINISHED_STOPPED")], None, {}, False),  # its block not freed: a leak
+        Step(3, 3, 0.01, [[OP_REF, 1, 0], [OP_PREPEND, [1]]], [], [], None, {}, False),  # freed late: healed
+        Step(4, 4, 0.01, [], [], [], None, {}, False),
+    ]
+    for st in steps:
+        w.message(enc(st))
+    w.close()
+
+
+def test_the_window_keeps_a_runs_audit_problems_after_the_pool_heals(qtbot, tmp_path):
+    from kvscope.sources.probe import ProbeReplay
+
+    trace = tmp_path / "healed.probe.jsonl"
+    _healed_leak_trace(trace)
+    settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(lambda _scenario: ProbeReplay(str(trace)), settings)
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    qtbot.waitUntil(lambda: win.info is not None, timeout=30_000)
+    win.step(10)
+    qtbot.waitUntil(lambda: win.latest is not None and win.latest.step == 4, timeout=20_000)
+    win.flush()
+    assert win.latest.audit.ok  # the pool is clean at the end ...
+    assert win.run_audit.problem_steps() == [2]  # ... and the run's record keeps step 2's leak
+    assert win.banner.isVisible() and win.banner.kind == "warning"
+    assert "problems on 1 step of this run (the first at step 2: block 1: leaked" in win.banner.text()
+    win.show_step(2)  # the timeline there: the leak red again, as it was
+    win.flush()
+    assert win.grid.leaked_set == {1}
+    win.shutdown()
