@@ -293,7 +293,10 @@ class BlockGridView(GridNavigation, QWidget):
         self.grid = grid
         self.image.setImage(self.grid, lut=lut, levels=(0, k + 1), autoLevels=False, autoDownsample=False)
         if self.show_overview:
-            self.overview.set_grid(self.grid, lut, "min" if self.mode == "age" else "max")
+            ov = self.grid
+            if self.mode == "state" and not self.cpu and snap.reserved:  # the overview keeps the highest code of a
+                ov = np.where(ov == BlockState.RESERVED, BlockState.FREE, ov)  # texel: a reserved block hides none
+            self.overview.set_grid(ov, lut, "min" if self.mode == "age" else "max")
         self.legend.set_snapshot(snap, self.leaked, self.flag_name)
         self._draw_highlight()
         self._frame_view()
