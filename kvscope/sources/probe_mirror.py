@@ -288,6 +288,16 @@ class VllmPoolMirror:
         self._apply_ops(st.ops, st.step, events, gained, lost)
         for row in st.rows:
             self._apply_row(row, events)
+        for rid, g, start, ids in getattr(st, "grown", ()) or ():
+            r = self.requests.get(rid)
+            if r is None or not 0 <= g < len(r.tables):
+                raise MirrorError(f"the probe's step grew request {rid}'s table {g}, which the mirror does not have")
+            t = r.tables[g]
+            del t[start:]
+            t.extend(ids)
+            for b in ids:
+                self._check(b)
+                self.group_of[b] = g
         for rid, start, tokens, computed in st.advanced:
             r = self.requests.get(rid)
             if r is None:
@@ -316,22 +326,26 @@ class VllmPoolMirror:
         a block taken for no named request is the one whose table gained it."""
         gained: dict[int, list[str]] = {}
         lost: dict[int, list[str]] = {}
+        changed: list[tuple[str, int, int, list[int]]] = []  # (request, group, blocks_from, block ids)
         for row in st.rows:
-            r = self.requests.get(row.request_id)
-            changes = [] if row.block_ids is None else [(0, row.blocks_from, row.block_ids)]
-            for g, start, ids in getattr(row, "groups", ()) or ():
-                changes.append((g, start, ids))
-            for g, start, ids in changes:
-                old = r.tables[g] if r is not None and g < len(r.tables) else []
-                new = old[:start] + list(ids)
-                if new == old:
-                    continue
-                for b in new[start:] if old[:start] == new[:start] else new:
-                    if b not in old:
-                        gained.setdefault(b, []).append(row.request_id)
-                for b in old:
-                    if b not in new:
-                        lost.setdefault(b, []).append(row.request_id)
+            if row.block_ids is not None:
+                changed.append((row.request_id, 0, row.blocks_from, row.block_ids))
+            changed += [(row.request_id, g, start, ids) for g, start, ids in getattr(row, "groups", ()) or ()]
+        changed += getattr(st, "grown", ()) or ()
+        for rid, g, start, ids in changed:
+            r = self.requests.get(rid)
+            old = r.tables[g] if r is not None and g < len(r.tables) else []
+            if old[start:] == ids:
+                continue
+            # the table keeps old[:start] (the probe sends a table from where it changed): only the rest can differ
+            was, now = set(old[start:]), set(ids)
+            keep = set(old[:start])
+            for b in ids:
+                if b not in was and b not in keep:
+                    gained.setdefault(b, []).append(rid)
+            for b in old[start:]:
+                if b not in now and b not in keep:
+                    lost.setdefault(b, []).append(rid)
         for rid, _status in st.gone:
             r = self.requests.get(rid)
             for t in r.tables if r is not None else ():

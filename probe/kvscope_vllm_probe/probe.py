@@ -128,6 +128,7 @@ class Probe:
             between,
             advanced,
             self.recorder.take_pins(),
+            self.rows.grown,
         )
 
     def counters(self) -> dict[str, float]:

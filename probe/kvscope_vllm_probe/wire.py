@@ -166,6 +166,8 @@ class Step(Message):
     # running requests that only went on: (request id, tokens_from, new tokens, num_computed_tokens)
     advanced: list[tuple[str, int, list[int], int]] = []
     pinned: list[tuple[int, int]] | None = None  # the connector's references (Keyframe.pinned); None: as before
+    # the tables of running requests that only grew: (request id, group, blocks_from, new block ids)
+    grown: list[tuple[str, int, int, list[int]]] = []
 
 
 class Held(Message):
