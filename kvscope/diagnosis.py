@@ -12,14 +12,18 @@ recorded events.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from engine.inspect.block_story import StoryLine, block_story
 from engine.inspect.cache_miss import CacheMiss, CacheMissExplainer
+from engine.inspect.cache_miss_groups import GroupedMissExplainer, make_miss_explainer
+from engine.inspect.kv_groups import KVCacheGroup, name_of
 from engine.inspect.snapshot import KVSnapshot
 from engine.request_ids import BEAM_SEP, FORK_SEP, SAMPLE_SEP
 from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits, misses_text
 
+GROUP_LINES = ("allocated", "hit", "stored")  # a hybrid model's story names the group on these lines
 ENGINE_MADE = (SAMPLE_SEP, FORK_SEP, BEAM_SEP)  # samples, forks, beams: they replay with their parent
 MADE_AS = {SAMPLE_SEP: "a parallel sample", FORK_SEP: "a fork", BEAM_SEP: "a beam"}
 
@@ -34,16 +38,23 @@ class Diagnosis:
         decode: Callable[[list[int]], str | None] | None = None,
         prefix_caching: bool = True,
         limits: WindowLimits = LIMITS,
+        kv_groups: tuple[KVCacheGroup, ...] = (),
     ) -> None:
+        """``kv_groups``: a hybrid model's KV cache groups (a probed vLLM's), whose misses are told by group."""
         self.decode = decode
         self.prefix_caching = prefix_caching
         self.limits = limits
-        self.misses: CacheMissExplainer | None = None
+        self.kv_groups = tuple(kv_groups)
+        self.misses: CacheMissExplainer | GroupedMissExplainer | None = None
 
     def feed(self, step: int, events, snap: KVSnapshot) -> None:
         if self.misses is None:
-            self.misses = CacheMissExplainer(
-                snap.block_size, self.decode, self.limits.miss_explanations, self.limits.evicted_blocks
+            self.misses = make_miss_explainer(
+                snap.block_size,
+                self.decode,
+                self.limits.miss_explanations,
+                self.limits.evicted_blocks,
+                groups=self.kv_groups,
             )
         self.misses.feed_snapshot(step, events, snap)
 
@@ -78,6 +89,12 @@ class Diagnosis:
         miss = self.misses.misses[request_id]
         if miss is None:
             return f"{hit}: every full block of the prompt was found"
+        if miss.group is not None:  # a hybrid model: the group that missed, and what each group alone would hit
+            reach = ", ".join(f"{name_of(self.kv_groups, g)} {n}" for g, n in enumerate(miss.group_hits))
+            where = f" in {name_of(self.kv_groups, miss.group)}" + (
+                f" (each group's own hit: {reach})" if reach else ""
+            )
+            return f"{hit}. First miss{where}, block {miss.block_index} ({miss.reason}): {miss.detail}"
         return f"{hit}. First miss, block {miss.block_index} ({miss.reason}): {miss.detail}"
 
     def explained(self, snap: KVSnapshot | None, request_id: str) -> tuple[CacheMiss | None, str] | None:
@@ -90,7 +107,17 @@ class Diagnosis:
 
     def story(self, block_id: int, history: RunHistory, up_to: int | None = None) -> list[StoryLine]:
         steps = [s for s in history.steps if up_to is None or s <= up_to]
-        return block_story(block_id, ((s, history.events_at(s)) for s in steps), self.decode)
+        lines = block_story(block_id, ((s, history.events_at(s)) for s in steps), self.decode)
+        if len(self.kv_groups) < 2:
+            return lines
+        # a hybrid model: each line that gives the block to a request or stores it names the KV cache group it
+        # went to (the group whose table held it after that step; a block changes groups as the pool reuses it)
+        out = []
+        for line in lines:
+            snap = history.at(line.step) if line.kind in GROUP_LINES else None
+            g = snap.group_of(block_id) if snap is not None else -1
+            out.append(replace(line, text=f"{line.text} · {name_of(self.kv_groups, g)}") if g >= 0 else line)
+        return out
 
 
 def hit_line(r, block_size: int) -> str:

@@ -101,6 +101,10 @@ class _Keyframe:
     # event chunks of its own step it holds already: a later record of that step kept as a digest
     # (a command between steps) is replayed over it
     chunks_in: int = 0
+    reserved: tuple[int, ...] = ()  # a probed vLLM's null block, its KV cache groups, its connector's pins
+    num_groups: int = 1
+    kv_groups: tuple = ()
+    pinned: dict = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -121,9 +125,9 @@ class _RequestTimeline:
     num_output: array = field(default_factory=lambda: array("i"))
     num_computed: array = field(default_factory=lambda: array("i"))
     num_cached: array = field(default_factory=lambda: array("i"))
-    # (step, blocks, error, cpu blocks), blocks as int32 arrays (a tuple of int objects costs ~9x more), no
-    # cpu blocks as None
-    changes: list[tuple[int, array, str | None, array]] = field(default_factory=list)
+    # (step, blocks, error, cpu blocks, a hybrid model's group tables, held by), blocks as int32 arrays (a tuple
+    # of int objects costs ~9x more), no cpu blocks as None, no group tables as ()
+    changes: list[tuple[int, array, str | None, array, tuple, str]] = field(default_factory=list)
     last_key: tuple = ()  # the latest change's (blocks, error, cpu) as the snapshot gave them, to compare with
     tokens: array = field(default_factory=lambda: array("i"))  # the longest seen: earlier steps' are prefixes
     text: str = ""  # the text with ``len(tokens)`` tokens
@@ -139,9 +143,16 @@ class _RequestTimeline:
         self.num_output.append(r.num_output_tokens)
         self.num_computed.append(r.num_computed_tokens)
         self.num_cached.append(r.num_cached_tokens)
-        key = (r.block_ids, r.error, r.cpu_block_ids)
+        key = (r.block_ids, r.error, r.cpu_block_ids, r.group_block_ids, r.held_by)
         if not self.changes or self.last_key != key:
-            change = (step, array("i", r.block_ids), r.error, array("i", r.cpu_block_ids) if r.cpu_block_ids else None)
+            change = (
+                step,
+                array("i", r.block_ids),
+                r.error,
+                array("i", r.cpu_block_ids) if r.cpu_block_ids else None,
+                tuple(array("i", t) for t in r.group_block_ids),
+                r.held_by,
+            )
             self.changes.append(change)
             self.change_bytes += _change_bytes(change)
             self.last_key = key
@@ -184,6 +195,8 @@ class _RequestTimeline:
             self.parent_id,
             tuple(c[3] or ()),
             **self.extra,
+            group_block_ids=tuple(tuple(t) for t in c[4]),
+            held_by=c[5],
         )
 
     def trim(self, first_step: int) -> None:
@@ -221,8 +234,14 @@ class _RequestTimeline:
 
 
 def _change_bytes(change: tuple) -> int:
-    _step, blocks, error, cpu = change  # the step's int object is the history's (counted with its steps)
-    return held(change) + held(blocks) + (held(cpu) if cpu is not None else 0) + (held(error) if error else 0)
+    _step, blocks, error, cpu, groups, _held = change  # the step's int object is the history's (counted with its steps)
+    return (
+        held(change)
+        + held(blocks)
+        + (held(cpu) if cpu is not None else 0)
+        + (held(error) if error else 0)
+        + sum(held(t) for t in groups)
+    )
 
 
 class RunHistory:
@@ -662,6 +681,10 @@ class RunHistory:
             num_cpu_blocks=kf.num_cpu_blocks,
             block_bytes=kf.block_bytes,
             model_name=kf.model_name,
+            reserved=kf.reserved,
+            num_groups=kf.num_groups,
+            kv_groups=kf.kv_groups,
+            pinned=kf.pinned,
         )
 
     def _request_at(self, rid: str, step: int) -> RequestInfo | None:
@@ -694,6 +717,8 @@ def _extra_fields(r: RequestInfo) -> dict:
         "group_id",
         "parent_id",
         "cpu_block_ids",
+        "group_block_ids",
+        "held_by",
     }
     return {k: getattr(r, k) for k in r.__slots__ if k not in known}
 
@@ -710,6 +735,10 @@ def _keyframe(snap: KVSnapshot | PoolState, store_of: np.ndarray, chunks_in: int
         snap.block_bytes,
         snap.model_name,
         chunks_in,
+        tuple(getattr(snap, "reserved", ())),
+        getattr(snap, "num_groups", 1),
+        tuple(getattr(snap, "kv_groups", ())),
+        dict(getattr(snap, "pinned", {})),
     )
 
 

@@ -101,11 +101,14 @@ def status_text(snap, info=None, live: bool = True) -> str:
 
 
 def usable_blocks(snap, info=None) -> tuple[int, str]:
-    """(the blocks a request can get, a note on those it cannot): a probed vLLM keeps block 0 as its null block,
-    never free and never counted in its usage, so its free count and usage read against the other blocks."""
-    total = int(snap.counters.get("num_blocks", snap.num_blocks))
-    if info is not None and info.extra.get("vllm_version"):
-        return total - 1, " usable (block 0: vLLM's null block)"
+    """(the blocks a request can get, a note on those it cannot): a probed vLLM keeps block 0 as its null block
+    (``num_reserved_blocks``, counted where the pool is read), never free and never counted in its usage, so its
+    free count and usage read against the other blocks."""
+    c = snap.counters
+    total = int(c.get("num_blocks", snap.num_blocks))
+    reserved = int(c.get("num_reserved_blocks", 0))
+    if reserved:
+        return total - reserved, f" usable ({reserved} reserved: vLLM's null block)"
     return total, ""
 
 

@@ -155,8 +155,8 @@ class Harness:
 
 
 class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` on the embedded SmolLM2 (float32, eager, block size 32),
-    with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
+    """``python -m vllm.entrypoints.openai.api_server`` on the embedded SmolLM2 (float32, eager, block size 32), or
+    on ``model`` (a folder) in ``dtype``, with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
 
     def __init__(
         self,
@@ -165,11 +165,15 @@ class VllmServer:
         env: dict | None = None,
         startup_s: float = 240,
         max_model_len: int = 2048,
+        model: str | None = None,
+        dtype: str = "float32",
+        block_size: int | None = 32,
     ) -> None:
-        """``max_model_len``: with ``--num-gpu-blocks-override`` the pool must hold one whole request."""
+        """``max_model_len``: with ``--num-gpu-blocks-override`` the pool must hold one whole request;
+        ``block_size`` None: vLLM's own choice (a Mamba hybrid's, which it sets from the state's size)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.model = model_folder()
+        self.model = model or model_folder()
         e = dict(os.environ, **SERVE_ENV, **(env or {}))
         e.pop("KVSCOPE_PROBE_ENDPOINT", None)
         if probe:
@@ -188,11 +192,10 @@ class VllmServer:
                 "127.0.0.1",
                 "--enforce-eager",
                 "--dtype",
-                "float32",
+                dtype,
                 "--max-model-len",
                 str(max_model_len),
-                "--block-size",
-                "32",
+                *(("--block-size", str(block_size)) if block_size else ()),
                 "--disable-log-stats",
                 *extra,
             ],
@@ -252,6 +255,25 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+HYBRID_MAKER = ROOT / "tests" / "probe_vllm" / "hybrid_models.py"
+
+
+def hybrid_model(name: str, folder: Path) -> str:
+    """One of the tiny random-weight hybrid models (tests/probe_vllm/hybrid_models.py: gemma3, granite,
+    qwen3next), made from its config in vLLM's Python with SmolLM2's tokenizer files copied in (no download)."""
+    out = folder / name
+    if not (out / "config.json").is_file():
+        subprocess.run(
+            [need_vllm(), str(HYBRID_MAKER), name, str(out), model_folder()],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, **SERVE_ENV),
+            timeout=300,
+        )
+    return str(out)
 
 
 def logged(proc, text: str, timeout: float = 10.0) -> bool:

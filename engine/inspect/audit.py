@@ -17,9 +17,11 @@ class AuditProblem:
     expected_ref: int
     actual_ref: int
     last_owner: str = ""  # the request to blame (see _culprit)
+    group: str = ""  # a hybrid model's KV cache group whose table held the block ("group 1 (full attention)")
 
     def __str__(self) -> str:
         owner = f", request {self.last_owner}" if self.last_owner else ""
+        owner += f", KV cache {self.group}" if self.group else ""
         if self.problem in WRITE_PROBLEMS:  # the ref count is right: what is wrong is the write into the block
             return (
                 f"block {self.block_id}: {self.problem} (request {self.last_owner}: other requests read "

@@ -49,6 +49,7 @@ from .events import (
     Event,
     RequestAdmitted,
 )
+from .kv_groups import hash_group
 
 Decode = Callable[[list[int]], "str | None"]
 CONTEXT = 12  # characters of text shown on each side of the differing position
@@ -87,9 +88,12 @@ class CacheMiss:
     # ``differs_at`` and ``shifted`` at a seam: the token that differs, in the prompt and in the cache (with text)
     prompt_side: SeamSide | None = None
     cached_side: SeamSide | None = None
+    group: int | None = None  # a hybrid model's KV cache group that missed (cache_miss_groups.py)
+    group_hits: tuple[int, ...] = ()  # each group's own hit, in tokens
 
     def to_dict(self) -> dict:
         return {
+            **({"group": self.group, "group_hits": list(self.group_hits)} if self.group is not None else {}),
             "block_index": self.block_index,
             "reason": self.reason,
             "token_position": self.token_position,
@@ -110,9 +114,12 @@ class CacheMissExplainer:
         decode: Decode | None = None,
         max_requests: int | None = None,
         max_evicted: int | None = None,
+        group: int | None = None,
     ) -> None:
-        """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all)."""
+        """``max_requests``, ``max_evicted``: how many explanations and evicted blocks to keep (None: all);
+        ``group``: a hybrid model's KV cache group whose cached blocks alone it follows (None: every block)."""
         self.block_size = block_size
+        self.group = group
         self.decode = decode
         self.max_requests, self.max_evicted = max_requests, max_evicted
         self.mirror: dict[str, _Cached] = {}
@@ -138,8 +145,11 @@ class CacheMissExplainer:
         admitted: list[tuple[RequestAdmitted, dict[str, _Cached]]] = []
         mirror = self.mirror
         own: dict[str, list[str]] = {}  # the hashes each request stored in this step, before its admission
+        group = self.group
         for e in events:
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
+            if group is not None and change in _KEYED and hash_group(e.block_hash) != group:
+                continue  # another group's block (its key carries its group)
             if change is CacheChange.STORED:  # visible at once: a later admission in this step hits it
                 e = cast(BlockStored, e)
                 mirror[e.block_hash] = _Cached(e.block_hash, e.parent_hash, tuple(e.token_ids), e.block_id)
@@ -371,6 +381,9 @@ class CacheMissExplainer:
         token = whole[len(before) :] if whole.startswith(before) else (self.decode([tokens[p]]) or "")
         after = (self.decode(list(tokens[: p + 7])) or "")[len(whole) :]
         return SeamSide(before[-CONTEXT:], token, after[:CONTEXT], int(tokens[p]))
+
+
+_KEYED = (CacheChange.STORED, CacheChange.EVICTED, CacheChange.WITHDRAWN)
 
 
 def _seam(prompt: tuple[int, ...], pos: int, chain: tuple[int, ...], q: int, c: int) -> tuple[int, int]:

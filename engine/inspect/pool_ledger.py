@@ -98,11 +98,11 @@ class PoolLedger(PoolListener):
         return ev
 
     def state_counts(self) -> tuple[int, ...]:
-        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked), as counting the
+        """Blocks per ``BlockState`` (free, cached, used, shared, swapped, leaked, reserved), as counting the
         snapshot's state array would give them (swaps live in the CPU pool, leaks are the audit's)."""
         free = self.num_free
         cached, shared = self.num_cached_free, self.num_shared
-        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0)
+        return (free - cached, cached, self.num_blocks - free - shared, shared, 0, 0, 0)
 
     def holders_of(self, block_id: int) -> list[str]:
         return self.holders.get(block_id, [])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from .kv_groups import NO_GROUP, KVCacheGroup, hash_group
 from .pool_ledger import PoolLedger
 from .slot_init import slot_init
 
@@ -27,6 +28,7 @@ class BlockState(enum.IntEnum):
     SHARED = 3  # ref count > 1
     SWAPPED = 4  # a CPU-pool block holding a swapped-out request
     LEAKED = 5  # flagged by audit()
+    RESERVED = 6  # never handed out, never counted as used: vLLM's null block (a table's placeholder)
 
 
 @slot_init  # a snapshot makes one per live request: hundreds a step
@@ -47,6 +49,16 @@ class RequestInfo:
     parent_id: str | None = None
     cpu_block_ids: tuple[int, ...] = ()
     client: str = ""
+    # a hybrid model's (a probed vLLM with several KV cache groups): every group's table, by group id, vLLM's null
+    # block (the snapshot's ``reserved``) where a window or a state group gave a block back; () with one group
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
+    group_hits: tuple[int, ...] = ()  # each group's own prefix-cache hit at admission, in tokens (hybrid models)
+    held_by: str = ""  # a finished request whose blocks a KV connector keeps for its transfer: why ("" if none)
+
+    @property
+    def tables(self) -> tuple[tuple[int, ...], ...]:
+        """Every group's table (one group: ``block_ids`` alone)."""
+        return self.group_block_ids or (self.block_ids,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +81,13 @@ class KVSnapshot:
     model_name: str = ""
     cpu_state: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # FREE or SWAPPED
     cpu_owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    reserved: tuple[int, ...] = ()  # blocks never handed out (vLLM's null block): state RESERVED
+    num_groups: int = 1  # KV cache groups (kv_groups.py): more than one in a hybrid model
+    kv_groups: tuple[KVCacheGroup, ...] = ()  # each group's kind and block size, when the source says them
+    # int8 per block when num_groups > 1: the group whose table holds it, or whose key it is cached under
+    # (kv_groups.NO_GROUP for none); empty with one group
+    block_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    pinned: dict[int, int] = field(default_factory=dict)  # block -> references a KV connector holds, no table
 
     @property
     def num_cpu_blocks(self) -> int:
@@ -79,7 +98,13 @@ class KVSnapshot:
         return {r.request_id: r.block_ids for r in self.requests}
 
     def owners_of(self, block_id: int) -> list[str]:
-        return [r.request_id for r in self.requests if block_id in r.block_ids]
+        return [r.request_id for r in self.requests if any(block_id in t for t in r.tables)]
+
+    def group_of(self, block_id: int) -> int:
+        """The KV cache group that holds or caches ``block_id`` (0 with one group; kv_groups.NO_GROUP for none)."""
+        if not len(self.block_group):
+            return 0
+        return int(self.block_group[block_id])
 
     def request(self, request_id: str) -> RequestInfo | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
@@ -113,9 +138,13 @@ def assemble_snapshot(
     block_hashes: Mapping[int, str],
     counters: dict,
     num_cpu_blocks: int,
+    reserved: tuple[int, ...] = (),
+    num_groups: int = 1,
+    kv_groups: tuple[KVCacheGroup, ...] = (),
     **extra,
 ) -> KVSnapshot:
-    """Derive the per-block views (state, owner, filled, CPU pool) from the raw pool state.
+    """Derive the per-block views (state, owner, filled, CPU pool; with several KV cache groups, each block's
+    group) from the raw pool state.
 
     Shared by the live engine and by trace replay, so both build identical snapshots.
     """
@@ -126,12 +155,15 @@ def assemble_snapshot(
     cpu_state = np.zeros(num_cpu_blocks, np.uint8)
     cpu_owner = np.full(num_cpu_blocks, -1, np.int32)
     requests = sorted(requests, key=_index)
-    _owners_and_fill(requests, block_size, owner, filled)
+    _owners_and_fill(requests, block_size, owner, filled, reserved)
+    group = _block_groups(n, requests, block_hashes, reserved) if num_groups > 1 else np.zeros(0, np.int8)
+    if reserved:
+        state[list(reserved)] = BlockState.RESERVED
     for r in requests:
         for c in r.cpu_block_ids:
             cpu_state[c] = BlockState.SWAPPED
             cpu_owner[c] = r.index
-    for a in (state, ref_cnt, owner, has_hash, last_access, filled, free_queue, cpu_state, cpu_owner):
+    for a in (state, ref_cnt, owner, has_hash, last_access, filled, free_queue, cpu_state, cpu_owner, group):
         a.flags.writeable = False  # a snapshot is shared between threads: nobody may mutate it
     return KVSnapshot(
         step=step,
@@ -150,6 +182,10 @@ def assemble_snapshot(
         counters=counters,
         cpu_state=cpu_state,
         cpu_owner=cpu_owner,
+        reserved=tuple(reserved),
+        num_groups=num_groups,
+        kv_groups=tuple(kv_groups),
+        block_group=group,
         **extra,
     )
 
@@ -169,21 +205,51 @@ _STATE_OF_CODE = np.array(
 )
 
 
-def _owners_and_fill(requests: list[RequestInfo], block_size: int, owner: np.ndarray, filled: np.ndarray) -> None:
+def _owners_and_fill(
+    requests: list[RequestInfo], block_size: int, owner: np.ndarray, filled: np.ndarray, reserved=()
+) -> None:
     """Each block's earliest owner (``requests`` sorted by index) and its filled slots, in a few array
-    operations over every request's table at once (a Python loop here cost ~80 ms at 65,536 blocks)."""
-    lens = np.fromiter((len(r.block_ids) for r in requests), np.int64, len(requests))
+    operations over every request's table at once (a Python loop here cost ~80 ms at 65,536 blocks). With
+    several KV cache groups, every group's table counts; a reserved block in a table (vLLM's null block, in
+    place of a block a window gave back) is nobody's."""
+    if any(r.group_block_ids for r in requests):
+        rows = [(r, t) for r in requests for t in r.tables]
+    else:
+        rows = [(r, r.block_ids) for r in requests]
+    lens = np.fromiter((len(t) for _, t in rows), np.int64, len(rows))
     total = int(lens.sum())
     if not total:
         return
-    blocks = np.fromiter(chain.from_iterable(r.block_ids for r in requests), np.int64, total)
+    blocks = np.fromiter(chain.from_iterable(t for _, t in rows), np.int64, total)
     starts = np.repeat(np.cumsum(lens) - lens, lens)
-    computed = np.repeat(np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests)), lens)
+    computed = np.repeat(np.fromiter((r.num_computed_tokens for r, _ in rows), np.int64, len(rows)), lens)
     fill = np.minimum(np.maximum(computed - (np.arange(total) - starts) * block_size, 0), block_size).astype(np.int16)
+    index = np.repeat(np.fromiter((r.index for r, _ in rows), np.int32, len(rows)), lens)
+    if reserved:
+        keep = ~np.isin(blocks, np.asarray(reserved, np.int64))
+        blocks, fill, index = blocks[keep], fill[keep], index[keep]
+        if not len(blocks):
+            return
     np.maximum.at(filled, blocks, fill)
-    index = np.repeat(np.fromiter((r.index for r in requests), np.int32, len(requests)), lens)
     first = np.unique(blocks, return_index=True)[1]  # the first occurrence is the earliest request's
     owner[blocks[first]] = index[first]
+
+
+def _block_groups(n: int, requests: list[RequestInfo], block_hashes: dict[int, str], reserved) -> np.ndarray:
+    """Each block's KV cache group: the group whose table holds it, else the group its hash is keyed under."""
+    group = np.full(n, NO_GROUP, np.int8)
+    for b, key in block_hashes.items():
+        if "/g" in key:
+            group[b] = hash_group(key)
+        else:
+            group[b] = 0
+    for r in requests:
+        for g, t in enumerate(r.group_block_ids):
+            if t:
+                group[np.asarray(t, np.int64)] = g
+    if reserved:
+        group[list(reserved)] = NO_GROUP
+    return group
 
 
 def prompt_of(r) -> tuple[int, ...]:
@@ -268,6 +334,10 @@ class PoolState:
     block_bytes: int = 0
     model_name: str = ""
     counts: tuple[int, ...] | None = None  # blocks per state, when the engine counted them (the wire's)
+    reserved: tuple[int, ...] = ()  # KVSnapshot's
+    num_groups: int = 1
+    pinned: dict[int, int] = field(default_factory=dict)
+    kv_groups: tuple[KVCacheGroup, ...] = ()
     _snapshot: KVSnapshot | None = field(default=None, repr=False)  # assembled, once read
 
     @property
@@ -301,8 +371,12 @@ class PoolState:
                 self.block_hashes,
                 self.counters,
                 self.num_cpu_blocks,
+                self.reserved,
+                self.num_groups,
+                self.kv_groups,
                 block_bytes=self.block_bytes,
                 model_name=self.model_name,
+                pinned=self.pinned,
             )
         return self._snapshot
 
@@ -323,6 +397,10 @@ class LiveState:
     block_bytes: int
     model_name: str
     ledger: PoolLedger  # the pool's record, kept as it changes
+    reserved: tuple[int, ...] = ()  # kvscope's pool reserves no block (vLLM's null block is a probed vLLM's)
+    num_groups: int = 1  # and has one KV cache group
+    pinned: dict[int, int] = field(default_factory=dict)
+    kv_groups: tuple[KVCacheGroup, ...] = ()
 
     @property
     def num_blocks(self) -> int:

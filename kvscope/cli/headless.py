@@ -90,7 +90,10 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
 
     def new_summary() -> Summary:
         return Summary(
-            decode=session.decode, max_model_len=session.info.max_model_len, prefix_caching=session.info.prefix_caching
+            decode=session.decode,
+            max_model_len=session.info.max_model_len,
+            prefix_caching=session.info.prefix_caching,
+            kv_groups=tuple(session.info.extra.get("kv_groups", ())),
         )
 
     summary = new_summary()
@@ -202,6 +205,9 @@ def summary_lines(out: dict) -> list[str]:
         f"preemptions · {out['swap_outs']} swap-outs / {out['swap_ins']} swap-ins "
         f"· {audit_counts_text(out)}"
     )
+    n = out.get("audit_steps_with_problems", 0)
+    if n:  # the run's, not the last step's: a pool can heal
+        lines.append(f"  audit over the run: problems on {n} step{'' if n == 1 else 's'}")
     lines += [f"  audit: {problem}" for problem in out["audit_problems"]]
     return lines
 

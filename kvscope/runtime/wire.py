@@ -38,7 +38,18 @@ from kvscope.runtime.shm import ShmSlots
 from kvscope.sources.base import StepRecord
 from kvscope.sysinfo import MemoryReading
 
-SCALARS = ("block_size", "num_blocks", "num_cpu_blocks", "block_bytes", "model_name")  # sent with each batch
+# sent with each batch (the last three: a probed vLLM's null block, KV cache groups and a connector's pins)
+SCALARS = (
+    "block_size",
+    "num_blocks",
+    "num_cpu_blocks",
+    "block_bytes",
+    "model_name",
+    "reserved",
+    "num_groups",
+    "pinned",
+    "kv_groups",
+)
 BATCH_S = 0.02  # at full speed, steps are sent together for this long (the window redraws at most every 33 ms)
 _ROW_FIELDS = tuple(f.name for f in fields(RequestInfo))
 _ROW = attrgetter(*_ROW_FIELDS)
@@ -361,6 +372,10 @@ class RecordDecoder:
             block_bytes=sc["block_bytes"],
             model_name=sc["model_name"],
             counts=last.counts,
+            reserved=sc.get("reserved", ()),
+            num_groups=sc.get("num_groups", 1),
+            pinned=sc.get("pinned", {}),
+            kv_groups=sc.get("kv_groups", ()),
         )
         out.append(_stepped(last, snap, events))
         return out

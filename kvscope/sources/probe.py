@@ -74,11 +74,12 @@ class _Base(ReadOnlySource):
         self.notice: str | None = None
         self.tokenizer = None  # the served model's, when its folder is on this machine
 
-    def _info(self, kf: Keyframe, where: str, load_seconds: float, scenario=None, extra=None) -> SourceInfo:
+    def _info(
+        self, kf: Keyframe, where: str, load_seconds: float, scenario=None, extra=None, replay: bool = False
+    ) -> SourceInfo:
         i = kf.info
         notes = list(i.notes)
-        if i.num_kv_groups > 1:
-            notes.append("the audit counts group 0's tables only")
+        groups = self.mirror.groups
         stepping = (
             "Pause holds vLLM's scheduler at its next schedule (vLLM keeps answering and queues new requests); Step "
             "runs exactly one schedule; Run lets it go."
@@ -90,8 +91,17 @@ class _Base(ReadOnlySource):
             f"vLLM {i.vllm_version}'s own block pool ({where}): every block's ref count, hash and place in the "
             f"free queue, and every request's block table, as vLLM holds them, audited after every step. {stepping} "
             "Block 0 is vLLM's null block (a placeholder it never hands out). Requests come through vLLM's own "
-            "API." + "".join(f" Note: {n}." for n in notes)
+            "API."
+            + (
+                f" {len(groups)} KV cache groups share the pool: "
+                + ", ".join(f"group {g}: {x.label()}" for g, x in enumerate(groups))
+                + "; every group's tables are read and audited."
+                if len(groups) > 1
+                else ""
+            )
+            + "".join(f" Note: {n}." for n in notes)
         )
+        group_extra = {"kv_groups": groups, "connector": i.connector}
         if scenario is not None:  # a lab on a recorded vLLM: the lesson's own words
             return SourceInfo(
                 model_name=f"vLLM {i.vllm_version} (recorded)",
@@ -111,7 +121,13 @@ class _Base(ReadOnlySource):
                 notes=tuple(scenario.notes),
                 view=scenario.view,
                 plot=scenario.plot,
-                extra={"vllm_version": i.vllm_version, "probe_notes": notes, "fault": i.fault, "always_audited": True},
+                extra={
+                    "vllm_version": i.vllm_version,
+                    "probe_notes": notes,
+                    "fault": i.fault,
+                    "always_audited": True,
+                    **group_extra,
+                },
             )
         return SourceInfo(
             model_name=f"vLLM {i.vllm_version} · {Path(i.model).name or i.model}",
@@ -122,7 +138,8 @@ class _Base(ReadOnlySource):
             block_bytes=i.block_bytes,
             max_model_len=i.max_model_len,
             load_seconds=load_seconds,
-            capabilities=PROBE_CAPABILITIES,
+            # a recording plays read-only (no vLLM to hold: the host asks a replay for no current state)
+            capabilities=REPLAY_CAPABILITIES if replay else PROBE_CAPABILITIES,
             prefix_caching=i.enable_caching,
             watch=watch,
             events_rebuild_pool=False,
@@ -132,6 +149,7 @@ class _Base(ReadOnlySource):
                 "fault": i.fault,
                 "async_scheduling": i.async_scheduling,
                 "always_audited": True,
+                **group_extra,
                 **(extra or {}),
             },
         )
@@ -558,7 +576,7 @@ class ProbeReplay(_Base):
             raise ValueError(f"{path}: a probe trace starts with a keyframe")
         self.tokenizer = _tokenizer(first.info.model)  # the recorded model's, if its folder is here too
         self._load(first)
-        self.info = self._info(first, "a recorded probe trace", 0.0, scenario)
+        self.info = self._info(first, "a recorded probe trace", 0.0, scenario, replay=True)
         self._started = False
 
     def has_work(self) -> bool:

@@ -5,8 +5,13 @@ where it went in the free queue (vLLM frees an unhashed block to the head, a has
 probe that says which, so the mirror holds no rule of vLLM's that a release could change). From them it makes
 kvscope's events (allocated, hit, freed, stored, evicted, admitted, preempted, finished), the ``KVSnapshot``
 every view draws (``assemble_snapshot``, as for kvscope's own engine) and the audit: every block's ref count
-against the tables that hold it plus vLLM's deferred frees, the free queue against ref count 0, and the hash
-map's size against the hashed blocks.
+against every KV cache group's tables that hold it, plus vLLM's deferred frees, plus what a KV connector holds
+(its pins), the free queue against ref count 0, and the hash map against the blocks' hashes.
+
+A hybrid model's groups (``engine.inspect.kv_groups``) share the pool: a request has a table in each, and a
+sliding-window or state group's table holds vLLM's null block where the group gave a block back. The null block
+is reserved (never handed out, its count not kept by vLLM): it is in no count of used blocks and out of the
+audit. A block hash is keyed with its group (``grouped_hash``), as vLLM keys its hash map.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from engine.inspect.events import (
     RequestFinished,
     RequestPreempted,
 )
+from engine.inspect.kv_groups import KVCacheGroup, grouped_hash, name_of, primary_group
 from engine.inspect.replay import apply_cache_event
 from engine.inspect.snapshot import KVSnapshot, RequestInfo, assemble_snapshot
 from kvscope_vllm_probe.wire import (
@@ -138,19 +144,41 @@ class FreeList:
 
 
 class _Request:
-    __slots__ = ("rid", "index", "status", "prompt", "tokens", "computed", "cached", "table", "arrival")
+    __slots__ = (
+        "rid",
+        "index",
+        "status",
+        "vllm_status",
+        "prompt",
+        "tokens",
+        "computed",
+        "cached",
+        "tables",
+        "arrival",
+        "group_hits",
+    )
 
-    def __init__(self, rid: str, index: int) -> None:
+    def __init__(self, rid: str, index: int, num_groups: int) -> None:
         self.rid, self.index = rid, index
         self.status = "WAITING"
+        self.vllm_status = "WAITING"
         self.prompt = 0
         self.tokens: list[int] = []
         self.computed = 0
         self.cached = 0
-        self.table: list[int] = []
+        self.tables: list[list[int]] = [[] for _ in range(num_groups)]  # by KV cache group
         self.arrival = 0.0
+        self.group_hits: tuple[int, ...] = ()
 
-    def info(self, decode) -> RequestInfo:
+    @property
+    def table(self) -> list[int]:
+        """KV cache group 0's table (the only one of a model with one group)."""
+        return self.tables[0]
+
+    def holds_blocks(self) -> bool:
+        return any(self.tables)
+
+    def info(self, decode, primary: int = 0, connector: str = "") -> RequestInfo:
         out = self.tokens[self.prompt :]
         return RequestInfo(
             self.rid,
@@ -160,10 +188,22 @@ class _Request:
             len(out),
             self.cached,
             self.computed,
-            tuple(self.table),
+            tuple(self.tables[primary]),
             (decode(out) or "") if decode and out else "",
             tuple(self.tokens),
+            group_block_ids=tuple(tuple(t) for t in self.tables) if len(self.tables) > 1 else (),
+            group_hits=self.group_hits,
+            held_by=self.held_by(connector),
         )
+
+    def held_by(self, connector: str) -> str:
+        """Why a request that is not running holds blocks for a KV connector ("" when it does not)."""
+        who = connector or "the KV connector"
+        if self.vllm_status == "WAITING_FOR_REMOTE_KVS" and self.holds_blocks():
+            return f"{who}: its KV is being loaded into these blocks"
+        if self.status.startswith("FINISHED") and self.holds_blocks():
+            return f"{who}: kept after the request finished, for its KV transfer (vLLM frees them at finished_sending)"
+        return ""
 
 
 class VllmPoolMirror:
@@ -179,25 +219,35 @@ class VllmPoolMirror:
             raise MirrorError(f"a keyframe of {n} blocks carries {len(kf.ref_cnt)} ref counts")
         self.info = info
         self.n, self.block_size, self.null = n, info.block_size, info.null_block
+        self.groups = tuple(
+            KVCacheGroup(g.kind, g.block_size, g.window, g.layers, g.mode) for g in getattr(info, "groups", ())
+        )
+        self.num_groups = max(info.num_kv_groups, len(self.groups), 1)
+        self.primary = primary_group(self.groups)
+        self.connector = getattr(info, "connector", "")
+        self.pinned: dict[int, int] = dict(getattr(kf, "pinned", ()) or ())
+        self.group_of = np.full(n, -1, np.int8)  # the group whose table last held each block (the audit's words)
         self.ref = np.asarray(kf.ref_cnt, np.int32).copy()
         self._ref = memoryview(self.ref)
         self.last_access = np.zeros(n, np.int64)
         self._access = memoryview(self.last_access)
         self.hashes: ChunkedMap[str] = ChunkedMap(n)
         self.tokens: ChunkedMap[tuple[int, ...]] = ChunkedMap(n)
-        for b, h, toks in kf.hashes:
+        hash_groups = getattr(kf, "hash_groups", None) or [0] * len(kf.hashes)
+        for (b, h, toks), g in zip(kf.hashes, hash_groups):
             self._check(b)
-            self.hashes[b] = hex64(h)
+            self.hashes[b] = grouped_hash(hex64(h), g)
             self.tokens[b] = tuple(toks)
         for b in kf.free_queue:
             self._check(b)
         self.free = FreeList(n, kf.free_queue)
         # vLLM's hash map as (block -> its keys); a block whose hash and entries disagree is kept in ``map_bad``,
         # looked at again only when an op touches it
-        self.map_keys: dict[int, set[int]] = {}
-        for h, b in kf.hash_map:
+        self.map_keys: dict[int, set[str]] = {}
+        map_groups = getattr(kf, "map_groups", None) or [0] * len(kf.hash_map)
+        for (h, b), g in zip(kf.hash_map, map_groups):
             self._check(b)
-            self.map_keys.setdefault(b, set()).add(h)
+            self.map_keys.setdefault(b, set()).add(grouped_hash(hex64(h), g))
         self.map_bad: set[int] = {b for b in set(self.map_keys) | set(self.hashes) if not self._map_ok(b)}
         self.holders: dict[int, list[str]] = {}
         self.evictions = 0
@@ -208,9 +258,10 @@ class VllmPoolMirror:
         for row in kf.requests:
             self._apply_row(row, [])
         for r in self.requests.values():
-            for b in r.table:
-                if b != self.null:
-                    self.holders.setdefault(b, []).append(r.rid)
+            for t in r.tables:
+                for b in t:
+                    if b != self.null:
+                        self.holders.setdefault(b, []).append(r.rid)
         self.deferred = [list(d) for d in kf.deferred]
         # requests vLLM admitted before kvscope saw its pool: said once, with the next record, so that the miss
         # explainer and the block story know them as admitted (with the hit vLLM measured then)
@@ -237,6 +288,16 @@ class VllmPoolMirror:
         self._apply_ops(st.ops, st.step, events, gained, lost)
         for row in st.rows:
             self._apply_row(row, events)
+        for rid, g, start, ids in getattr(st, "grown", ()) or ():
+            r = self.requests.get(rid)
+            if r is None or not 0 <= g < len(r.tables):
+                raise MirrorError(f"the probe's step grew request {rid}'s table {g}, which the mirror does not have")
+            t = r.tables[g]
+            del t[start:]
+            t.extend(ids)
+            for b in ids:
+                self._check(b)
+                self.group_of[b] = g
         for rid, start, tokens, computed in st.advanced:
             r = self.requests.get(rid)
             if r is None:
@@ -250,6 +311,9 @@ class VllmPoolMirror:
             self._gone(rid, STATUS.get(status, "FINISHED_ERROR"), events)
         if st.deferred is not None:
             self.deferred = [list(d) for d in st.deferred]
+        pinned = getattr(st, "pinned", None)
+        if pinned is not None:
+            self.pinned = dict(pinned)
         self.seq, self.vllm_step = st.seq, st.step
         self.counters = dict(st.counters)
         self.paused = st.paused
@@ -262,24 +326,31 @@ class VllmPoolMirror:
         a block taken for no named request is the one whose table gained it."""
         gained: dict[int, list[str]] = {}
         lost: dict[int, list[str]] = {}
+        changed: list[tuple[str, int, int, list[int]]] = []  # (request, group, blocks_from, block ids)
         for row in st.rows:
-            if row.block_ids is None:
+            if row.block_ids is not None:
+                changed.append((row.request_id, 0, row.blocks_from, row.block_ids))
+            changed += [(row.request_id, g, start, ids) for g, start, ids in getattr(row, "groups", ()) or ()]
+        changed += getattr(st, "grown", ()) or ()
+        for rid, g, start, ids in changed:
+            r = self.requests.get(rid)
+            old = r.tables[g] if r is not None and g < len(r.tables) else []
+            if old[start:] == ids:
                 continue
-            r = self.requests.get(row.request_id)
-            old = r.table if r is not None else []
-            new = old[: row.blocks_from] + list(row.block_ids)
-            if new == old:
-                continue
-            for b in new[row.blocks_from :] if old[: row.blocks_from] == new[: row.blocks_from] else new:
-                if b not in old:
-                    gained.setdefault(b, []).append(row.request_id)
-            for b in old:
-                if b not in new:
-                    lost.setdefault(b, []).append(row.request_id)
+            # the table keeps old[:start] (the probe sends a table from where it changed): only the rest can differ
+            was, now = set(old[start:]), set(ids)
+            keep = set(old[:start])
+            for b in ids:
+                if b not in was and b not in keep:
+                    gained.setdefault(b, []).append(rid)
+            for b in old[start:]:
+                if b not in now and b not in keep:
+                    lost.setdefault(b, []).append(rid)
         for rid, _status in st.gone:
             r = self.requests.get(rid)
-            for b in r.table if r is not None else ():
-                lost.setdefault(b, []).append(rid)
+            for t in r.tables if r is not None else ():
+                for b in t:
+                    lost.setdefault(b, []).append(rid)
         return gained, lost
 
     def _apply_ops(
@@ -331,19 +402,21 @@ class VllmPoolMirror:
                     ev = BlockEvicted(b, old)
                     self.evictions += 1
                 else:
-                    ev = BlockStored(b, hex64(h), request, tuple(op[3]), hex64(op[4]) if op[4] is not None else None)
+                    g = op[5] if len(op) > 5 else 0
+                    parent = grouped_hash(hex64(op[4]), g) if op[4] is not None else None
+                    ev = BlockStored(b, grouped_hash(hex64(h), g), request, tuple(op[3]), parent)
                 apply_cache_event(ev, self.tokens, self.hashes)  # the cache's rules, as every copy of it keeps them
                 events.append(ev)
                 mapped.add(b)
             elif code == OP_MAP_INSERT:
                 self._check(op[2])
-                self.map_keys.setdefault(op[2], set()).add(op[1])
+                self.map_keys.setdefault(op[2], set()).add(grouped_hash(hex64(op[1]), op[3] if len(op) > 3 else 0))
                 mapped.add(op[2])
             elif code == OP_MAP_POP:
                 self._check(op[2])
                 keys = self.map_keys.get(op[2])
                 if keys is not None:
-                    keys.discard(op[1])
+                    keys.discard(grouped_hash(hex64(op[1]), op[3] if len(op) > 3 else 0))
                     if not keys:
                         del self.map_keys[op[2]]
                 mapped.add(op[2])
@@ -378,16 +451,17 @@ class VllmPoolMirror:
         keys = self.map_keys.get(b)
         if h is None:
             return not keys
-        return keys is not None and int(h, 16) in keys
+        return keys is not None and h in keys
 
     def _apply_row(self, row: RequestRow, events: list[Event]) -> None:
         r = self.requests.get(row.request_id)
         if r is None:
-            r = self.requests[row.request_id] = _Request(row.request_id, self._next_index)
+            r = self.requests[row.request_id] = _Request(row.request_id, self._next_index, self.num_groups)
             self._next_index += 1
             r.arrival = row.arrival
         before = r.status
         status = STATUS.get(row.status, "WAITING")
+        r.vllm_status = row.status
         r.prompt = row.num_prompt_tokens
         old_out = max(0, len(r.tokens) - r.prompt)
         del r.tokens[row.tokens_from :]
@@ -396,11 +470,19 @@ class VllmPoolMirror:
         r.computed = row.num_computed_tokens
         if row.num_cached_tokens >= 0:
             r.cached = row.num_cached_tokens
-        if row.block_ids is not None:
-            del r.table[row.blocks_from :]
-            r.table.extend(row.block_ids)
-            for b in row.block_ids:
+        changes = [] if row.block_ids is None else [(0, row.blocks_from, row.block_ids)]
+        changes += getattr(row, "groups", ()) or ()
+        for g, start, ids in changes:
+            if not 0 <= g < len(r.tables):
+                raise MirrorError(f"the probe named KV cache group {g}, but vLLM's pool has {len(r.tables)}")
+            t = r.tables[g]
+            del t[start:]
+            t.extend(ids)
+            for b in ids:
                 self._check(b)
+                self.group_of[b] = g
+        if getattr(row, "group_hits", None):
+            r.group_hits = tuple(row.group_hits)
         r.status = status
         if status == "RUNNING" and before != "RUNNING":
             events.append(RequestAdmitted(r.rid, r.prompt, max(r.cached, 0)))
@@ -411,21 +493,24 @@ class VllmPoolMirror:
         r = self.requests.pop(rid, None)
         if r is None:
             return
-        r.status, r.table = status, []
+        r.status, r.tables = status, [[] for _ in r.tables]
         events.append(
             RequestAborted(rid) if status == "FINISHED_ABORTED" else RequestFinished(rid, _REASON.get(status, "stop"))
         )
-        self.finished.append(r.info(self.decode))
+        self.finished.append(r.info(self.decode, self.primary, self.connector))
 
     # -- reading ---------------------------------------------------------------------------------------
-    def tables(self) -> dict[str, list[int]]:
-        return {rid: r.table for rid, r in self.requests.items()}
+    def tables(self, group: int | None = None) -> dict[str, list[int]]:
+        """Each request's table of ``group`` (None: the primary group's, the one a row shows first)."""
+        g = self.primary if group is None else group
+        return {rid: r.tables[g] for rid, r in self.requests.items()}
 
     def counters_now(self) -> dict[str, float]:
         c = dict(self.counters)
         n_free = self.free.size
         c.update(
             num_blocks=self.n,
+            num_reserved_blocks=1 if 0 <= self.null < self.n else 0,
             num_free_blocks=n_free,
             num_cached_blocks=len(self.hashes),
             evictions=self.evictions,
@@ -452,11 +537,13 @@ class VllmPoolMirror:
         has_hash = np.zeros(self.n, bool)
         if len(self.hashes):
             has_hash[np.fromiter(self.hashes, np.int64, len(self.hashes))] = True
-        rows = [r.info(self.decode) for r in self.requests.values()]
+        rows = [r.info(self.decode, self.primary, self.connector) for r in self.requests.values()]
         rows += [f for f in self.finished if f.request_id not in self.requests]
         ref = self.ref.copy()
+        reserved: tuple[int, ...] = ()
         if 0 <= self.null < self.n:
-            ref[self.null] = 1  # vLLM's null block: never free, held by vLLM itself (it keeps no count of it)
+            ref[self.null] = 0  # vLLM's null block: reserved, never handed out; vLLM keeps no count of it
+            reserved = (self.null,)
         return assemble_snapshot(
             step,
             self.block_size,
@@ -469,16 +556,26 @@ class VllmPoolMirror:
             self.hashes.freeze(),
             self.counters_now(),
             0,
+            reserved,
+            self.num_groups,
+            self.groups,
             model_name=self.info.model,
+            pinned=dict(self.pinned),
         )
 
     def audit(self) -> AuditReport:
-        """vLLM's pool against its tables: ref counts against the tables plus the deferred frees (blocks out
-        of a table, freed after a later step), the free queue against ref count 0, and the hash map against the
-        blocks' hashes (``_map_ok``). The null block (vLLM keeps no count for it) is left out."""
+        """vLLM's pool against its tables: ref counts against every group's tables plus the deferred frees
+        (blocks out of a table, freed after a later step) plus the connector's pins, the free queue against ref
+        count 0, and the hash map against the blocks' hashes (``_map_ok``). The null block (reserved: vLLM keeps
+        no count for it, and a sliding window's or a state group's table holds it in place of blocks given back)
+        is left out."""
         n = self.n
-        held = [b for r in self.requests.values() for b in r.table] + [b for d in self.deferred for b in d]
+        held = [b for r in self.requests.values() for t in r.tables for b in t]
+        held += [b for d in self.deferred for b in d]
         expected = np.bincount(np.asarray(held, np.int64), minlength=n)[:n] if held else np.zeros(n, np.int64)
+        for b, k in self.pinned.items():
+            if 0 <= b < n:
+                expected[b] += k
         queued = np.asarray(self.free.queued, bool)
         ref = self.ref
         bad = (ref != expected) | ((ref == 0) & ~queued) | ((ref > 0) & queued & (expected > 0))
@@ -493,16 +590,26 @@ class VllmPoolMirror:
                 if mapped is None:
                     mapped = {}
                     for rid, req in self.requests.items():
-                        for x in req.table:
-                            mapped.setdefault(x, set()).add(rid)
-                problems.append(AuditProblem(b, kind, e, r, self._culprit(b, mapped.get(b, set()), r > e)))
+                        for t in req.tables:
+                            for x in t:
+                                mapped.setdefault(x, set()).add(rid)
+                culprit = self._culprit(b, mapped.get(b, set()), r > e)
+                problems.append(AuditProblem(b, kind, e, r, culprit, self._group_name(b)))
             kind = queue_problem(r, e, bool(queued[b]))
             if kind is not None:
-                problems.append(AuditProblem(b, kind, e, r, self._culprit(b, set(), False)))
+                problems.append(AuditProblem(b, kind, e, r, self._culprit(b, set(), False), self._group_name(b)))
         for b in sorted(self.map_bad):
             r = int(ref[b])
-            problems.append(AuditProblem(b, "hash_map", int(expected[b]), r, self._culprit(b, set(), False)))
+            problems.append(
+                AuditProblem(b, "hash_map", int(expected[b]), r, self._culprit(b, set(), False), self._group_name(b))
+            )
         return AuditReport(tuple(problems))
+
+    def _group_name(self, b: int) -> str:
+        """The KV cache group whose table last held ``b``, in words ("" with one group)."""
+        if self.num_groups < 2 or self.group_of[b] < 0:
+            return ""
+        return name_of(self.groups, int(self.group_of[b]))
 
     def _culprit(self, b: int, mapped_by: set[str], too_many: bool) -> str:
         """A holder whose table no longer has the block (a leak), else the block's last holder."""

@@ -6,7 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.inspect.cache_miss import CacheMissExplainer
+from engine.inspect.cache_miss_groups import GroupedMissExplainer, make_miss_explainer
 from engine.inspect.fragmentation import layouts, pool_counts
+from engine.inspect.kv_groups import KVCacheGroup
+from kvscope.run_audit import RunAudit
 from kvscope.sources.base import StepRecord
 
 
@@ -17,12 +20,14 @@ class Summary:
     peak_blocks_used: int = 0
     last: StepRecord | None = None
     decode: Callable[[list[int]], str | None] | None = None  # for the text in the miss explanations
-    misses: CacheMissExplainer | None = None
+    misses: CacheMissExplainer | GroupedMissExplainer | None = None
+    kv_groups: tuple[KVCacheGroup, ...] = ()  # a hybrid model's KV cache groups (a probed vLLM's): who missed
     max_model_len: int = 0  # for the contiguous layout's reservation in ``fragmentation``
     clock: float = 0.0  # seconds of steps so far
     timing: dict[str, list[float]] = field(default_factory=dict)  # rid -> [arrived, first token, last token]
     fragmentation: dict | None = None  # at the step that held the most blocks
     prefix_caching: bool = True  # off: no lookup, so no miss to explain (a "miss" would be a false story)
+    run_audit: RunAudit = field(default_factory=RunAudit)  # every step's audit, not the last one's alone
 
     def _time(self, rec: StepRecord) -> None:
         """Time to first token and decode speed per request, on the clock of summed step seconds."""
@@ -48,15 +53,17 @@ class Summary:
 
     def add(self, rec: StepRecord) -> None:
         self.last = rec
+        self.run_audit.add(rec.step, rec.audit)
         self._time(rec)
         self._fragments(rec)
         if self.prefix_caching:
             if self.misses is None:
-                self.misses = CacheMissExplainer(rec.snapshot.block_size, self.decode)
+                self.misses = make_miss_explainer(rec.snapshot.block_size, self.decode, groups=self.kv_groups)
             self.misses.feed_snapshot(rec.step, rec.events, rec.snapshot)
         c = rec.snapshot.counters
         self.peak_usage = max(self.peak_usage, float(c["kv_cache_usage_perc"]))
-        self.peak_blocks_used = max(self.peak_blocks_used, int(c["num_blocks"] - c["num_free_blocks"]))
+        used = c["num_blocks"] - c["num_free_blocks"] - c.get("num_reserved_blocks", 0)  # vLLM's null block: not used
+        self.peak_blocks_used = max(self.peak_blocks_used, int(used))
         for r in rec.snapshot.requests:
             self.requests[r.request_id] = {
                 "request_id": r.request_id,
@@ -75,10 +82,12 @@ class Summary:
             "steps": snap.step,
             "num_blocks": snap.num_blocks,
             "block_size": snap.block_size,
+            "kv_cache_groups": snap.num_groups,
             "requests": [self._with_miss(r) for r in self.requests.values()],
             "kv_cache_usage_perc": c["kv_cache_usage_perc"],
             "kv_cache_usage_perc_peak": self.peak_usage,
-            "blocks_used_peak": self.peak_blocks_used,
+            "blocks_used_peak": self.peak_blocks_used,  # a probed vLLM's null block is reserved, not used
+            "num_reserved_blocks": int(c.get("num_reserved_blocks", 0)),
             "prefix_cache_queries": c["prefix_cache_queries"],
             "prefix_cache_hits": c["prefix_cache_hits"],
             "num_preemptions": c["num_preemptions"],
@@ -87,8 +96,11 @@ class Summary:
             "swap_outs": c["swap_outs"],
             "swap_ins": c["swap_ins"],
             **self._audit_counts(),
+            **self._group_counts(),
             "generation_tokens": c["generation_tokens"],
-            "audit_problems": [str(p) for p in self.last.audit.problems] if self.last.audit else [],
+            # every step's: each problem once, with the step it was first seen at (the first 100)
+            "audit_problems": self.run_audit.listed(),
+            "audit_steps_with_problems": self.run_audit.steps_with_problems,
             "fragmentation": self.fragmentation,
             "prefix_caching": self.prefix_caching,
         }
@@ -101,6 +113,16 @@ class Summary:
         kinds = audit.blocks_by_kind() if audit is not None and audit.problems else {}
         leaked = kinds.get("leaked", 0) if kinds or not flagged else None
         return {"leaked_blocks": leaked, "flagged_blocks": flagged, "audit_blocks_by_kind": kinds}
+
+    def _group_counts(self) -> dict:
+        """A hybrid model's: how many requests' first miss each group made (the group with the shortest hit)."""
+        if len(self.kv_groups) < 2 or self.misses is None:
+            return {}
+        missed = [0] * len(self.kv_groups)
+        for m in self.misses.misses.values():
+            if m is not None and m.group is not None and 0 <= m.group < len(missed):
+                missed[m.group] += 1
+        return {"prefix_cache_misses_by_group": missed}
 
     def _with_miss(self, r: dict) -> dict:
         """The request's first prefix-cache miss and its reason (None: not admitted yet, or nothing missed)."""

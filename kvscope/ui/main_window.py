@@ -35,6 +35,7 @@ from kvscope.diagnosis import Diagnosis, comparison_prompts
 from kvscope.history import RunHistory
 from kvscope.limits import LIMITS, WindowLimits
 from kvscope.prefill_progress import prefill_progress
+from kvscope.run_audit import RunAudit
 from kvscope.runtime import protocol as cmd
 from kvscope.scenario import Subject, available, load_scenario, subject_at
 from kvscope.sources.base import REMOTE_STEPPING, InjectSpec, SourceInfo
@@ -76,6 +77,7 @@ class MainWindow(QMainWindow):
         self.limits = limits
         self.history = RunHistory(limits.timeline_bytes, max_requests=limits.timeline_requests)
         self.diagnosis = Diagnosis(limits=limits)
+        self.run_audit = RunAudit()  # every step's audit: a run's problems outlive a pool that healed
         self.info: SourceInfo | None = None
         self._latest: StepResult | None = None  # the newest record with whole arrays (see ``latest``)
         self.errors: list[str] = []
@@ -627,7 +629,8 @@ class MainWindow(QMainWindow):
             decode=decode,
             max_requests=self.limits.timeline_requests,
         )
-        self.diagnosis = Diagnosis(decode, info.prefix_caching, self.limits)
+        self.diagnosis = Diagnosis(decode, info.prefix_caching, self.limits, tuple(info.extra.get("kv_groups", ())))
+        self.run_audit = RunAudit()
         self.diagnosis_panel.clear_story()
         self.diagnosis_panel.reset_compare(not info.read_only)
         self.act_compare.setEnabled(not info.read_only)
@@ -743,6 +746,7 @@ class MainWindow(QMainWindow):
         if result.snapshot.has_arrays:  # else a digest: a newer record came with it
             self.latest = result
         self.history.record(result.snapshot, result.step_seconds, result.memory, result.events)
+        self.run_audit.add(result.step, result.record.audit)
         self.diagnosis.feed(result.step, result.events, result.snapshot)
         self.events.append(result.step, result.events)
         if result.snapshot.requests and self.welcoming:
@@ -826,6 +830,13 @@ class MainWindow(QMainWindow):
         if leaked is not None:
             first = subject.blocks if subject is not None else ()
             self.banner.show_message(audit_banner(audit, first), "audit")
+        elif not self.run_audit.clean and (self.banner.kind in ("audit", "warning") or not self.banner.isVisible()):
+            steps = self.run_audit.problem_steps()
+            self.banner.show_message(  # the pool healed, the run's record did not: say where to look
+                f"audit: clean at step {snap.step}, but {self.run_audit.text()}. The timeline shows them"
+                + (f" (steps {', '.join(map(str, steps[:8]))}{'…' if len(steps) > 8 else ''})" if steps else ""),
+                "warning",
+            )
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap, leaked if leaked is not None else ())
@@ -920,7 +931,7 @@ class MainWindow(QMainWindow):
             latest = self.latest
             self._show(
                 snap,
-                latest.audit if live and latest else None,
+                latest.audit if live and latest else self.run_audit.at(step),
                 latest.events if live and latest else self.history.events_at(step),
             )
 

@@ -46,6 +46,11 @@ STATES: dict[BlockState, ColourClass] = {
         (229, 57, 53),
         "found wrong by the audit: leaked, a wrong ref count, written while shared... (the banner says which)",
     ),
+    BlockState.RESERVED: ColourClass(
+        "reserved",
+        (122, 110, 92),
+        "never handed out, not counted as used: vLLM's null block (a table's placeholder for a block given back)",
+    ),
 }
 STATE_COLOURS: dict[BlockState, RGB] = {s: c.colour for s, c in STATES.items()}
 
@@ -67,7 +72,17 @@ FRAGMENTS: dict[str, ColourClass] = {
 # The fleet window outlines the instance that got the latest request: white, a colour no block state has.
 ROUTE_HIGHLIGHT: RGB = (255, 255, 255)
 
+# A hybrid model's KV cache groups (a probed vLLM's): one colour each, by group id, in the "KV group" mode. Clear
+# of the state hues (no green, orange, blue or red) and of each other: the eye tells which group holds a block.
+GROUP_COLOURS: list[RGB] = [(0, 188, 212), (255, 202, 40), (236, 64, 122), (124, 179, 66), (171, 71, 188)]
+
+
+def group_colour(g: int) -> RGB:
+    return GROUP_COLOURS[g % len(GROUP_COLOURS)]
+
+
 FREE = STATE_COLOURS[BlockState.FREE]
+RESERVED = STATE_COLOURS[BlockState.RESERVED]
 CACHED = STATE_COLOURS[BlockState.CACHED]
 USED = STATE_COLOURS[BlockState.USED]
 SHARED = STATE_COLOURS[BlockState.SHARED]
@@ -174,7 +189,7 @@ def hex_colour(c: RGB) -> str:
 
 # -- classes of a snapshot for a colour mode (the grid's codes and the legend's rows) ------------
 
-MODES = ("state", "owner", "ref count", "age")
+MODES = ("state", "owner", "ref count", "age", "KV group")
 MAX_OWNERS_LISTED = 8  # the legend lists the biggest owners by name, the rest as "others"
 
 
@@ -218,6 +233,8 @@ def legend_entries(
             if cpu
             else [BlockState.FREE, BlockState.CACHED, BlockState.USED, BlockState.SHARED, BlockState.LEAKED]
         )
+        if not cpu and counts[BlockState.RESERVED]:  # a probed vLLM's null block: its own row, never "used"
+            shown.append(BlockState.RESERVED)
 
         def name(s: BlockState) -> str:
             return flag_name if s is BlockState.LEAKED and flag_name and counts[s] else STATES[s].name
@@ -248,6 +265,23 @@ def legend_entries(
             return legend_entries(snap, "state", cpu=True)
         counts = np.bincount(np.minimum(snap.ref_cnt, len(REF_COLOURS) - 1), minlength=len(REF_COLOURS))
         return [LegendEntry(n, (c,), int(k)) for n, c, k in zip(REF_NAMES, REF_COLOURS, counts)]
+    if mode == "KV group":
+        if cpu:
+            return legend_entries(snap, "state", cpu=True)
+        codes = group_codes(snap)
+        counts = np.bincount(codes, minlength=2 + max(snap.num_groups, 1))
+        labels = [g.label() for g in snap.kv_groups]
+        entries = [LegendEntry("no group", (FREE,), int(counts[0]), "free and unhashed: no group holds or caches it")]
+        if snap.reserved:
+            entries.append(LegendEntry("reserved", (RESERVED,), int(counts[1]), STATES[BlockState.RESERVED].meaning))
+        for g in range(max(snap.num_groups, 1)):
+            name = f"group {g}" + (f": {labels[g]}" if g < len(labels) else "")
+            entries.append(
+                LegendEntry(
+                    name, (group_colour(g),), int(counts[2 + g]), "held by this group's tables, or cached in it"
+                )
+            )
+        return entries
     if mode == "age":
         if cpu:
             return legend_entries(snap, "state", cpu=True)
@@ -257,3 +291,21 @@ def legend_entries(
             for i in range(len(AGE_BINS))
         ]
     raise ValueError(f"unknown colour mode {mode!r}")
+
+
+def group_codes(snap: KVSnapshot) -> np.ndarray:
+    """The "KV group" mode's code of each block: 0 no group, 1 reserved, 2 + g group g (one group: every block
+    held or cached is group 0's)."""
+    if len(snap.block_group):
+        codes = (snap.block_group.astype(np.int16) + 2).astype(np.uint8)  # NO_GROUP (-1) -> 1, fixed below
+        codes[snap.block_group < 0] = 0
+    else:
+        codes = np.where((snap.state == BlockState.FREE), 0, 2).astype(np.uint8)
+    if snap.reserved:
+        codes[list(snap.reserved)] = 1
+    return codes
+
+
+def group_lut_colours(num_groups: int) -> list[RGB]:
+    """The "KV group" mode's colours, by code (group_codes)."""
+    return [FREE, RESERVED] + [group_colour(g) for g in range(max(num_groups, 1))]

@@ -12,7 +12,12 @@ In all three: ``SchedulerConfig.get_scheduler_cls``, ``Scheduler.schedule``/``up
 ``finish_requests``/``add_request``, ``scheduler.kv_cache_manager.block_pool`` with ``blocks``,
 ``free_block_queue``, ``null_block``, ``cached_block_hash_to_block`` (a ``BlockHashToBlockMap``: ``insert``, ``pop``,
 ``_cache``), ``cache_full_blocks``, ``reset_prefix_cache``, and
-``kv_cache_manager.coordinator.single_type_managers[i].req_to_blocks`` (a defaultdict: only ``.get``).
+``kv_cache_manager.coordinator.single_type_managers[i].req_to_blocks`` (a defaultdict: only ``.get``), every group's
+(a hybrid model has several; ``groups.py`` names each by its manager's class).
+Read when there (``OPTIONAL``, and by ``getattr``): 0.32's ``KVCacheManager.get_computed_blocks_for_connector``
+(the lookup of a request scheduled with a connector), the hybrid coordinator's
+``find_longest_cache_hit_per_group`` (each group's own hit: which group missed), ``BlockPool.hash_block_size``,
+``Scheduler.connector`` (whose scheduler-side methods the recorder wraps: a connector's pins).
 """
 
 from __future__ import annotations
@@ -71,7 +76,11 @@ REQUIRED = {
     "SchedulerConfig": ("get_scheduler_cls",),
 }
 SLOTS = ("ref_cnt", "_block_hash")  # KVCacheBlock's slots the recorder puts its descriptors over
-OPTIONAL = {"FreeKVCacheBlockQueue": ("prepend_n",), "Scheduler": ("deferred_frees",)}  # read when there
+OPTIONAL = {  # read when there
+    "FreeKVCacheBlockQueue": ("prepend_n",),
+    "Scheduler": ("deferred_frees",),
+    "KVCacheManager": ("get_computed_blocks_for_connector",),
+}
 
 
 def release_of(version: str) -> str | None:

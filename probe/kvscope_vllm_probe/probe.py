@@ -21,7 +21,7 @@ from .probe_io import ProbeIO
 from .recorder import Recorder
 from .rows import RowTracker
 from .security import Access
-from .wire import Held, Keyframe, PoolInfo, Step, encode
+from .wire import Held, Keyframe, PoolInfo, Step, encode, group_of
 
 logger = logging.getLogger("kvscope_vllm_probe")
 
@@ -56,7 +56,8 @@ class Probe:
         if fault:
             self.faults.set(fault, True)
         self.recorder.before_free = self.faults.before_free
-        self.rows = RowTracker(scheduler, self.managers[0])
+        null = getattr(pool, "null_block", None)
+        self.rows = RowTracker(scheduler, self.recorder.groups, null.block_id if null is not None else -1)
         self.seq = 0
         self.step = 0
         self.in_step = False
@@ -124,6 +125,8 @@ class Probe:
             self.gate.paused,
             between,
             advanced,
+            self.recorder.take_pins(),
+            self.rows.grown,
         )
 
     def counters(self) -> dict[str, float]:
@@ -153,11 +156,13 @@ class Probe:
     def keyframe(self) -> Keyframe:
         pool, rec = self.pool, self.recorder
         blocks = pool.blocks
-        hashes = []
+        hashes, hash_groups = [], []
         for b in blocks:
             h = b._block_hash
             if h is not None and b.block_id >= 0:
                 hashes.append((b.block_id, _h64(h), rec.tokens_of.get(b.block_id, [])))
+                hash_groups.append(group_of(h))
+        entries = _map_entries(pool)
         free, node = [], pool.free_block_queue.fake_free_list_head.next_free_block
         while node is not None and node.block_id >= 0:  # the fake tail has id -1
             free.append(node.block_id)
@@ -179,6 +184,8 @@ class Probe:
             notes=list(self.notes),
             block_bytes=_block_bytes(s),
             dtype=str(getattr(getattr(cfg, "model_config", None), "dtype", "")).replace("torch.", ""),
+            groups=list(rec.groups),
+            connector=rec.connector_name,
         )
         rows = self.rows.all_rows(rec)
         return Keyframe(
@@ -187,13 +194,16 @@ class Probe:
             info,
             [b.ref_cnt for b in blocks],
             hashes,
-            _map_entries(pool),
+            [(h, b) for h, b, _g in entries],
             free,
             rows,
             self.rows.deferred(),
             self.gate.paused,
             self.gate.holder,
             self.counters(),
+            sorted(rec.pinned.items()),
+            hash_groups if any(hash_groups) else [],
+            [g for _h, _b, g in entries] if any(g for _h, _b, g in entries) else [],
         )
 
     def close(self) -> None:
@@ -212,16 +222,16 @@ def _block_bytes(scheduler) -> int:
         return 0
 
 
-def _map_entries(pool) -> list[tuple[int, int]]:
-    """Every (hash64, block) entry of vLLM's hash map (``BlockHashToBlockMap._cache``: a key maps to one block,
-    or to a dict of the blocks that share it)."""
+def _map_entries(pool) -> list[tuple[int, int, int]]:
+    """Every (hash64, block, group) entry of vLLM's hash map (``BlockHashToBlockMap._cache``: a key maps to one
+    block, or to a dict of the blocks that share it)."""
     out = []
     for key, blocks in pool.cached_block_hash_to_block._cache.items():
-        h = _h64(key)
+        h, g = _h64(key), group_of(key)
         if isinstance(blocks, dict):
-            out += [(h, b) for b in blocks]
+            out += [(h, b, g) for b in blocks]
         else:
-            out.append((h, blocks.block_id))
+            out.append((h, blocks.block_id, g))
     return out
 
 
@@ -240,9 +250,6 @@ def _block_size(scheduler, managers) -> int:
 def _notes(scheduler) -> list[str]:
     """What the probe cannot follow in this vLLM's configuration, said once in vLLM's log and in the window."""
     notes = []
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    if len(managers) > 1:
-        notes.append(f"{len(managers)} KV cache groups (a hybrid model): block tables are shown for group 0 only")
     if getattr(scheduler.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
         notes.append("partial-block prefix hits are on: their copy-on-write retentions are not in the audit's count")
     cfg = getattr(scheduler, "vllm_config", None)

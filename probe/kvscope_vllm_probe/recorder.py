@@ -13,12 +13,20 @@ the pool's size (a full dump costs 54 ms at 65,536 blocks):
   replaces the map with a new one) say what the map holds, so that the audit checks it against the blocks.
 - The KV cache manager's request-taking methods are wrapped to say which request the ops are for, and
   ``BlockPool.cache_full_blocks`` to say which tokens a newly hashed block holds (vLLM keeps no tokens in a
-  block; its KV events read them from the request, and so does this).
+  block; its KV events read them from the request, and so does this), for which KV cache group.
+- A KV connector's scheduler-side methods (``scheduler.connector``) are wrapped so that the ref counts they
+  change are named as the connector's: a pin (``touch`` with no table behind it) and its release. The recorder
+  keeps what the connector holds (``pinned``), which the audit counts as it counts the tables.
+
+Only the scheduler's own pool is recorded: a connector may build a second ``BlockPool`` of ``KVCacheBlock``s
+(SimpleCPUOffload's CPU pool), whose blocks pass through the same class-wide descriptors; a block is recorded
+only when it is the one at its id in this pool (``pool.blocks[id] is block``).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 
 from .constants import (
@@ -33,7 +41,8 @@ from .constants import (
     OP_REMOVE,
     OP_REQUEST,
 )
-from .wire import hash64
+from .groups import describe
+from .wire import group_of, hash64
 
 QUEUE_OPS = {
     "popleft": OP_POP,
@@ -47,7 +56,15 @@ QUEUE_OPS = {
 # allocate_slots: it runs for every scheduled request every step (256 a decode step at GPU size), and a wrapper
 # that forwards its keyword arguments cost ~0.7 us a call here, 0.18 ms a step. The blocks it hands out are
 # named by the request whose table gained them (the subscriber reads that from the rows: kvscope's mirror).
-REQUEST_METHODS = ("get_computed_blocks", "free", "cache_blocks", "pop_blocks_for_free")
+REQUEST_METHODS = (
+    "get_computed_blocks",
+    "get_computed_blocks_for_connector",  # 0.32+: the lookup of a request scheduled with a KV connector
+    "free",
+    "cache_blocks",
+    "pop_blocks_for_free",
+)
+LOOKUPS = ("get_computed_blocks", "get_computed_blocks_for_connector")
+CONNECTOR = "connector:"  # the request name of the ops a KV connector makes (``connector:ExampleConnector``)
 
 _active: Recorder | None = None  # one scheduler a process (vLLM's engine core); the class hooks route here
 _installed = False
@@ -58,8 +75,20 @@ class Recorder:
         self.scheduler = scheduler
         self.manager = scheduler.kv_cache_manager
         self.pool = self.manager.block_pool
+        self.blocks = self.pool.blocks  # a block is recorded only when it is this pool's (see _install_block_hooks)
+        self.num_blocks = len(self.blocks)
         self.queue = self.pool.free_block_queue
         self.block_size = block_size
+        self.hash_block_size = int(getattr(self.pool, "hash_block_size", 0) or block_size)
+        self.coordinator = self.manager.coordinator
+        self.groups = describe(scheduler)
+        self.connector = getattr(scheduler, "connector", None)
+        self.connector_name = type(self.connector).__name__ if self.connector is not None else ""
+        self.pinned: dict[int, int] = {}  # block -> references the connector holds (its touch()es, not yet freed)
+        self.pins_changed = False
+        self.group_hits: dict[str, list[int]] = {}  # request id -> each group's own prefix hit (hybrid models)
+        self.loose: set[int] = set()  # blocks freed with no request named since the last take (see take)
+        self._looking_up = False
         self.ops: list[list] = []
         self.request = ""  # the request the current ops are for
         self._said_request = ""  # the request the last OP_REQUEST named
@@ -68,8 +97,8 @@ class Recorder:
         self.admissions: list[tuple[str, int, int]] = []  # (request id, tokens asked, tokens hit) since the last take
         self.tokens_of: dict[int, list[int]] = {}  # hashed block -> its tokens (for a keyframe)
         self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
-        self._store: dict[int, tuple[object, int]] = {}  # during cache_full_blocks: block id -> (request, index)
-        self.whole_table: set[str] = set()  # requests whose table changed other than by growing
+        # during cache_full_blocks: block id -> (request, index in its group's table, group's block size)
+        self._store: dict[int, tuple[object, int, int]] = {}
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
         self._saved: list[tuple[object, str, object]] = []
 
@@ -86,8 +115,9 @@ class Recorder:
         for name in REQUEST_METHODS:
             if hasattr(self.manager, name):
                 self._wrap(self.manager, name, self._for_request(getattr(self.manager, name), name))
-        if hasattr(self.manager, "remove_skipped_blocks"):
-            self._wrap(self.manager, "remove_skipped_blocks", self._table_rewritten(self.manager.remove_skipped_blocks))
+        if self.connector is not None:
+            for name, fn in _connector_methods(self.connector):
+                self._wrap(self.connector, name, self._for_connector(fn))
         _active = self
 
     def uninstall(self) -> None:
@@ -116,6 +146,9 @@ class Recorder:
         def wrapper(request, *args, **kwargs):
             outer = self.request
             rid = self.request = request.request_id
+            lookup = name in LOOKUPS and not self._looking_up  # the connector's lookup calls the plain one inside
+            if lookup:
+                self._looking_up = True
             try:
                 if name == "free":
                     if request.status.name == "RUNNING":
@@ -125,12 +158,47 @@ class Recorder:
                 result = fn(request, *args, **kwargs)
             finally:
                 self.request = outer
-            if name == "get_computed_blocks":
+                if lookup:
+                    self._looking_up = False
+            if lookup:
                 hit = result[1]
                 self.cached_tokens[rid] = hit
                 self.admissions.append((rid, request.num_tokens, hit))
                 self.touched.add(rid)
+                if len(self.groups) > 1:
+                    self.group_hits[rid] = self._group_hits(request)
             return result
+
+        return wrapper
+
+    def _group_hits(self, request) -> list[int]:
+        """Each group's own prefix-cache hit for ``request``, in tokens, as vLLM's hybrid coordinator measures it
+        before it takes the shortest (lookups only: nothing in the pool changes)."""
+        per_group = getattr(self.coordinator, "find_longest_cache_hit_per_group", None)
+        if per_group is None:
+            return []
+        try:
+            return [int(n) for n in per_group(request.block_hashes, request.num_tokens - 1)[1]]
+        except Exception:  # noqa: BLE001 - a lookup the probe adds must never fail vLLM's step
+            return []
+
+    def _for_connector(self, fn):
+        """A connector method: the ref counts it changes are the connector's (its pins and their release)."""
+        me = CONNECTOR + self.connector_name
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            # a request the connector is told about may change with no ref count changing (a free it delays: the
+            # request stays, finished, with its tables): its row is looked at whole
+            rid = getattr(args[0], "request_id", None) if args else None
+            if type(rid) is str:
+                self.touched.add(rid)
+            outer = self.request
+            self.request = me
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.request = outer
 
         return wrapper
 
@@ -140,8 +208,9 @@ class Recorder:
             if num_full_blocks <= num_cached_blocks:  # nothing new to hash: every request, every step
                 return fn(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             store = self._store
+            bs = kwargs.get("block_size", args[0] if args else self.block_size)
             for i in range(num_cached_blocks, min(num_full_blocks, len(blocks))):
-                store[blocks[i].block_id] = (request, i)
+                store[blocks[i].block_id] = (request, i, bs)
             outer = self.request
             self.request = request.request_id
             try:
@@ -162,31 +231,30 @@ class Recorder:
 
         return wrapper
 
-    def _table_rewritten(self, fn):
-        @functools.wraps(fn)
-        def wrapper(request_id, *args, **kwargs):
-            before = self._table_len(request_id)
-            result = fn(request_id, *args, **kwargs)
-            if self._table_len(request_id) == before:  # blocks replaced by the null block, not added
-                self.whole_table.add(request_id)
-            return result
-
-        return wrapper
-
-    def _table_len(self, request_id: str) -> int:
-        return len(self.manager.coordinator.single_type_managers[0].req_to_blocks.get(request_id, ()))
-
     # -- what the hooks record ------------------------------------------------------------------------
     def _say_request(self) -> None:
         if self.request != self._said_request:
             self._said_request = self.request
             self.ops.append([OP_REQUEST, self.request])
 
-    def on_ref(self, block, value: int) -> None:
-        if self.request != self._said_request:
+    def on_ref(self, block, value: int, old: int) -> None:
+        b = block.block_id
+        request = self.request
+        if request != self._said_request:
             self._say_request()
-        self.touched.add(self.request)  # its status may have changed: its row is looked at whole
-        self.ops.append([OP_REF, block.block_id, value])
+        if not request:
+            if value < old:  # a table entry replaced by the null block (a window slid, a state retired), or a
+                self.loose.add(b)  # deferred free: which table, if any, the rows look up (RowTracker.changed)
+        elif request.startswith(CONNECTOR):
+            n = self.pinned.get(b, 0) + value - old
+            if n > 0:
+                self.pinned[b] = n
+            else:
+                self.pinned.pop(b, None)
+            self.pins_changed = True
+        else:
+            self.touched.add(request)  # its status may have changed: its row is looked at whole
+        self.ops.append([OP_REF, b, value])
 
     def on_hash(self, block, value) -> None:
         b = block.block_id
@@ -194,24 +262,25 @@ class Recorder:
             self._say_request()
         if value is None:
             self.tokens_of.pop(b, None)
-            self.ops.append([OP_HASH, b, None, [], None])
+            self.ops.append([OP_HASH, b, None, [], None, 0])
             return
         tokens: list[int] = []
         parent = None
         where = self._store.get(b)
         if where is not None:
-            request, i = where
-            bs = self.block_size
+            request, i, bs = where
             tokens = list(request.all_token_ids[i * bs : (i + 1) * bs])
-            if i > 0 and i - 1 < len(request.block_hashes):
-                parent = hash64_of_request_hash(request.block_hashes[i - 1])
+            # the group's block hashes are the request's (made every hash_block_size tokens) at its block ends
+            k = i * (bs // self.hash_block_size or 1) - 1
+            if i > 0 and 0 <= k < len(request.block_hashes):
+                parent = hash64_of_request_hash(request.block_hashes[k])
         self.tokens_of[b] = tokens
-        self.ops.append([OP_HASH, b, hash64(value), tokens, parent])
+        self.ops.append([OP_HASH, b, hash64(value), tokens, parent, group_of(value)])
 
     def on_map(self, code: int, key: bytes, block) -> None:
         if self.request != self._said_request:
             self._say_request()
-        self.ops.append([code, hash64(key), block.block_id])
+        self.ops.append([code, hash64(key), block.block_id, group_of(key)])
 
     def on_queue(self, code: int, blocks) -> None:
         if self.request != self._said_request:
@@ -222,17 +291,34 @@ class Recorder:
             self.ops.append([code, [b.block_id for b in blocks]])
 
     def take(self) -> tuple[list[list], set[str], list[tuple[str, int, int]]]:
-        """The ops, the requests the pool worked for and the admissions since the last take."""
+        """The ops, the requests the pool worked for and the admissions since the last take (``loose``, the
+        blocks freed for no named request, is the rows' to clear: they look up whose table held them)."""
         ops, touched, adm = self.ops, self.touched, self.admissions
         self.ops, self.touched, self.admissions = [], set(), []
         self._said_request = ""
         touched.discard("")
         return ops, touched, adm
 
+    def take_pins(self) -> list[tuple[int, int]] | None:
+        """What the connector holds, if it changed since the last take (None: as before)."""
+        if not self.pins_changed:
+            return None
+        self.pins_changed = False
+        return sorted(self.pinned.items())
+
 
 def hash64_of_request_hash(block_hash: bytes) -> int:
     """A request's block hash (no group id appended) as 64 bits, as vLLM's KV events carry it."""
     return int.from_bytes(block_hash[-8:], "big")
+
+
+def _connector_methods(connector) -> list[tuple[str, Callable]]:
+    """The connector's public methods (its class's functions), bound: the scheduler calls these."""
+    out = []
+    for name, _fn in inspect.getmembers(type(connector), inspect.isfunction):
+        if not name.startswith("_"):
+            out.append((name, getattr(connector, name)))
+    return out
 
 
 def _queue_wrapper(rec: Recorder, fn, code: int):
@@ -309,8 +395,10 @@ def _install_block_hooks(cls) -> None:
         except AttributeError:  # __init__ setting it the first time
             old = None
         ref_set(self, value)
-        if value != old and self.block_id >= 0 and old is not None:
-            rec.on_ref(self, value)
+        if value != old and old is not None:
+            b = self.block_id
+            if 0 <= b < rec.num_blocks and rec.blocks[b] is self:  # the scheduler's pool, not a connector's
+                rec.on_ref(self, value, old)
 
     def get_hash(self):
         return hash_get(self, cls)
@@ -327,8 +415,10 @@ def _install_block_hooks(cls) -> None:
             hash_set(self, value)
             return
         hash_set(self, value)
-        if value != old and self.block_id >= 0:
-            rec.on_hash(self, value)
+        if value != old:
+            b = self.block_id
+            if 0 <= b < rec.num_blocks and rec.blocks[b] is self:
+                rec.on_hash(self, value)
 
     cls.ref_cnt = property(get_ref, set_ref)
     cls._block_hash = property(get_hash, set_hash)

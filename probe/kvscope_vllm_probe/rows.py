@@ -3,24 +3,56 @@
 A step looks only at the requests that can have changed: the running ones, those the pool worked for (a
 block handed out, hit or freed for them: admitted, grown, preempted, finished), those just added and those
 gone from the scheduler. A running request that only went on sends its new tokens and its computed count; a
-request the pool worked for sends its row as a delta (its table's new blocks, or the whole table when it
-changed other than by growing: a sliding window's null blocks).
+request the pool worked for sends its row as a delta: each KV cache group's table as its new blocks, or whole
+when it changed other than by growing.
+
+A table changes other than by growing when vLLM puts its null block in place of a block: a sliding window's
+block that left the window, a Mamba group's retired state. vLLM does that inside ``allocate_slots``, which the
+probe does not wrap (it runs for every scheduled request every step), but it frees the block with no request
+named: the recorder keeps those blocks (``loose``), and the rows look up which requests' tables held them
+(``holders``: the blocks sent of the groups whose tables can be rewritten; a full-attention table only grows),
+and send those groups' tables whole. The cost follows the blocks given back, not the requests.
 """
 
 from __future__ import annotations
 
+from .groups import GROWING
 from .wire import RequestRow
 
 
-class _Sent:
-    __slots__ = ("status", "num_tokens", "num_blocks", "last_block", "computed", "cached", "request", "table", "tokens")
+class _Table:
+    """What was sent of one KV cache group's table of one request."""
 
-    def __init__(self, request) -> None:
+    __slots__ = ("table", "num_blocks", "last_block", "live")
+
+    def __init__(self, rewritable: bool) -> None:
+        self.table: list | None = None  # vLLM's own list, held (see _Sent)
+        self.num_blocks = 0
+        self.last_block = -1
+        self.live: set[int] | None = set() if rewritable else None  # the non-null blocks sent (rewritable kinds)
+
+
+class _Sent:
+    __slots__ = (
+        "status",
+        "num_tokens",
+        "num_blocks",
+        "last_block",
+        "computed",
+        "cached",
+        "request",
+        "table",
+        "tokens",
+        "live",
+        "more",
+    )
+
+    def __init__(self, request, rewritable: list[bool]) -> None:
         self.request = request
         # vLLM's own lists, held so that the hot loop reads no dict: a request's table list lives as long as it
         # holds blocks (a free pops it, and the pool's ops make the next step look at that request whole), and
         # its token list for its whole life (appended to in place)
-        self.table: list | None = None
+        self.table: list | None = None  # group 0's (the fields of group 0 are _Table's, inline: the hot loop's)
         self.tokens: list[int] = request._all_token_ids
         self.status = ""
         self.num_tokens = 0
@@ -28,16 +60,29 @@ class _Sent:
         self.last_block = -1
         self.computed = -1
         self.cached = -2
+        self.live: set[int] | None = set() if rewritable[0] else None
+        self.more: list[_Table] | None = [_Table(r) for r in rewritable[1:]] if len(rewritable) > 1 else None
 
 
 class RowTracker:
-    def __init__(self, scheduler, manager0) -> None:
+    def __init__(self, scheduler, groups=None, null_block: int = 0) -> None:
         self.scheduler = scheduler
-        self.tables = manager0.req_to_blocks  # a defaultdict: read with .get only
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.tables = managers[0].req_to_blocks  # a defaultdict: read with .get only
+        self.more_tables = [m.req_to_blocks for m in managers[1:]]
+        kinds = [g.kind for g in groups] if groups else ["full"] * len(managers)
+        self.rewritable = [k not in GROWING for k in kinds]
+        self.any_rewritable = any(self.rewritable)
+        self.null = null_block
         self.sent: dict[str, _Sent] = {}
+        # the blocks sent in the rewritable groups' tables: block -> {(request id, group)}; a loose block's entries
+        # are the tables to send whole (``rewrite``: request id -> groups)
+        self.holders: dict[int, set[tuple[str, int]]] = {}
+        self.rewrite: dict[str, set[int]] = {}
         self.added: set[str] = set()  # requests added since the last step
         self.queries = 0
         self.hits = 0
+        self.grown: list[tuple[str, int, int, list[int]]] = []  # the last ``changed``'s tables that only grew
         self._last_deferred: list[list[int]] | None = None
 
     @property
@@ -48,6 +93,8 @@ class RowTracker:
         """Nobody listens: the next subscriber gets every row whole with its keyframe."""
         self.sent.clear()
         self.added.clear()
+        self.holders.clear()
+        self.rewrite.clear()
 
     def count_admissions(self, admissions: list[tuple[str, int, int]]) -> None:
         """Prefix-cache queries and hits in tokens, as vLLM's ``prefix_cache_queries``/``_hits`` count them:
@@ -59,37 +106,69 @@ class RowTracker:
                 self.queries += asked
                 self.hits += hit
 
+    def _table_delta(self, table, sent, whole: bool, key: tuple[str, int]) -> tuple[int, list[int] | None]:
+        """(blocks_from, block ids) of one group's table against what ``sent`` (a _Sent or a _Table) says was
+        sent, which is brought up to it; (0, None) when it is as sent. ``key``: (request id, group)."""
+        nb = len(table)
+        k = sent.num_blocks
+        if whole or nb < k or (k and table[k - 1].block_id != sent.last_block):
+            out = (0, [b.block_id for b in table])
+            if sent.live is not None:
+                self._unhold(sent.live, key)
+                sent.live = {b for b in out[1] if b != self.null}
+                self._hold(sent.live, key)
+        elif nb > k:  # it grew: the new blocks alone
+            out = (k, [b.block_id for b in table[k:]])
+            if sent.live is not None:
+                new = {b for b in out[1] if b != self.null}
+                sent.live |= new
+                self._hold(new, key)
+        else:
+            out = (0, None)
+        sent.table = table if nb else None  # the list vLLM holds now (a request freed and admitted again has another)
+        sent.num_blocks, sent.last_block = nb, table[-1].block_id if nb else -1
+        return out
+
     def _row(self, r, sent: _Sent | None, recorder, whole: bool) -> tuple[RequestRow | None, _Sent]:
         rid = r.request_id
         if sent is None:
-            sent = _Sent(r)
+            sent = _Sent(r, self.rewritable)
             whole = True
         status = r.status.name
         n = r.num_tokens
         table = self.tables.get(rid) or ()
-        nb = len(table)
-        sent.table = table if nb else None  # the list vLLM holds now (a request freed and admitted again has another)
-        last = table[-1].block_id if nb else -1
         computed = r.num_computed_tokens
         cached = recorder.cached_tokens.get(rid, -1)
-        if not whole and (
-            status == sent.status
-            and n == sent.num_tokens
-            and nb == sent.num_blocks
-            and last == sent.last_block
-            and computed == sent.computed
-            and cached == sent.cached
+        again = self.rewrite.pop(rid, ())  # groups whose tables held a block vLLM gave back: sent whole
+        more = sent.more
+        if (
+            not whole
+            and not again
+            and (
+                status == sent.status
+                and n == sent.num_tokens
+                and len(table) == sent.num_blocks
+                and (table[-1].block_id if table else -1) == sent.last_block
+                and computed == sent.computed
+                and cached == sent.cached
+                and (
+                    more is None
+                    or all(
+                        len(t := (tables.get(rid) or ())) == g.num_blocks
+                        and (t[-1].block_id if t else -1) == g.last_block
+                        for tables, g in zip(self.more_tables, more)
+                    )
+                )
+            )
         ):
             return None, sent
-        k = sent.num_blocks
-        blocks_from = 0
-        if whole or rid in recorder.whole_table or nb < k or (k and table[k - 1].block_id != sent.last_block):
-            recorder.whole_table.discard(rid)
-            block_ids = [b.block_id for b in table]
-        elif nb > k:  # it grew: the new blocks alone
-            blocks_from, block_ids = k, [b.block_id for b in table[k:]]
-        else:
-            block_ids = None
+        blocks_from, block_ids = self._table_delta(table, sent, whole or 0 in again, (rid, 0))
+        groups = []
+        if more is not None:
+            for g, (tables, gs) in enumerate(zip(self.more_tables, more), start=1):
+                start, ids = self._table_delta(tables.get(rid) or (), gs, whole or g in again, (rid, g))
+                if ids is not None:
+                    groups.append((g, start, ids))
         start = 0 if whole else sent.num_tokens
         if start > n:
             start = 0
@@ -105,29 +184,107 @@ class RowTracker:
             blocks_from,
             block_ids,
             float(getattr(r, "arrival_time", 0.0)),
+            groups,
+            recorder.group_hits.get(rid, []),
         )
-        sent.status, sent.num_tokens, sent.num_blocks, sent.last_block = status, n, nb, last
+        sent.status, sent.num_tokens = status, n
         sent.computed, sent.cached = computed, cached
         return row, sent
+
+    def _grew(self, sent, rid: str, g: int, out: list) -> bool | None:
+        """One group's table (``sent``: a _Sent for group 0, a _Table for the others) that only grew: its new blocks
+        go to ``out`` as ``(request id, group, blocks_from, block ids)`` and ``sent`` follows (True). False: it
+        changed otherwise (freed, or not what was sent before its new blocks): the row goes whole. None: as sent."""
+        t = sent.table
+        if t is None:
+            return False
+        nb, k = len(t), sent.num_blocks
+        if nb == k:
+            return None
+        if nb < k or (k and t[k - 1].block_id != sent.last_block):
+            return False
+        ids = [b.block_id for b in t[k:]]
+        out.append((rid, g, k, ids))
+        sent.num_blocks, sent.last_block = nb, ids[-1]
+        if sent.live is not None:
+            new = {b for b in ids if b != self.null}
+            sent.live |= new
+            self._hold(new, (rid, g))
+        return True
+
+    def _hold(self, blocks, key: tuple[str, int]) -> None:
+        holders = self.holders
+        for b in blocks:
+            h = holders.get(b)
+            if h is None:
+                holders[b] = {key}
+            else:
+                h.add(key)
+
+    def _unhold(self, blocks, key: tuple[str, int]) -> None:
+        holders = self.holders
+        for b in blocks:
+            h = holders.get(b)
+            if h is not None:
+                h.discard(key)
+                if not h:
+                    del holders[b]
+
+    def _rewritten(self, recorder) -> None:
+        """The tables that held a block freed with no request named (an entry vLLM replaced by its null block)
+        go to ``rewrite``: they are sent whole."""
+        loose = recorder.loose
+        if not loose:
+            return
+        if self.any_rewritable:
+            holders, rewrite = self.holders, self.rewrite
+            for b in loose:
+                for rid, g in holders.get(b, ()):
+                    rewrite.setdefault(rid, set()).add(g)
+        loose.clear()
+
+    def _drop(self, rid: str, st: _Sent) -> None:
+        """A request gone: its blocks are no longer held by its tables as sent."""
+        if st.live is not None:
+            self._unhold(st.live, (rid, 0))
+        for g, t in enumerate(st.more or (), start=1):
+            if t.live is not None:
+                self._unhold(t.live, (rid, g))
+        self.rewrite.pop(rid, None)
 
     def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
         """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
         table, status or prefix hit may have changed) or new; for a running request that only went on, the short
-        form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size);
-        and the requests gone from the scheduler."""
+        form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size)
+        with its tables' new blocks, if any, in ``self.grown``; and the requests gone from the scheduler."""
         s = self.scheduler
         requests = s.requests
         rows: list[RequestRow] = []
         advanced: list[tuple] = []
         sent = self.sent
-        dirty = dirty | self.added | recorder.whole_table
+        self._rewritten(recorder)
+        dirty = dirty | self.added | self.rewrite.keys()
         get, add = sent.get, advanced.append
+        grown = self.grown = []
         for r in s.running:  # the hot loop: a few attribute reads a request (256 a decode step at GPU size)
             rid = r.request_id
             st = get(rid)
             # Its table changed other than by the pool's ops for it (those put it in ``dirty``): it grew, from
-            # allocate_slots, which is not hooked (a wrapper there cost 0.18 ms a step). The whole row's delta.
-            if st is None or rid in dirty or st.table is None or len(st.table) != st.num_blocks:
+            # allocate_slots, which is not hooked (a wrapper there cost 0.18 ms a step): its new blocks alone (most
+            # changes of most steps: 256 requests decoding give 16 a step new blocks of 16 tokens); changed
+            # otherwise, the whole row's delta.
+            slow = st is None or rid in dirty
+            if not slow:
+                t = st.table
+                if t is None or len(t) != st.num_blocks:
+                    slow = self._grew(st, rid, 0, grown) is False
+                if not slow and st.more is not None:  # a hybrid model's other groups (a loop: any() costs twice)
+                    for g, gs in enumerate(st.more, start=1):
+                        t = gs.table
+                        if (t is None or len(t) != gs.num_blocks) and self._grew(gs, rid, g, grown) is False:
+                            slow = True
+                            break
+            if slow:
                 row, sent[rid] = self._row(r, st, recorder, False)
                 if row is not None:
                     rows.append(row)
@@ -150,19 +307,25 @@ class RowTracker:
         # Every request vLLM holds is in ``sent`` by now (a keyframe sent them all, and each one added since was
         # in ``dirty``), so a request is gone only when ``sent`` holds more: no walk over 256 ids a step.
         for rid in [rid for rid in sent if rid not in requests] if len(sent) > len(requests) else ():
-            r = sent[rid].request
-            row, _ = self._row(r, sent.pop(rid), recorder, False)  # its last tokens, then it is gone
+            st = sent.pop(rid)
+            r = st.request
+            row, _ = self._row(r, st, recorder, False)  # its last tokens, then it is gone
+            self._drop(rid, st)
             if row is not None:
-                row.block_ids, row.blocks_from = None, 0  # its table is freed: the pool's ops said so
+                row.block_ids, row.blocks_from, row.groups = None, 0, []  # its tables are freed: the ops said so
                 rows.append(row)
             gone.append((rid, r.status.name))
             recorder.cached_tokens.pop(rid, None)
+            recorder.group_hits.pop(rid, None)
         return rows, advanced, gone
 
     def all_rows(self, recorder) -> list[RequestRow]:
         """Every request the scheduler holds, whole (a keyframe's); what is sent from now on follows these."""
         self.sent.clear()
         self.added.clear()
+        self.holders.clear()
+        self.rewrite.clear()
+        recorder.loose.clear()
         out = []
         for r in self.scheduler.requests.values():
             row, self.sent[r.request_id] = self._row(r, None, recorder, True)

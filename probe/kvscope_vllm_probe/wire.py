@@ -91,6 +91,17 @@ class Refused(Message):
     reason: str  # one line
 
 
+class KVGroup(msgspec.Struct, array_like=True):
+    """One KV cache group: vLLM gives every layer type of a hybrid model its own (all in one block pool)."""
+
+    kind: str  # "full" | "sliding_window" | "chunked_local" | "mamba" | vLLM's manager class name for the rest
+    block_size: int  # tokens a block of this group holds (a state group's: the tokens between two states)
+    window: int = 0  # the sliding window or the local chunk, in tokens (0: none)
+    layers: int = 0  # how many of the model's layers keep their KV (or state) in this group
+    manager: str = ""  # vLLM's single-type manager class (FullAttentionManager, SlidingWindowManager, ...)
+    mode: str = ""  # a mamba group's mamba_cache_mode ("align": a state a block boundary, prefix-cacheable)
+
+
 class PoolInfo(msgspec.Struct, array_like=True):
     model: str
     vllm_version: str
@@ -99,13 +110,15 @@ class PoolInfo(msgspec.Struct, array_like=True):
     null_block: int  # vLLM's placeholder block (never freed, never in a table's count), -1 if none
     enable_caching: bool
     hash_algo: str
-    num_kv_groups: int  # tables are shown for group 0; more groups (hybrid models) are said, not shown
+    num_kv_groups: int  # KV cache groups (a hybrid model has several, all in this one pool): ``groups``
     async_scheduling: bool  # stepping needs --no-async-scheduling (a step then runs ahead of the pause)
     max_model_len: int
     fault: str  # the fault switched on ("" for none)
     notes: list[str] = []  # what the probe could not follow in this vLLM, one line each
     block_bytes: int = 0  # a block's KV in bytes, every layer of every group (0: not known)
     dtype: str = ""  # the model's
+    groups: list[KVGroup] = []  # every KV cache group, by its id (empty from a probe before protocol 2)
+    connector: str = ""  # the KV connector's class ("" for none): what holds blocks for a transfer
 
 
 class RequestRow(msgspec.Struct, array_like=True):
@@ -119,6 +132,12 @@ class RequestRow(msgspec.Struct, array_like=True):
     blocks_from: int  # the index of block_ids[0] in the table (0: the whole table)
     block_ids: list[int] | None  # KV cache group 0's table from blocks_from on; None: as sent before
     arrival: float  # vLLM's arrival time (time.time())
+    # the other groups' tables that changed, as (group, blocks_from, block ids) (the null block where vLLM put it:
+    # a sliding window's blocks that left the window, a state group's retired states)
+    groups: list[tuple[int, int, list[int]]] = []
+    # each group's own prefix-cache hit at the latest admission, in tokens (hybrid models: the hit is the shortest
+    # of them, so the group with the shortest one is the group that missed); [] when not measured
+    group_hits: list[int] = []
 
 
 class Keyframe(Message):
@@ -134,6 +153,9 @@ class Keyframe(Message):
     paused: bool
     holder: str  # who holds the pause ("" when running)
     counters: dict[str, int | float]
+    pinned: list[tuple[int, int]] = []  # (block, references) the connector holds with no table behind them
+    hash_groups: list[int] = []  # the KV cache group of each of ``hashes`` (empty: all group 0)
+    map_groups: list[int] = []  # the KV cache group of each of ``hash_map``'s keys (empty: all group 0)
 
 
 class Step(Message):
@@ -149,6 +171,9 @@ class Step(Message):
     between: bool = False  # changes between two steps (an abort, a new request): no schedule ran
     # running requests that only went on: (request id, tokens_from, new tokens, num_computed_tokens)
     advanced: list[tuple[str, int, list[int], int]] = []
+    pinned: list[tuple[int, int]] | None = None  # the connector's references (Keyframe.pinned); None: as before
+    # the tables of running requests that only grew: (request id, group, blocks_from, new block ids)
+    grown: list[tuple[str, int, int, list[int]]] = []
 
 
 class Held(Message):
@@ -184,6 +209,11 @@ def decode_to_probe(data: bytes) -> ToProbe:
 def decode_from_probe(data: bytes) -> FromProbe:
     """Raises ``msgspec.DecodeError`` (a ``ValueError``) on anything that is not one of these messages."""
     return _from_probe.decode(data)
+
+
+def group_of(block_hash: bytes) -> int:
+    """The KV cache group a vLLM block key is for (its last 4 bytes, big-endian)."""
+    return int.from_bytes(block_hash[-4:], "big")
 
 
 def hash64(block_hash: bytes) -> int:

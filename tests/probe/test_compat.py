@@ -34,6 +34,8 @@ def test_what_differs_between_releases_is_what_the_probe_handles():
     assert "prepend_n" not in has["0.20"][0] and "deferred_frees" not in has["0.20"][1]  # every free to the tail
     for r in ("0.32", "0.33"):
         assert set(OPTIONAL["FreeKVCacheBlockQueue"]) <= has[r][0] and set(OPTIONAL["Scheduler"]) <= has[r][1]
+        manager = set(SURFACES[r]["classes"]["KVCacheManager"]["methods"])
+        assert set(OPTIONAL["KVCacheManager"]) <= manager  # the lookup of a request scheduled with a connector
     # 0.20 sets a block's hash through a property, 0.32+ through set_block_hash: both write the slot the
     # recorder watches
     assert "set_block_hash" not in SURFACES["0.20"]["classes"]["KVCacheBlock"]["methods"]

@@ -12,7 +12,14 @@ The probe is started exactly as in a server: ``kvscope_vllm_probe.plugin.registe
                                                                          there is work (as vLLM's engine core),
                                                                          each step taking "pace" seconds
     {"op": "dump"}                                                       the pool as read straight from vLLM
+    {"op": "connector", "delay_free": true, "load": {"r0": 32}, "pin": [3], "unpin": true, "second_pool": true}
+                                                                         script the scripted connector
+    {"op": "kv_output", "finished_sending": ["r0"], "finished_recving": [], "failed_recving": []}
+                                                                         what the next update's connector output says
     {"op": "quit"}
+Options: ``--groups sliding:64,full`` (KV cache groups: full, sliding:WINDOW, mamba; vLLM's hybrid coordinator for
+more than one), ``--async`` (vLLM's AsyncScheduler, stepped as its engine core steps it: the next batch is scheduled
+before the last one's output is applied), ``--connector`` (tests/probe_vllm/scripted_connector.py).
 Used by the probe's tests (tests/kvscope/sources/test_probe_*.py) and its benchmark (bench/probe_cost.py).
 """
 
@@ -44,6 +51,36 @@ def model_folder() -> str:
     return os.path.dirname(found[-1])
 
 
+def group_specs(groups: str, block_size: int) -> list:
+    """``full``, ``sliding:WINDOW``, ``mamba`` (align mode, a full-attention page's size), comma separated: vLLM's
+    KVCacheGroupSpecs, one layer each."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec, SlidingWindowSpec
+
+    full = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    out = []
+    for i, g in enumerate(groups.split(",")):
+        kind, _, arg = g.partition(":")
+        if kind == "full":
+            spec = full
+        elif kind == "sliding":
+            spec = SlidingWindowSpec(
+                block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32, sliding_window=int(arg)
+            )
+        elif kind == "mamba":
+            spec = MambaSpec(
+                block_size=block_size,
+                shapes=((1, 64),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode="align",
+                page_size_padded=full.page_size_bytes,
+            )
+        else:
+            raise SystemExit(f"unknown group kind {kind!r}")
+        out.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    return out
+
+
 def make_scheduler(
     num_blocks: int,
     block_size: int,
@@ -51,12 +88,14 @@ def make_scheduler(
     max_num_batched_tokens: int = 8192,
     enable_caching: bool = True,
     dp_rank: int = 0,
+    groups: str = "full",
+    async_scheduling: bool = False,
+    connector: bool = False,
 ):
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.structured_output import StructuredOutputManager
 
     mc = ModelConfig(model=model_folder(), dtype="float32", max_model_len=4096, seed=0)
@@ -67,19 +106,22 @@ def make_scheduler(
         is_encoder_decoder=False,
     )
     cc = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=enable_caching)
+    if "mamba" in groups:
+        cc.mamba_cache_mode = "align"
     cc.num_gpu_blocks = num_blocks
-    cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc)
+    kv_transfer = None
+    if connector:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        kv_transfer = KVTransferConfig(
+            kv_connector="ScriptedConnector", kv_role="kv_both", kv_connector_module_path="scripted_connector"
+        )
+    cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kv_transfer)
     # a data-parallel rank of a dense model, as vLLM's engine core sets it (its data_parallel_size stays 1)
     cfg.parallel_config.data_parallel_index = dp_rank
-    kvc = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
-            )
-        ],
-    )
+    # here, not in SchedulerConfig: VllmConfig turns it off for the CPU platform (a server here cannot run it),
+    # while vLLM's AsyncScheduler itself runs anywhere
+    sc.async_scheduling = async_scheduling
+    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=group_specs(groups, block_size))
     hash_fn = get_hash_fn_by_name(cc.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     cls = sc.get_scheduler_cls()  # the probe's subclass when the plugin registered
@@ -103,22 +145,63 @@ def add(s, rid: str, prompt: list[int], max_tokens: int) -> None:
     s.add_request(Request(rid, prompt, params, None, block_hasher=s._harness_hasher))
 
 
-def step(s, token: int = 7) -> bool:
-    """One schedule and update, every scheduled request sampling ``token`` when its prefill is done."""
-    from vllm.v1.outputs import ModelRunnerOutput
+KV_OUTPUT: dict[str, set[str]] = {}  # what the next update's connector output reports (the kv_output op)
 
-    if not s.has_requests():
-        return False
+
+def _scheduled(s):
+    """One schedule, with which of its requests sample a token (a prefill chunk that does not reach the
+    prompt's end samples nothing: read now, before a later schedule changes the request)."""
     out = s.schedule()
-    ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
+    samples = {}
+    for rid in out.num_scheduled_tokens:
         r = s.requests.get(rid)
-        # a chunk that does not reach the prompt's end samples nothing
-        done = r is not None and r.num_computed_tokens + 0 >= r.num_prompt_tokens
-        sampled.append([token] if done else [])
-    mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+        samples[rid] = r is not None and not getattr(r, "is_prefill_chunk", False)
+    return out, samples
+
+
+def _update(s, out, samples, token: int) -> None:
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    sampled = [[token] if samples.get(rid) else [] for rid in ids]
+    kv = None
+    if KV_OUTPUT:
+        kv = KVConnectorOutput(
+            finished_sending=KV_OUTPUT.pop("finished_sending", set()) or None,
+            finished_recving=KV_OUTPUT.pop("finished_recving", set()) or None,
+            failed_recving=KV_OUTPUT.pop("failed_recving", set()),
+        )
+        KV_OUTPUT.clear()
+    mro = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=sampled,
+        kv_connector_output=kv,
+    )
     s.update_from_output(out, mro)
+
+
+_in_flight: list = []  # the async engine core's batch queue: a batch scheduled, its output not applied yet
+
+
+def step(s, token: int = 7) -> bool:
+    """One engine-core step, every scheduled request sampling ``token`` when its prefill is done: a schedule and
+    its update; with an AsyncScheduler, as vLLM's engine core steps it, the next schedule before the update of the
+    batch before (which runs on the device meanwhile)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    if not s.has_requests() and not _in_flight and not KV_OUTPUT:
+        return False
+    if isinstance(s, AsyncScheduler):  # two batches in flight at most (vLLM's max_concurrent_batches)
+        scheduled = s.has_requests() and len(_in_flight) < 2
+        if scheduled:
+            _in_flight.append(_scheduled(s))
+        if _in_flight and (len(_in_flight) == 2 or not scheduled):
+            out, samples = _in_flight.pop(0)
+            _update(s, out, samples, token)
+        return True
+    out, samples = _scheduled(s)
+    _update(s, out, samples, token)
     return True
 
 
@@ -129,11 +212,17 @@ def dump(s) -> dict:
     while node is not None and node.block_id >= 0:
         free.append(node.block_id)
         node = node.next_free_block
-    tables = {
-        rid: [b.block_id for b in blocks]
-        for rid, blocks in s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.items()
-    }
+    groups = [
+        {rid: [b.block_id for b in blocks] for rid, blocks in m.req_to_blocks.items()}
+        for m in s.kv_cache_manager.coordinator.single_type_managers
+    ]
+    connector = getattr(s, "connector", None)
     return {
+        "tables": groups[0],
+        "group_tables": groups,
+        "deferred": [[b.block_id for b in blocks] for _fence, blocks in getattr(s, "deferred_frees", ())],
+        "pinned": sorted(b.block_id for b in getattr(connector, "pinned", ())),
+        "requests": {rid: r.status.name for rid, r in s.requests.items()},
         "ref_cnt": [b.ref_cnt for b in pool.blocks],
         "hashes": {
             str(b.block_id): int.from_bytes(b.block_hash[-12:-4], "big")
@@ -141,7 +230,6 @@ def dump(s) -> dict:
             if b.block_hash is not None
         },
         "free_queue": free,
-        "tables": tables,
         "step": getattr(getattr(s, "_kvscope_probe", None), "step", None),
     }
 
@@ -153,6 +241,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--pretend-version", default=None, help="vLLM's version as the probe reads it")
     ap.add_argument("--dp-rank", type=int, default=0, help="the data-parallel rank this scheduler is")
+    ap.add_argument("--groups", default="full", help="KV cache groups: full, sliding:WINDOW, mamba (comma separated)")
+    ap.add_argument("--async", dest="async_scheduling", action="store_true", help="vLLM's AsyncScheduler")
+    ap.add_argument("--connector", action="store_true", help="the scripted KV connector")
     args = ap.parse_args()
     import logging
 
@@ -165,9 +256,18 @@ def main() -> None:
     from kvscope_vllm_probe.plugin import register
 
     register()  # as vLLM's plugin loader would (inert without KVSCOPE_PROBE_ENDPOINT)
-    s = make_scheduler(args.num_blocks, args.block_size, args.max_num_seqs, dp_rank=args.dp_rank)
+    s = make_scheduler(
+        args.num_blocks,
+        args.block_size,
+        args.max_num_seqs,
+        dp_rank=args.dp_rank,
+        groups=args.groups,
+        async_scheduling=args.async_scheduling,
+        connector=args.connector,
+    )
     probed = getattr(s, "_kvscope_probe", None) is not None
-    print(json.dumps({"ready": True, "probed": probed, "scheduler": type(s).__name__}), flush=True)
+    bases = [c.__name__ for c in type(s).__mro__]
+    print(json.dumps({"ready": True, "probed": probed, "scheduler": type(s).__name__, "bases": bases}), flush=True)
     import contextlib
     import threading
 
@@ -222,6 +322,21 @@ def main() -> None:
             p = getattr(s, "_kvscope_probe", None)
             with p.lock if p is not None else lock:
                 ans = dump(s)
+        elif op == "connector":
+            c = s.connector
+            with p_lock(s, lock):
+                c.delay_free = cmd.get("delay_free", c.delay_free)
+                c.load.update(cmd.get("load", {}))
+                c.pin += cmd.get("pin", [])
+                c.unpin = cmd.get("unpin", c.unpin)
+                if cmd.get("second_pool") and c.second_pool is None:
+                    c.make_second_pool()
+            ans = {"ok": True}
+        elif op == "kv_output":
+            with p_lock(s, lock):
+                for key in ("finished_sending", "finished_recving", "failed_recving"):
+                    KV_OUTPUT.setdefault(key, set()).update(cmd.get(key, ()))
+            ans = {"ok": True}
         elif op == "sleep":
             time.sleep(cmd["s"])
             ans = {"ok": True}
@@ -233,6 +348,12 @@ def main() -> None:
         print(json.dumps(ans), flush=True)
     if hasattr(s, "shutdown"):
         s.shutdown()
+
+
+def p_lock(s, lock):
+    """The probe's lock when probed (its I/O thread reads the pool under it), else the harness's."""
+    p = getattr(s, "_kvscope_probe", None)
+    return p.lock if p is not None else lock
 
 
 if __name__ == "__main__":

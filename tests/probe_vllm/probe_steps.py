@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--endpoint", default=None, help="the probe's endpoint (none: no probe)")
     ap.add_argument("--no-subscriber", action="store_true", help="the probe on, nobody listening")
+    ap.add_argument("--groups", default="full", help="KV cache groups (harness.py): e.g. sliding:512,full")
     args = ap.parse_args()
     sub = None
     if args.endpoint:
@@ -50,7 +51,11 @@ def main() -> None:
 
         register()
     s = make_scheduler(
-        args.num_blocks, args.block_size, max_num_seqs=args.running, max_num_batched_tokens=args.running * args.prompt
+        args.num_blocks,
+        args.block_size,
+        max_num_seqs=args.running,
+        max_num_batched_tokens=args.running * args.prompt,
+        groups=args.groups,
     )
     probe = getattr(s, "_kvscope_probe", None)
     if args.endpoint and not args.no_subscriber:

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.inspect.kv_groups import name_of
 from engine.inspect.snapshot import BlockState, KVSnapshot
 from kvscope.ui import palette
 from kvscope.ui.palette import MODES
@@ -348,7 +349,10 @@ class BlockGridView(GridNavigation, QWidget):
         self.grid = grid
         self.image.setImage(self.grid, lut=lut, levels=(0, k + 1), autoLevels=False, autoDownsample=False)
         if self.show_overview:
-            self.overview.set_grid(self.grid, lut, "min" if self.mode == "age" else "max")
+            ov = self.grid
+            if self.mode == "state" and not self.cpu and snap.reserved:  # the overview keeps the highest code of a
+                ov = np.where(ov == BlockState.RESERVED, BlockState.FREE, ov)  # texel: a reserved block hides none
+            self.overview.set_grid(ov, lut, "min" if self.mode == "age" else "max")
         self.legend.set_snapshot(snap, self.leaked, self.flag_name)
         self._draw_highlight()
         self._frame_view()
@@ -428,6 +432,12 @@ class BlockGridView(GridNavigation, QWidget):
         ]
         if b in self.leaked_set:
             parts.append(f"audit: {self.flagged_as(b)}")
+        if s.num_groups > 1 and state is not BlockState.RESERVED:  # a hybrid model: which group holds it
+            g = s.group_of(b)
+            if g >= 0:
+                parts.append(name_of(s.kv_groups, g))
+        if s.pinned.get(b):
+            parts.append(f"held by the KV connector ({s.pinned[b]} ref, no table: a pin for a transfer)")
         if owners:
             parts.append("owners " + ",".join(owners))
         if b in s.block_hashes:

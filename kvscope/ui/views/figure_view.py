@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen, QPolygonF
 from PySide6.QtWidgets import (
+    QComboBox,
     QGraphicsScene,
     QGraphicsSimpleTextItem,
     QGraphicsView,
@@ -258,8 +259,15 @@ class FigureView(QWidget):
         self.caption.setWordWrap(True)
         self.caption.setTextFormat(Qt.TextFormat.RichText)
         self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # a hybrid model's KV cache groups (a probed vLLM's): which group's tables the figure draws
+        self.group = -1  # -1: the request's first table (the full-attention group's)
+        self.group_box = QComboBox()
+        self.group_box.setToolTip("a hybrid model has a block table per KV cache group: the group drawn")
+        self.group_box.currentIndexChanged.connect(self._group_picked)
+        self.group_box.hide()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
+        lay.addWidget(self.group_box)
         lay.addWidget(self.view, 1)
         lay.addWidget(self.caption)
         self._redraw()
@@ -267,6 +275,39 @@ class FigureView(QWidget):
     @property
     def per_line(self) -> int:
         return self.layout_used.per_line
+
+    def _group_picked(self, i: int) -> None:
+        self.group = int(self.group_box.itemData(i)) if i >= 0 and self.group_box.itemData(i) is not None else -1
+        self._redraw()
+
+    def set_group(self, group: int) -> None:
+        """Draw KV cache group ``group``'s tables (-1: each request's first table)."""
+        i = self.group_box.findData(group)
+        if i >= 0:
+            self.group_box.setCurrentIndex(i)
+        else:
+            self.group = group
+            self._redraw()
+
+    def _group_items(self, snap: KVSnapshot) -> None:
+        """The picker's groups, shown only when the pool has several."""
+        labels = [g.label() for g in snap.kv_groups]
+        items = [
+            (f"KV cache group {g}" + (f": {labels[g]}" if g < len(labels) else ""), g) for g in range(snap.num_groups)
+        ]
+        if snap.num_groups < 2:
+            self.group_box.hide()
+            return
+        if [self.group_box.itemText(i) for i in range(self.group_box.count())] != [t for t, _ in items]:
+            self.group_box.blockSignals(True)
+            self.group_box.clear()
+            for text, g in items:
+                self.group_box.addItem(text, g)
+            first = next((g for g, x in enumerate(snap.kv_groups) if x.holds_every_token), 0)
+            self.group_box.setCurrentIndex(self.group if 0 <= self.group < len(items) else first)
+            self.group = int(self.group_box.currentData())
+            self.group_box.blockSignals(False)
+        self.group_box.show()
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(900, 420)
@@ -480,7 +521,11 @@ class FigureView(QWidget):
         if s is None:
             self._message("waiting for the engine")
             return
+        self._group_items(s)
         reqs = [r for r in (s.request(rid) for rid in self.request_ids) if r is not None]
+        g = self.group
+        if s.num_groups > 1 and g >= 0:  # the picked group's tables in place of each request's first
+            reqs = [replace(r, block_ids=r.group_block_ids[g]) if g < len(r.group_block_ids) else r for r in reqs]
         blocks = [b for b in self.focus_blocks if 0 <= b < s.num_blocks]
         if not reqs and not blocks:
             self._message(
@@ -643,6 +688,13 @@ class FigureView(QWidget):
             a, b = (set(r.block_ids) for r in reqs)
             if a and b and min(a | b) < max(a | b) and not (max(a) < min(b) or max(b) < min(a)):
                 notes.append("the two requests' blocks interleave in one pool: neither needs contiguous memory")
+        g = self.group
+        if s.num_groups > 1 and 0 <= g < len(s.kv_groups) and s.reserved:
+            x = s.kv_groups[g]
+            notes.append(
+                f"KV cache group {g}, {x.label()}: {x.rules()}"
+                + (f" (block {s.reserved[0]}, reserved)" if any(s.reserved[0] in r.block_ids for r in reqs) else "")
+            )
 
     def _message(self, text: str) -> None:
         self.scene.clear()
@@ -771,7 +823,7 @@ class FigureView(QWidget):
             mine = bool(holders) or b in focus
             self._text(f"block {b}", x0, y + (m.slot_h - m.line) / 2, INK if mine else DIM, bold=mine)
             self._text(
-                f"ref {ref}" if ref else state.name,
+                f"ref {ref}" if ref else "null" if b in s.reserved else state.name,  # vLLM's null block: "null"
                 x0,
                 y + (m.slot_h - m.line) / 2,
                 _qc(state.line_colour) if ref else DIM,

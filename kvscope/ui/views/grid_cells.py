@@ -16,6 +16,8 @@ from kvscope.ui.palette import (
     REF_COLOURS,
     STATE_COLOURS,
     age_codes,
+    group_codes,
+    group_lut_colours,
     state_codes,
 )
 
@@ -100,6 +102,8 @@ def codes_for(snap: KVSnapshot, mode: str, leaked: np.ndarray | None = None) -> 
         return np.minimum(snap.ref_cnt, len(REF_COLOURS) - 1).astype(np.uint8), _lut(REF_COLOURS)
     if mode == "age":
         return age_codes(snap.step - snap.last_access), _lut(AGE_COLOURS)
+    if mode == "KV group":
+        return group_codes(snap), _lut(group_lut_colours(snap.num_groups))
     raise ValueError(f"unknown colour mode {mode!r}")
 
 

@@ -20,6 +20,7 @@ TITLES = {
     "owner": "colour = owning request",
     "ref count": "colour = ref count",
     "age": "colour = age (steps since last use)",
+    "KV group": "colour = KV cache group",
 }
 
 

@@ -43,14 +43,14 @@ class BlockTableView(QTableWidget):
         self._fit_height()
 
     def _fit_height(self) -> None:
-        """Exactly its header, its two rows and a scroll bar, at the text size: both rows always show (a
+        """Exactly its header, its rows and a scroll bar, at the text size: every row always shows (a
         short panel at 1280x720 kept the physical row and cut the ref row)."""
         row = self.fontMetrics().height() + 8
         self.verticalHeader().setDefaultSectionSize(row)
         self.verticalHeader().setMinimumSectionSize(row)
         head = max(self.horizontalHeader().sizeHint().height(), row)  # its hint is small with no column yet
         bar = self.horizontalScrollBar().sizeHint().height()
-        self.setFixedHeight(head + 2 * row + bar + 2 * self.frameWidth())
+        self.setFixedHeight(head + max(self.rowCount(), 2) * row + bar + 2 * self.frameWidth())
 
     def changeEvent(self, ev) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(ev)
@@ -62,6 +62,10 @@ class BlockTableView(QTableWidget):
         self._fit_height()  # polished now: the style's header and scroll bar sizes are known
 
     def show_table(self, snap: KVSnapshot | None, block_ids: tuple[int, ...], flagged=()) -> None:
+        if self.rowCount() != 2:
+            self.setRowCount(2)
+            self.setVerticalHeaderLabels(["physical", "ref"])
+            self._fit_height()
         widest = max((str(b) for b in block_ids), key=len, default="0")
         widest = max(widest, str(len(block_ids) - 1), key=len)  # the header's logical index
         self.horizontalHeader().setDefaultSectionSize(self.fontMetrics().horizontalAdvance(widest + "00") + 6)
@@ -78,6 +82,42 @@ class BlockTableView(QTableWidget):
                     it.setForeground(QBrush(QColor(*palette.text_on(rgb))))
             self.setItem(0, i, phys)
             self.setItem(1, i, refc)
+
+    def show_tables(self, snap: KVSnapshot, tables: tuple[tuple[int, ...], ...], flagged=()) -> None:
+        """A hybrid model's tables, one row per KV cache group (its physical ids; a cell's tooltip its ref count).
+        A block a sliding window or a state group gave back is vLLM's null block there: drawn as "–", reserved."""
+        labels = [g.label() for g in snap.kv_groups]
+        names = [f"group {g}" + (f" · {labels[g]}" if g < len(labels) else "") for g in range(len(tables))]
+        if self.rowCount() != len(tables) or [self.verticalHeaderItem(i).text() for i in range(len(tables))] != names:
+            self.setRowCount(len(tables))
+            self.setVerticalHeaderLabels(names)
+            self._fit_height()
+        n = max((len(t) for t in tables), default=0)
+        widest = max((str(b) for t in tables for b in t), key=len, default="0")
+        self.horizontalHeader().setDefaultSectionSize(
+            self.fontMetrics().horizontalAdvance(max(widest, str(n - 1), key=len) + "00") + 6
+        )
+        self.setColumnCount(n)
+        self.setHorizontalHeaderLabels([str(i) for i in range(n)])
+        self.colours = {}
+        reserved = set(snap.reserved)
+        for g, table in enumerate(tables):
+            for i in range(n):
+                if i >= len(table):
+                    self.setItem(g, i, QTableWidgetItem(""))
+                    continue
+                b = table[i]
+                null = b in reserved
+                it = QTableWidgetItem("–" if null else str(b))
+                rgb = palette.block_state(snap, b, flagged).colour
+                it.setBackground(QBrush(QColor(*rgb)))
+                it.setForeground(QBrush(QColor(*palette.text_on(rgb))))
+                it.setToolTip(
+                    f"logical {i} of group {g}: vLLM's null block (the group gave this block back)"
+                    if null
+                    else f"logical {i} of group {g}: physical block {b}, ref {int(snap.ref_cnt[b])}"
+                )
+                self.setItem(g, i, it)
 
     def cell_text(self) -> list[tuple[int, int]]:
         return [(int(self.item(0, i).text()), int(self.item(1, i).text())) for i in range(self.columnCount())]
@@ -209,9 +249,18 @@ class RequestPanel(QWidget):
         return info.block_ids if info else ()
 
     def _show_block_table(self) -> None:
+        info = self.snapshot.request(self.selected_id) if self.snapshot and self.selected_id else None
+        if info is not None and info.group_block_ids:  # a hybrid model: a table per KV cache group
+            held = f" · held: {info.held_by}" if info.held_by else ""
+            self.caption.setText(
+                f"block tables of request {self.selected_id}, one per KV cache group: logical -> physical{held}"
+            )
+            self.block_table.show_tables(self.snapshot, info.group_block_ids, self.flagged)
+            return
         ids = self.selected_block_ids()
+        held = f" · held: {info.held_by}" if info is not None and info.held_by else ""
         self.caption.setText(
-            f"block table of request {self.selected_id}: logical -> physical"
+            f"block table of request {self.selected_id}: logical -> physical{held}"
             if self.selected_id
             else "block table: select a request"
         )

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from engine.inspect.events import BlockAllocated, BlockEvicted, BlockFreed, BlockStored, BlockTouched
+from engine.inspect.snapshot import BlockState
 from kvscope.sources.probe import ProbeSource
 from kvscope.sources.probe_mirror import FreeList, MirrorError, VllmPoolMirror
 from kvscope_vllm_probe.wire import (
@@ -102,7 +103,8 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     assert kinds[:4] == [BlockAllocated, BlockAllocated, BlockStored, BlockTouched]
     assert events[2] == BlockStored(1, f"{h0:016x}", "a", (10, 11, 12, 13), None)
     snap = m.snapshot(1)
-    assert snap.ref_cnt.tolist()[:4] == [1, 2, 1, 1]  # block 0 is vLLM's null block: shown held
+    assert snap.ref_cnt.tolist()[:4] == [0, 2, 1, 1]  # block 0 is vLLM's null block: reserved, no count kept
+    assert snap.state[0] == BlockState.RESERVED and snap.reserved == (0,) and snap.counters["num_reserved_blocks"] == 1
     assert snap.free_queue.tolist() == [4, 5, 6, 7]
     assert snap.block_hashes == {1: f"{h0:016x}"}
     assert m.audit().ok
@@ -371,3 +373,40 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
         src.close()
     finally:
         fake.close()
+
+
+def test_every_groups_tables_pins_and_a_delayed_free_are_audited():
+    """A hybrid pool (a sliding window beside full attention): every group's table counts, the null block in a
+    window's table counts for nothing, a block hashed in group 1 is keyed with its group, the connector's pins and a
+    finished request's kept tables (a delayed free) are held; a leak is named with its group."""
+    from kvscope_vllm_probe.wire import KVGroup
+
+    groups = [KVGroup("sliding_window", 4, window=8), KVGroup("full", 4)]
+    info = PoolInfo("m", "0.32.0", 4, N, 0, True, "sha256", 2, False, 2048, "", groups=groups, connector="X")
+    m = VllmPoolMirror(Keyframe(0, 0, info, [0] * N, [], [], list(range(1, N)), [], [], False, "", {}))
+    assert [g.kind for g in m.groups] == ["sliding_window", "full"] and m.primary == 1
+    ops = [[OP_REQUEST, "a"], [OP_POP, [1, 2, 3]], [OP_REF, 1, 1], [OP_REF, 2, 1], [OP_REF, 3, 1]]
+    ops += [[OP_HASH, 2, 0xAB, [1, 2, 3, 4], None, 1], [OP_MAP_INSERT, 0xAB, 2, 1]]
+    a = RequestRow("a", "RUNNING", 6, 0, [1, 2, 3, 4, 5, 6], 6, 0, 0, [1], 1.0, groups=[(1, 0, [2, 3])])
+    m.apply(Step(1, 1, 0.0, ops, [a], [], None, {}, False))
+    snap = m.snapshot(1)
+    assert snap.request("a").group_block_ids == ((1,), (2, 3)) and snap.request("a").block_ids == (2, 3)
+    assert snap.block_hashes == {2: f"{0xAB:016x}/g1"} and snap.block_group.tolist()[:4] == [-1, 0, 1, 1]
+    assert m.audit().ok
+    # the window slid: block 1 given back (no request named), the null block in its place; a pin on block 4
+    ops = [[OP_REF, 1, 0], [OP_PREPEND, [1]], [OP_REQUEST, "connector:X"], [OP_POP, [4]], [OP_REF, 4, 1]]
+    a2 = RequestRow("a", "RUNNING", 6, 0, [1, 2, 3, 4, 5, 6, 7], 7, 0, 0, [0], 1.0)
+    events = m.apply(Step(2, 2, 0.0, ops, [a2], [], None, {}, False, pinned=[(4, 1)]))
+    assert BlockFreed(1, "a", 0) in events  # named by the table that lost it
+    assert m.audit().ok and m.snapshot(2).pinned == {4: 1}
+    # a finished request whose tables the connector keeps (a delayed free): held, with the reason, and audited
+    fin = RequestRow("a", "FINISHED_LENGTH_CAPPED", 6, 0, [1, 2, 3, 4, 5, 6, 7], 7, 0, 0, None, 1.0)
+    m.apply(Step(3, 3, 0.0, [], [fin], [], None, {}, False))
+    held = m.snapshot(3).request("a")
+    assert held.status == "FINISHED_LENGTH" and "X: kept after the request finished" in held.held_by
+    assert m.audit().ok
+    # it goes; vLLM frees block 2 but not 3 (a leak in the full-attention group)
+    ops = [[OP_REQUEST, "a"], [OP_REF, 2, 0], [OP_APPEND, [2]]]
+    m.apply(Step(4, 4, 0.0, ops, [], [("a", "FINISHED_LENGTH_CAPPED")], None, {}, False))
+    (p,) = m.audit().problems
+    assert (p.block_id, p.problem, p.last_owner, p.group) == (3, "leaked", "a", "group 1 (full attention)")

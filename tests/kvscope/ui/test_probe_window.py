@@ -86,3 +86,87 @@ def test_the_window_shows_one_data_parallel_rank_and_picks_another(qtbot, tmp_pa
             win.flush()
             win.grab().save(str(tmp_path / "dp-rank-1.png"))
             win.shutdown()
+
+
+def test_a_hybrid_models_groups_and_vllms_null_block_in_the_window(qtbot, tmp_path):
+    """A sliding-window + full-attention pool (vLLM's hybrid coordinator): the grid tells the groups apart (its
+    "KV group" colour mode and legend, each block's hover line), a request's tables show one per group, the figure
+    has a group picker; vLLM's null block is reserved: an idle pool counts 0 used, in the legend and the status."""
+    need_vllm()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    with Harness(ep, num_blocks=40, args=("--groups", "sliding:32,full")) as h:
+        settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+        win = MainWindow(lambda _scenario: ProbeSource(ep, wait_s=30), settings)
+        qtbot.addWidget(win)
+        win.show()
+        win.start()
+        qtbot.waitUntil(lambda: win.latest is not None, timeout=30_000)
+        win.flush()
+        idle = {e.name: e.count for e in win.grid.legend.entries}
+        assert idle["used"] == 0 and idle["reserved"] == 1  # nothing runs: block 0 is vLLM's, not a request's
+        assert "free 39/39 blocks" in win.status_label.text() and "1 reserved" in win.status_label.text()
+        h.cmd("spin", on=True, pace=0.05)
+        h.cmd("add", id="chat", prompt=list(range(100, 164)) + [7] * 9, max_tokens=2000)
+        qtbot.waitUntil(lambda: any(0 in r.tables[0] for r in win.latest.snapshot.requests), timeout=30_000)
+        win.flush()
+        win.requests.select(["chat"])
+        win.flush()
+        rows = [win.requests.block_table.verticalHeaderItem(i).text() for i in range(2)]
+        assert rows == ["group 0 · sliding window (32 tokens)", "group 1 · full attention"]
+        assert win.requests.block_table.item(0, 0).text() == "–"  # a block the window gave back: the null block
+        assert win.figure.group_box.isVisible() and win.figure.group == 1  # the full-attention group first
+        win.figure.set_group(0)
+        assert "sliding window" in win.figure.caption.text()
+        win.grid.set_mode("KV group")
+        names = [e.name for e in win.grid.legend.entries]
+        assert names[:4] == ["no group", "reserved", "group 0: sliding window (32 tokens)", "group 1: full attention"]
+        snap = win.latest.snapshot
+        b = next(b for b in snap.request("chat").group_block_ids[1] if b)
+        assert "group 1 (full attention)" in win.grid.describe(b)
+        win.shutdown()
+
+
+def _healed_leak_trace(path) -> None:
+    """A probe trace (no vLLM needed) where block 1 is leaked at step 2 and freed at step 3: the pool heals."""
+    from kvscope.sources.probe import ProbeTraceWriter
+    from kvscope_vllm_probe.wire import OP_POP, OP_PREPEND, OP_REF, OP_REQUEST, Keyframe, PoolInfo, RequestRow, Step
+    from kvscope_vllm_probe.wire import encode as enc
+
+    n = 8
+    info = PoolInfo("m", "0.32.0", 4, n, 0, True, "sha256", 1, False, 2048, "")
+    w = ProbeTraceWriter(str(path), {"endpoint": "test"})
+    w.message(enc(Keyframe(0, 0, info, [0] * n, [], [], list(range(1, n)), [], [], False, "", {})))
+    row = RequestRow("a", "RUNNING", 6, 0, [1, 2, 3, 4, 5, 6], 6, 0, 0, [1], 1.0)
+    steps = [
+        Step(1, 1, 0.01, [[OP_REQUEST, "a"], [OP_POP, [1]], [OP_REF, 1, 1]], [row], [], None, {}, False),
+        Step(2, 2, 0.01, [], [], [("a", "FINISHED_STOPPED")], None, {}, False),  # its block not freed: a leak
+        Step(3, 3, 0.01, [[OP_REF, 1, 0], [OP_PREPEND, [1]]], [], [], None, {}, False),  # freed late: healed
+        Step(4, 4, 0.01, [], [], [], None, {}, False),
+    ]
+    for st in steps:
+        w.message(enc(st))
+    w.close()
+
+
+def test_the_window_keeps_a_runs_audit_problems_after_the_pool_heals(qtbot, tmp_path):
+    from kvscope.sources.probe import ProbeReplay
+
+    trace = tmp_path / "healed.probe.jsonl"
+    _healed_leak_trace(trace)
+    settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(lambda _scenario: ProbeReplay(str(trace)), settings)
+    qtbot.addWidget(win)
+    win.show()
+    win.start()
+    qtbot.waitUntil(lambda: win.info is not None, timeout=30_000)
+    win.step(10)
+    qtbot.waitUntil(lambda: win.latest is not None and win.latest.step == 4, timeout=20_000)
+    win.flush()
+    assert win.latest.audit.ok  # the pool is clean at the end ...
+    assert win.run_audit.problem_steps() == [2]  # ... and the run's record keeps step 2's leak
+    assert win.banner.isVisible() and win.banner.kind == "warning"
+    assert "problems on 1 step of this run (the first at step 2: block 1: leaked" in win.banner.text()
+    win.show_step(2)  # the timeline there: the leak red again, as it was
+    win.flush()
+    assert win.grid.leaked_set == {1}
+    win.shutdown()
