@@ -52,7 +52,7 @@ def drive(
         ):
             rec = source.step()
             on_record(rec)
-            taken += rec.step != 0
+            taken += rec.step != 0 or rec.snapshot is None  # an attach or fleet poll is a step, numbered from 0
     except KeyboardInterrupt:
         if not until_interrupted:
             raise
