@@ -4,7 +4,7 @@ block bookkeeping, the outputs, the inspector and the server's streaming.
     python bench/decode_profile.py [--block-size 32] [--inspect window] [--label after]
 
 kvscope's server (``peer_kvscope_server.py``, the inspector's bookkeeping as the window runs it unless
-``--inspect`` says otherwise) on the embedded SmolLM2-135M in float32, one CPU thread, streaming 8 and then 32
+``--inspect`` says otherwise) on the embedded SmolLM2-135M in float32, one CPU thread, streaming 1, 8 and then 32
 requests at once (128 tokens each, ``ignore_eos``) from a client process; the steps in which exactly 8 (32)
 requests each decoded one token are averaged (``step_sections.py``: the engine thread's CPU time per section,
 each exclusive of the sections it calls, and the HTTP thread's CPU time while the step ran). Writes
@@ -26,7 +26,7 @@ from step_sections import summarise
 
 from common import write_results
 
-BATCHES = (8, 32)
+BATCHES = (1, 8, 32)
 
 
 def profile(block_size: int, inspect: str, max_tokens: int = 128) -> list[dict]:
@@ -53,6 +53,12 @@ def print_split(splits: list[dict]) -> None:
         print(f"| {k} | " + " | ".join(f"{s['sections_ms'].get(k, 0.0):.2f}" for s in splits) + " |")
     print("| **engine thread, total** | " + " | ".join(f"{s['engine_thread_ms']:.1f}" for s in splits) + " |")
     print("| steps averaged | " + " | ".join(str(s["steps"]) for s in splits) + " |")
+    print("| step's wall time, ms | " + " | ".join(f"{s['wall_ms']:.1f}" for s in splits) + " |")
+    print(
+        "| of it on a CPU / waiting for one, ms | "
+        + " | ".join(f"{s['on_cpu_ms']:.1f} / {s['runqueue_ms']:.1f}" for s in splits)
+        + " |"
+    )
 
 
 def main() -> int:

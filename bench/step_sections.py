@@ -89,7 +89,9 @@ class StepSections:
         def step():
             self.current = {}
             http0 = self._http_cpu()
+            wall0, sched0 = time.perf_counter(), _schedstat()
             rec = self.wrap(inner_step, "loop")()
+            wall1, sched1 = time.perf_counter(), _schedstat()
             out = rec.step_output
             row = dict(self.current)
             row["_step"] = rec.step
@@ -98,6 +100,10 @@ class StepSections:
             row["_sampled"] = len(out.new_tokens) if out is not None else 0
             http1 = self._http_cpu()
             row["server streaming (HTTP thread)"] = (http1 - http0) if http0 is not None and http1 else 0.0
+            # the step's wall time, and of it: on a CPU, waiting for one (the run queue), neither (the GIL, I/O)
+            row["_wall"] = wall1 - wall0
+            row["_on_cpu"] = (sched1[0] - sched0[0]) / 1e9
+            row["_runqueue"] = (sched1[1] - sched0[1]) / 1e9
             self.rows.append(row)
             return rec
 
@@ -127,6 +133,16 @@ class StepSections:
         return time.clock_gettime(self._http_clock)
 
 
+def _schedstat() -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) of the calling thread, as the kernel counts them."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):
+        return 0, 0
+
+
 def summarise(rows: list[dict], running: int) -> dict | None:
     """Mean ms per section over the pure-decode steps with ``running`` requests (each sampled one token)."""
     steps = [r for r in rows if r["_running"] == running and r["_tokens"] == running and r["_sampled"] == running]
@@ -135,4 +151,13 @@ def summarise(rows: list[dict], running: int) -> dict | None:
     keys = [k for k in (*SECTIONS, "server streaming (HTTP thread)") if any(k in r for r in steps)]
     mean = {k: 1e3 * sum(r.get(k, 0.0) for r in steps) / len(steps) for k in keys}
     engine_ms = sum(v for k, v in mean.items() if k != "server streaming (HTTP thread)")
-    return {"running": running, "steps": len(steps), "engine_thread_ms": engine_ms, "sections_ms": mean}
+    wall = {k[1:]: 1e3 * sum(r.get(k, 0.0) for r in steps) / len(steps) for k in ("_wall", "_on_cpu", "_runqueue")}
+    return {
+        "running": running,
+        "steps": len(steps),
+        "engine_thread_ms": engine_ms,
+        "sections_ms": mean,
+        "wall_ms": wall["wall"],
+        "on_cpu_ms": wall["on_cpu"],
+        "runqueue_ms": wall["runqueue"],
+    }
