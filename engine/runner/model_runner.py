@@ -14,6 +14,7 @@ from ..core.scheduler import SchedulerOutput
 from .attention import torch_ref
 from .attention.metadata import AttentionMetadata
 from .block_copy import swap_blocks
+from .cpu_linear import pack_linears
 from .cuda_graphs import DecodeGraphs, capture_sizes
 from .fused import FusedOps, fused_ops_for
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
@@ -52,6 +53,8 @@ class ModelRunner:
         self.write_observer: Callable[[list[tuple[str, int]]], None] | None = None
         self.device = device
         self.model = model if model is not None else LlamaForCausalLM.from_hf(hf_model)
+        if device.type == "cpu":
+            pack_linears(self.model)  # oneDNN's layout, once: the CPU's matmuls ~1.5x faster
         self.dtype = self.model.embed_tokens.weight.dtype
         self.vocab_size = self.model.lm_head.weight.shape[0]
         self.max_model_len = max_model_len

@@ -48,6 +48,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same ops in one call (bitwise the same result): a decode step runs 61 of these
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
@@ -101,6 +104,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated: ``rotate_half(x) * sin == x.roll(d / 2, -1) * signed_sin(sin)``
+    bitwise (a product's rounding does not depend on its sign), in two calls a layer instead of four."""
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.cat((-s1, s2), dim=-1)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config, take: WeightSource, prefix: str) -> None:
         super().__init__()
@@ -122,7 +132,7 @@ class DecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         cos: torch.Tensor,
-        sin: torch.Tensor,
+        sin_signed: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
@@ -131,12 +141,12 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         t = h.shape[0]
         x = self.input_layernorm(h)
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qkv = self.qkv_proj(x)
+        # RoPE over q and k at once (their heads side by side), as transformers' q * cos + rotate_half(q) * sin
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin_signed
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         # Store the whole batch's K/V before any attention reads the cache.
         store(k, v, k_cache, v_cache, meta.slot_mapping)
         o = attention(q, k_cache, v_cache, meta, self.scale)
@@ -229,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
                 h, residual = layer.forward_fused(h, residual, ops, positions, kc, vc, meta, attention)
             return ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)[0]
         cos, sin = self.rotary_emb(h, positions[None])
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, D]: broadcast over heads
+        cos, sin = cos[0][:, None, :], signed_sin(sin[0][:, None, :])  # [T, 1, D]: broadcast over heads
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             h = layer(h, cos, sin, kc, vc, meta, attention, store)
         return self.norm(h)

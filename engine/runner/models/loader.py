@@ -172,7 +172,8 @@ def gguf_cache_dir(source: ModelSource) -> Path:
     import transformers
 
     gguf = Path(source.path) / source.gguf_file
-    return cache_root() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
+    key = f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
+    return cache_root() / "gguf" / f"{key}-f{CACHE_FORMAT}"
 
 
 def _save_converted(model, tokenizer, folder: Path) -> None:
@@ -182,10 +183,10 @@ def _save_converted(model, tokenizer, folder: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         # transformers marks a GGUF-loaded model as quantized and will not save it; its weights are
-        # plain dequantized tensors, so write them (tied ones once) and a config without the mark.
-        from safetensors.torch import save_model
+        # plain dequantized tensors, so write them and a config without the mark.
+        from safetensors.torch import save_file
 
-        save_model(model, str(tmp / "model.safetensors"))
+        save_file(_tensors_to_save(model), str(tmp / "model.safetensors"))
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)
         type(model.config).from_dict(cfg).save_pretrained(tmp)
@@ -201,6 +202,26 @@ def _save_converted(model, tokenizer, folder: Path) -> None:
 
 
 COMPLETE = "kvscope-complete"  # written last: a folder without it is not a finished copy
+# the cached conversion's layout: 2 stores a tied lm_head under the embedding's name (vLLM reads only that name:
+# a folder holding lm_head.weight alone left vLLM's embedding table unloaded, and its output wrong from the first
+# token); a folder of an older layout is converted again
+CACHE_FORMAT = 2
+
+
+def _tensors_to_save(model) -> dict[str, torch.Tensor]:
+    """The model's tensors by name, each stored once: a tied lm_head (the embedding table itself) under the
+    embedding's name, as the hub's checkpoints store it."""
+    state = model.state_dict()
+    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    if head is not None and embed is not None and head.data_ptr() == embed.data_ptr():
+        del state["lm_head.weight"]
+    seen, out = set(), {}
+    for name, t in state.items():  # any other tensors sharing storage: the first name keeps it
+        if (t.data_ptr(), t.shape) in seen:
+            continue
+        seen.add((t.data_ptr(), t.shape))
+        out[name] = t.contiguous()
+    return out
 
 
 def load_tokenizer(name: str):

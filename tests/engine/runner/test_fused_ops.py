@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from engine.runner import fused_ops
 from engine.runner.attention import torch_ref, triton_paged
 from engine.runner.kv_quant import QuantizedKV, part_formats
-from engine.runner.models.llama import rotate_half
+from engine.runner.models.llama import rotate_half, signed_sin
 from engine.runner.models.rotary import RotaryEmbedding
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -292,7 +292,7 @@ def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
         ref = layer(
             h,
             cos[0][:, None],
-            sin[0][:, None],
+            signed_sin(sin[0][:, None]),
             caches[0],
             caches[1],
             meta,
