@@ -108,7 +108,11 @@ class RealWindow:
         self.dir = Path(tempfile.mkdtemp(prefix="kvscope-window-"))
         self._ids = itertools.count(1)
         self._wid: str | None = None
-        environ = {**os.environ, **display.env, "QT_QPA_PLATFORM": "xcb", **(env or {})}
+        # a first run's window: its own settings (QSettings under XDG_CONFIG_HOME), not the layout, geometry and text
+        # scale that an earlier window on this machine saved
+        config = self.dir / "config"
+        config.mkdir()
+        environ = {**os.environ, **display.env, "QT_QPA_PLATFORM": "xcb", "XDG_CONFIG_HOME": str(config), **(env or {})}
         environ.pop("QT_QPA_PLATFORM_PLUGIN_PATH", None)
         self.stdout_path, self.stderr_path = self.dir / "stdout.txt", self.dir / "stderr.txt"
         self.started = time.time()  # the command's start, as a user's shell would see it (the driver reports times)

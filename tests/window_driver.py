@@ -13,6 +13,7 @@ One JSON command a line on stdin, one answer a file ``DIR/<id>.json`` (written w
   has loaded its source and drawn its first step / drawn step ``step`` / presents (``value``) / loaded
   ``scenario`` / drawn no new step for a second;
 - ``{"do": "measure"}``: what is on screen, widget by widget (``measure``);
+- ``{"do": "grab", "path": P}``: the screen as X shows it (the root window, not Qt's own render) saved to P;
 - ``{"do": "quit"}``: close the windows (kvscope exits as it does when a user closes them).
 
 ``started`` (the test's clock when it started this process) lets the driver say when things happened, in every
@@ -102,6 +103,12 @@ class Driver:
             elif do == "wait":
                 self.waits.append((cmd, time.monotonic() + float(cmd.get("timeout", 120))))
                 self._poll()
+            elif do == "grab":
+                win = self.window()
+                win.flush()
+                qt()[2].QApplication.processEvents()
+                ok = qt()[1].QGuiApplication.primaryScreen().grabWindow(0).save(str(cmd["path"]))
+                self.answer(cmd, {"saved": bool(ok)})
             elif do == "measure":
                 win = self.window()
                 win.flush()

@@ -62,6 +62,7 @@ SPEEDS = {"max": 0, "30 steps/s": 33, "10 steps/s": 100, "2 steps/s": 500, "1 st
 MIN_SIZE = (1024, 600)  # every panel stays reachable on a 1280x720 screen
 LAYOUT_VERSION = 3  # a saved dock layout of another version (other docks) is not restored
 PRESENT_MIN_SCALE = 1.5  # the text size a back row reads on a 1280x720 projector
+REQUEST_ROWS = 4  # the requests' table's rows on screen in the default layout, at any text size
 PRESENT_MIN_TEXT_PX = 14.0  # nothing smaller is drawn in presentation (a label that would be is left out)
 PRESENT_SHORTCUT = "F11"
 LESSON_VIEWS = ("figure", "events", "diagnosis", "fragmentation", "plots", "miss")  # what a lesson's panel can be
@@ -197,7 +198,9 @@ class MainWindow(QMainWindow):
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
-            if widget is self.fragmentation:  # it scrolls where the panel is smaller than its rows need
+            # these scroll where the panel is smaller than they need (the Miss tab's reason and detail, wrapped at 1.5x
+            # text in a 250 px band, were cut mid-line); presentation gives them the room they need
+            if widget in (self.fragmentation, self.miss_panel):
                 scroll = QScrollArea()
                 scroll.setWidgetResizable(True)
                 scroll.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -1022,6 +1025,24 @@ class MainWindow(QMainWindow):
         self.resizeDocks(
             [self.docks["scenario"], self.docks["requests"]], [int(h * 0.46), int(h * 0.54)], Qt.Orientation.Vertical
         )
+        QTimer.singleShot(0, self._show_request_rows)  # once Qt has laid the docks out at those sizes
+
+    def _show_request_rows(self) -> None:
+        """The requests' table shows ``REQUEST_ROWS`` rows under its header whatever the text size (at 1.5x it
+        showed one or two): its dock grows by what they lack, the scenario's note (which scrolls) gives it up, down
+        to a third of the column."""
+        table, line = self.requests.table, self.requests.miss_label.fontMetrics().lineSpacing()
+        short = REQUEST_ROWS * table.verticalHeader().defaultSectionSize() - table.viewport().height()
+        # laid out before its first request: its columns' scroll bar and the miss line's wrapped lines (three at
+        # 1.5x) are still to come, and take their height from the table
+        short += 0 if table.horizontalScrollBar().isVisible() else table.horizontalScrollBar().sizeHint().height()
+        short += max(0, 3 * line - self.requests.miss_label.height())
+        right = [self.docks["scenario"], self.docks["requests"]]
+        column = sum(d.height() for d in right)
+        if short <= 0 or not all(d.isVisible() for d in right):
+            return
+        requests = min(right[1].height() + short, column * 2 // 3)
+        self.resizeDocks(right, [column - requests, requests], Qt.Orientation.Vertical)
 
     def _restore_settings(self) -> None:
         s = self.settings

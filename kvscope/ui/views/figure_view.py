@@ -572,8 +572,15 @@ class FigureView(QWidget):
         self._cells = {"requests": {}, "physical": {}, "arrows": []}
         self.layout_used = lay
         self._m = Metrics.now()  # each layout from the same sizes (a compact one's table is its own)
-        if lay.compact:  # the table without its "logical" column (each row's label is its logical block)
-            self._m = dataclasses.replace(self._m, table=tuple(c for c in self._m.table if c[0] != "logical"))
+        if lay.compact:  # the table without its "logical" column (each row's label is its logical block, a number
+            # under the "logical KV blocks" head), the pool's labels without "ref N" (the table's ref column says it)
+            fm = QFontMetricsF(_font(self._m.px))
+            self._m = dataclasses.replace(
+                self._m,
+                table=tuple(c for c in self._m.table if c[0] != "logical"),
+                label_w=fm.horizontalAdvance("00") + 12,
+                phys_label_w=fm.horizontalAdvance("block 00") + 12,
+            )
         s, m = self.snapshot, self._m
         bs = s.block_size
         tokens = BlockTokens(s)
@@ -727,7 +734,10 @@ class FigureView(QWidget):
         if not lay.compact:  # compact: the logical blocks show the prompt's tokens; no line of it above them
             line = f"prompt {prompt!r}" + (f" → {out!r}" if out else "")
             self._text(line[: int(width) + 2], x_head, y_head + m.line, DIM, size=m.small, elide=width)
-        self._text("logical KV blocks", x_log + m.label_w, y0 - m.line, INK, bold=True)
+        head = "logical KV blocks"  # shortened where it would run into the table's head (narrow blocks, large text)
+        if QFontMetricsF(_font(m.px, True)).horizontalAdvance(head) > block_size_px(bs, lay, m)[0] + 10:
+            head = "logical"
+        self._text(head, x_log + m.label_w, y0 - m.line, INK, bold=True)
         x = x_tab
         for name, w in m.table:
             self._text(name, x, y0 - m.line, INK, bold=True, align="centre", width=w)
@@ -756,7 +766,7 @@ class FigureView(QWidget):
                 self._text("⋮", x_log + m.label_w + 10, y - 2, DIM)
                 y += m.line
                 continue
-            self._text(f"block {i}", x_log, y + (m.slot_h - m.line) / 2, DIM)
+            self._text(f"{i}" if lay.compact else f"block {i}", x_log, y + (m.slot_h - m.line) / 2, DIM)
             toks = request_block_tokens(r, i, bs)
             labels = [self.decoder.label(t) for t in toks]
             fill, border = _soft(colour.getRgb()[:3], 0.45), colour.darker(130)
@@ -793,7 +803,8 @@ class FigureView(QWidget):
             y += blk_h + m.row_gap
         if pend is not None and pend[0] >= len(r.block_ids):
             # The last block is full: the next token needs a new physical block (allocated next step).
-            self._text(f"block {pend[0]}", x_log, y + (m.slot_h - m.line) / 2, DIM, italic=True)
+            label = f"{pend[0]}" if lay.compact else f"block {pend[0]}"
+            self._text(label, x_log, y + (m.slot_h - m.line) / 2, DIM, italic=True)
             self._slot(x_log + m.label_w, y, self.decoder.label(pend[2]), EMPTY, pending=True)
             self._text("new block at the next step", x_tab, y + (m.slot_h - m.line) / 2, DIM, italic=True)
             notes.append(
@@ -822,15 +833,16 @@ class FigureView(QWidget):
             ref = int(s.ref_cnt[b])
             mine = bool(holders) or b in focus
             self._text(f"block {b}", x0, y + (m.slot_h - m.line) / 2, INK if mine else DIM, bold=mine)
-            self._text(
-                f"ref {ref}" if ref else "null" if b in s.reserved else state.name,  # vLLM's null block: "null"
-                x0,
-                y + (m.slot_h - m.line) / 2,
-                _qc(state.line_colour) if ref else DIM,
-                size=m.small,
-                align="right",
-                width=m.phys_label_w - 8,
-            )
+            if not lay.compact:
+                self._text(
+                    f"ref {ref}" if ref else "null" if b in s.reserved else state.name,  # vLLM's null block: "null"
+                    x0,
+                    y + (m.slot_h - m.line) / 2,
+                    _qc(state.line_colour) if ref else DIM,
+                    size=m.small,
+                    align="right",
+                    width=m.phys_label_w - 8,
+                )
             toks = tokens.of(b)
             labels = [self.decoder.label(t) for t in toks]
             self._cells["physical"][b] = labels
