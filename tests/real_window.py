@@ -161,8 +161,8 @@ class RealWindow:
     def key(self, *keys: str) -> None:
         """Press and release each key (xdotool's names: "F11", "F10", "Next", "ctrl+c") with the window focused:
         the events come from X's keyboard (XTEST), as a person's do."""
-        self.focus()
-        self.display.xdotool("key", "--clearmodifiers", *keys)
+        # one xdotool run: focus, then the keys (two runs cost a process start each, on every step of a lesson)
+        self.display.xdotool("windowfocus", "--sync", self.window_id(), "key", "--clearmodifiers", *keys)
 
     def click(self, x: int, y: int, button: int = 1) -> None:
         """Click at (x, y) of the window (its own pixels)."""

@@ -11,7 +11,8 @@ One JSON command a line on stdin, one answer a file ``DIR/<id>.json`` (written w
 - ``{"do": "window"}``: the X window id of the top-level window (``x_window``), for xdotool;
 - ``{"do": "wait", "for": "loaded" | "step" | "presenting" | "scenario" | "idle", ...}``: answered once the window
   has loaded its source and drawn its first step / drawn step ``step`` / presents (``value``) / loaded
-  ``scenario`` / drawn no new step for a second;
+  ``scenario`` / drawn no new step for a second; with ``"measure": true`` the answer holds ``measure``'s report
+  of the screen then (a step and its check in one round trip);
 - ``{"do": "measure"}``: what is on screen, widget by widget (``measure``);
 - ``{"do": "grab", "path": P}``: the screen as X shows it (the root window, not Qt's own render) saved to P;
 - ``{"do": "quit"}``: close the windows (kvscope exits as it does when a user closes them).
@@ -63,11 +64,15 @@ class Driver:
         self.timer.start(POLL_MS)
 
     # -- the window ----------------------------------------------------------------------------------
-    @staticmethod
-    def window():
+    def window(self):
+        """The visible main window (kept between polls: Qt's list of top-level widgets costs half a millisecond)."""
         w = qt()[2]
+        win = getattr(self, "_window", None)
+        if win is not None and win.isVisible():
+            return win
         wins = [x for x in w.QApplication.topLevelWidgets() if isinstance(x, w.QMainWindow) and x.isVisible()]
-        return wins[0] if wins else None
+        self._window = wins[0] if wins else None
+        return self._window
 
     def loaded(self) -> bool:
         win = self.window()
@@ -126,8 +131,8 @@ class Driver:
         what = cmd["for"]
         if what == "loaded":
             return True
-        if what == "step":
-            return win.latest.step >= int(cmd["step"]) and not win._dirty
+        if what == "step":  # arrived (the answer draws it: no need to wait for the window's redraw timer)
+            return win.latest.step >= int(cmd["step"])
         if what == "presenting":
             return win.presenting == bool(cmd.get("value", True))
         if what == "idle":  # nothing new for a second: a run has stopped where it was told to
@@ -139,6 +144,8 @@ class Driver:
         raise ValueError(f"unknown wait {what!r}")
 
     def _poll(self) -> None:
+        if not self.waits and self.ready_at is not None:  # nothing asked, nothing left to time
+            return
         if self.exposed_at is None:
             win = self.window()
             handle = win.windowHandle() if win is not None else None
@@ -153,7 +160,10 @@ class Driver:
                     win = self.window()
                     win.flush()
                     qt()[2].QApplication.processEvents()
-                    self.answer(cmd, {"step": win.latest.step})
+                    # "measure": what is on screen then, in the same answer (one round trip a step)
+                    self.answer(
+                        cmd, {"step": win.latest.step, **({"measure": measure(win)} if cmd.get("measure") else {})}
+                    )
                 elif time.monotonic() > end:
                     self.waits.remove((cmd, end))
                     self.answer(cmd, {"error": f"timeout waiting for {cmd}"})

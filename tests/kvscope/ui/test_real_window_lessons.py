@@ -85,8 +85,9 @@ def test_every_lesson_of_the_tour_reads_whole_in_a_real_window_at_1280x720(displ
             for step in range(0, last_step(name) + 1):
                 if step:
                     win.key("F10")
-                    win.ask({"do": "wait", "for": "step", "step": step}, timeout=300)
-                r = win.ask({"do": "measure"})
+                    r = win.ask({"do": "wait", "for": "step", "step": step, "measure": True}, timeout=300)["measure"]
+                else:
+                    r = win.ask({"do": "measure"})
                 assert r["presenting"] and r["scenario"] == name and r["size"] == list(SIZE), r
                 bad = problems(r) + ([f"F10 {step} times showed step {r['step']}"] if r["step"] != step else [])
                 if bad:
