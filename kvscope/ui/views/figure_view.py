@@ -107,8 +107,10 @@ class Metrics:
 
     @staticmethod
     def now() -> Metrics:
-        if not presenting():
-            return Metrics(12, 11, 14, SLOT_W, SLOT_H, LABEL_W, TABLE_COLS, GAP, PHYS_LABEL_W, ROW_GAP, 6 * SLOT_W)
+        if not presenting():  # each table column at least as wide as its bold head ("logical physical" ran together)
+            bold = QFontMetricsF(_font(12, True))
+            table = tuple((n, max(w, bold.horizontalAdvance(n) + 8)) for n, w in TABLE_COLS)
+            return Metrics(12, 11, 14, SLOT_W, SLOT_H, LABEL_W, table, GAP, PHYS_LABEL_W, ROW_GAP, 6 * SLOT_W)
         px = present_text_px()
         fm, bold = QFontMetricsF(_font(px)), QFontMetricsF(_font(px, True))
         slot_w = max(max(fm.horizontalAdvance(w) for w in ("score", "seven", "years", "times")) + 10, 3.2 * px)
