@@ -739,11 +739,12 @@ class FigureView(QWidget):
         head = "logical KV blocks"  # shortened where it would run into the table's head (narrow blocks, large text)
         if QFontMetricsF(_font(m.px, True)).horizontalAdvance(head) > block_size_px(bs, lay, m)[0] + 10:
             head = "logical"
-        self._text(head, x_log + m.label_w, y0 - m.line, INK, bold=True)
         x = x_tab
-        for name, w in m.table:
+        for name, w in m.table if r.block_ids else ():  # no table: no heads over nothing (the line says why)
             self._text(name, x, y0 - m.line, INK, bold=True, align="centre", width=w)
             x += w
+        if r.block_ids:
+            self._text(head, x_log + m.label_w, y0 - m.line, INK, bold=True)
         cell = {"logical": [], "table": [], "pending": None}
         self._cells["requests"][r.request_id] = cell
         self._table_y[r.request_id] = {}
