@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from .constants import (
     OP_APPEND,
