@@ -122,12 +122,12 @@ class ModelRunner:
         per_token = sum(token_bytes(f, m.num_kv_heads, m.head_dim, dtype_size(self.kv_dtype)) for f in self.kv_formats)
         return m.num_layers * per_token * self.block_size
 
-    @torch.inference_mode()
     @staticmethod
     def _fp8_scale(amax: torch.Tensor, headroom: float) -> torch.Tensor:
         """A head's scale: its largest magnitude (times the headroom) at fp8 e4m3's largest value, 448."""
         return (amax * headroom / 448.0).clamp_min(1e-6).cpu()
 
+    @torch.inference_mode()
     def _calibrate_fp8(self, num_tokens: int = 256, headroom: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """fp8 scales per layer and KV head: amax over a calibration forward x headroom / 448.
 
