@@ -123,6 +123,21 @@ def test_the_normal_window_at_1_5x_text_holds_its_panels(display):
         assert win.close() == 0
 
 
+def test_the_first_screen_in_presentation_shows_every_lesson_button(display):
+    """``kvscope`` with no arguments, then F11: every lesson's button on screen (the welcome page in presentation
+    showed not one), its text whole and at presentation's size."""
+    with RealWindow(display, ["--window-size", "1280x720"], env=ENV) as win:
+        win.ask({"do": "wait", "for": "loaded"}, timeout=600)
+        win.key("F11")
+        win.ask({"do": "wait", "for": "presenting"}, timeout=30)
+        r = win.ask({"do": "measure"})
+        assert r["presenting"] and set(r["welcome_buttons"]) == set(available()), r["welcome_buttons"]
+        assert all(r["welcome_buttons"].values()), r["welcome_buttons"]
+        assert not r["clipped"], r["clipped"]
+        assert r["min_text_px"] >= LEAST_PX, [t for t in r["texts"] if t["px"] < LEAST_PX]
+        assert win.close() == 0
+
+
 STEPS = [(["--scenario", "four-score", "--steps", "3"], 3), (["--scenario", "lab-vllm-leak", "--steps", "40"], 40)]
 
 
