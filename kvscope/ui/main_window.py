@@ -198,9 +198,10 @@ class MainWindow(QMainWindow):
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(name)
-            # these scroll where the panel is smaller than they need (the Miss tab's reason and detail, wrapped at 1.5x
-            # text in a 250 px band, were cut mid-line); presentation gives them the room they need
-            if widget in (self.fragmentation, self.miss_panel):
+            # these scroll where the panel is smaller than they need (the Miss tab's reason and detail and the Why?
+            # tab's caching verdict, wrapped at 1.5x text in a 250 px band, were cut mid-line); presentation gives
+            # them the room they need
+            if widget in (self.fragmentation, self.miss_panel, self.diagnosis_panel):
                 scroll = QScrollArea()
                 scroll.setWidgetResizable(True)
                 scroll.setFrameShape(QScrollArea.Shape.NoFrame)

@@ -248,7 +248,7 @@ def test_view_chooses_the_presented_panel_and_a_click_pins_until_esc(qtbot, wind
     win.set_presentation(True)
     lesson(qtbot, win, "four-score", 7)
     win.show_view("diagnosis")
-    assert win.present_page.lesson is win.diagnosis_panel and win.lesson_view() == "diagnosis"
+    assert win.present_page.lesson.widget() is win.diagnosis_panel and win.lesson_view() == "diagnosis"
     win.show_view("figure")
     assert win.present_page.lesson is win.figure
     win.requests.select(["1"])  # as a click on its row
