@@ -108,7 +108,11 @@ class RealWindow:
         self.dir = Path(tempfile.mkdtemp(prefix="kvscope-window-"))
         self._ids = itertools.count(1)
         self._wid: str | None = None
-        environ = {**os.environ, **display.env, "QT_QPA_PLATFORM": "xcb", **(env or {})}
+        # a settings folder of its own: a window starts from kvscope's default layout, never from the panels, text
+        # size and tab that another test's window (or a person's) saved in ~/.config/kvscope
+        config = self.dir / "config"
+        config.mkdir()
+        environ = {**os.environ, **display.env, "QT_QPA_PLATFORM": "xcb", "XDG_CONFIG_HOME": str(config), **(env or {})}
         environ.pop("QT_QPA_PLATFORM_PLUGIN_PATH", None)
         self.stdout_path, self.stderr_path = self.dir / "stdout.txt", self.dir / "stderr.txt"
         self.started = time.time()  # the command's start, as a user's shell would see it (the driver reports times)
