@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path += [str(ROOT / "tests"), str(ROOT / "tests" / "kvscope" / "ui")]  # last: tests/kvscope must not hide kvscope
 
 from real_window import RealWindow, Xvfb  # noqa: E402
-from test_real_window_probe import BLOCKS, load  # noqa: E402 - the test's workload: the picture shows what it checks
+from test_probe_real_window import BLOCKS, load  # noqa: E402 - the test's workload: the picture shows what it checks
 from vllm_live import VllmServer, free_port  # noqa: E402
 
 
