@@ -170,6 +170,11 @@ def test_headless_on_the_live_server(server):
     """``kvscope --headless --json --probe ADDR`` prints the summary of kvscope's own engine, plus the keys of a
     probed vLLM: ``kv_cache_groups``, ``audit_steps_with_problems``, ``dp_ranks`` (one rank here) and
     ``requests_seen`` (every request it saw, counted once)."""
+    # vLLM's log is read by a thread, behind the probe: a subscriber with a name of its own, seen in the log, says
+    # every earlier line (an earlier test's subscriptions) is in, so the count below starts from here
+    marker = f"test: log mark {time.monotonic_ns()}"
+    assert probe_keyframe(server.probe, marker) is not None
+    assert logged(server, marker, timeout=30)
     before = server.log_text().count("subscribed")
     kvscope = subprocess.Popen(
         [sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", server.probe],
