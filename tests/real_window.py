@@ -108,8 +108,8 @@ class RealWindow:
         self.dir = Path(tempfile.mkdtemp(prefix="kvscope-window-"))
         self._ids = itertools.count(1)
         self._wid: str | None = None
-        # a first run's window: its own settings (QSettings under XDG_CONFIG_HOME), not the layout, geometry and text
-        # scale that an earlier window on this machine saved
+        # a settings folder of its own: a window starts from kvscope's default layout, never from the panels, text
+        # size and tab that another test's window (or a person's) saved in ~/.config/kvscope
         config = self.dir / "config"
         config.mkdir()
         environ = {**os.environ, **display.env, "QT_QPA_PLATFORM": "xcb", "XDG_CONFIG_HOME": str(config), **(env or {})}

@@ -14,6 +14,8 @@ One JSON command a line on stdin, one answer a file ``DIR/<id>.json`` (written w
   ``scenario`` / drawn no new step for a second; with ``"measure": true`` the answer holds ``measure``'s report
   of the screen then (a step and its check in one round trip);
 - ``{"do": "measure"}``: what is on screen, widget by widget (``measure``);
+- ``{"do": "read"}``: the words a person reads in the main window's panels: the legend's rows, the status bar, the
+  requests table's cells (and the state column's tooltips), the block table, the figure's text (``read``);
 - ``{"do": "grab", "path": P}``: the screen as X shows it (the root window, not Qt's own render) saved to P;
 - ``{"do": "quit"}``: close the windows (kvscope exits as it does when a user closes them).
 
@@ -113,12 +115,12 @@ class Driver:
                 win.flush()
                 qt()[2].QApplication.processEvents()
                 ok = qt()[1].QGuiApplication.primaryScreen().grabWindow(0).save(str(cmd["path"]))
-                self.answer(cmd, {"saved": bool(ok)})
-            elif do == "measure":
+                self.answer(cmd, {"saved": bool(ok), "size": [win.width(), win.height()]})
+            elif do in ("measure", "read"):
                 win = self.window()
                 win.flush()
                 qt()[2].QApplication.processEvents()
-                self.answer(cmd, measure(win))
+                self.answer(cmd, measure(win) if do == "measure" else read(win))
             else:
                 self.answer(cmd, {"error": f"unknown command {do!r}"})
         except Exception as e:  # noqa: BLE001 - the test reads it
@@ -369,6 +371,59 @@ def main_window(win) -> dict:
         h = table.rowHeight(0) or 1
         report["request_rows_shown"] = min(len(win.requests.model.rows), table.viewport().height() // h)
     return report
+
+
+def read(win) -> dict:
+    """What the main window's panels say, as the widgets show it (their texts, not the models behind them): the
+    legend's rows (name: count), the status bar's line, the requests table (header, each row's cells, the state
+    column's tooltip), the selected request's block table, the paper's figure (every text it drew), and the
+    statuses of the requests the window follows (from the snapshot it drew)."""
+    core, _gui, q = qt()
+    display, tip = core.Qt.ItemDataRole.DisplayRole, core.Qt.ItemDataRole.ToolTipRole
+    legend = win.grid.legend
+    rows = {}
+    for _sw, name, count, _meaning in legend._widgets:  # the rows' labels as drawn
+        if shown(name):
+            rows[name.text()] = count.text()
+    model = win.requests.model
+    header = [str(model.headerData(c, core.Qt.Orientation.Horizontal)) for c in range(model.columnCount())]
+    cells = [
+        [str(model.data(model.index(r, c), display)) for c in range(model.columnCount())]
+        for r in range(model.rowCount())
+    ]
+    state = header.index("state")
+    tips = [str(model.data(model.index(r, state), tip)) for r in range(model.rowCount())]
+    bt = win.requests.block_table
+    block_table = [
+        [bt.item(r, c).text() if bt.item(r, c) is not None else "" for c in range(bt.columnCount())]
+        for r in range(bt.rowCount())
+    ]
+    fig = win.figure
+    fig._ensure()
+    figure = [it.text() for it in fig.scene.items() if isinstance(it, q.QGraphicsSimpleTextItem)]
+    snap = win.latest.snapshot if win.latest is not None else None
+    focus_status = {}
+    for rid in win.focus.requests:
+        r = snap.request(rid) if snap is not None else None
+        focus_status[rid] = r.status if r is not None else None
+    return {
+        "step": snap.step if snap is not None else None,
+        "legend_title": legend.title.text(),
+        "legend": rows,
+        "status": win.status_label.text(),
+        "status_tip": win.status_label.toolTip(),
+        "requests_header": header,
+        "requests": cells,
+        "state_tips": tips,
+        "block_table": block_table,
+        "welcome_shown": shown(win.welcome),
+        "figure_shown": shown(fig.view),
+        "figure": figure,
+        "figure_caption": plain(fig.caption.text()),
+        "focus": {"requests": list(win.focus.requests), "rule": win.focus.rule, "status": focus_status},
+        "selected": win.requests.selected_ids(),
+        "running": [r.request_id for r in snap.requests if r.status == "RUNNING"] if snap is not None else [],
+    }
 
 
 def main() -> int:

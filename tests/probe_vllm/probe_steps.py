@@ -1,7 +1,9 @@
 """The probe's cost per step on vLLM's real scheduler at GPU size (runs in the vLLM environment; bench/probe_cost.py
 starts it): a pool of ``--num-blocks`` blocks, ``--running`` requests decoding, stepped with made-up outputs, with
 the probe on and a subscriber attached, or with no probe. Prints one JSON object: the step times (schedule to the
-end of update_from_output, the probe's end-of-step work included) and, with the probe, its end-of-step time alone.
+end of update_from_output, the probe's end-of-step work included) and, with the probe, its end-of-step time alone;
+each as wall time and as CPU time (the process's, all its threads, the probe's I/O thread included; the end of the
+step's, its own thread's), which other jobs on a shared machine do not stretch.
 """
 
 from __future__ import annotations
@@ -73,23 +75,36 @@ def main() -> None:
 
     gc.collect()
     gc.freeze()  # as vLLM's engine core does once it is built (freeze_gc_heap): the pool is not scanned again
-    end_step = []
+    end_step, end_step_cpu = [], []
     if probe is not None:
         original = probe.end_step
 
         def timed_end_step():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             original()
             end_step.append(time.perf_counter() - t)
+            end_step_cpu.append(time.thread_time() - c)
 
         probe.end_step = timed_end_step
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         step(s)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
-    print(json.dumps({"step_s": times, "end_step_s": end_step, "blocks_used": used, "running": len(s.running)}))
+    print(
+        json.dumps(
+            {
+                "step_s": times,
+                "step_cpu_s": cpu,
+                "end_step_s": end_step,
+                "end_step_cpu_s": end_step_cpu,
+                "blocks_used": used,
+                "running": len(s.running),
+            }
+        )
+    )
     if sub is not None:
         sub.kill()
     if hasattr(s, "shutdown"):

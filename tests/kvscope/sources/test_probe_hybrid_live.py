@@ -20,7 +20,17 @@ import threading
 import time
 
 import pytest
-from vllm_live import VllmServer, first_audit_problem, free_port, hybrid_model, logged, need_vllm, probe_keyframe
+from vllm_live import (
+    CONTROL,
+    REMOTE_FAULTS,
+    VllmServer,
+    first_audit_problem,
+    free_port,
+    hybrid_model,
+    logged,
+    need_vllm,
+    probe_keyframe,
+)
 
 from kvscope.sources.probe import ProbeSource
 
@@ -66,6 +76,7 @@ def hybrid(request, tmp_path_factory):
         extra=m.extra,
         max_model_len=m.max_len,
         startup_s=420,  # a Mamba hybrid starts slowly on a busy 2-core machine
+        env={**CONTROL, **REMOTE_FAULTS},  # these tests hold vLLM mid-run and switch the leak on from kvscope
     ) as s:
         s.name, s.probe, s.system = name, probe, m.system
         yield s

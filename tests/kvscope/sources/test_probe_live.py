@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -166,20 +167,46 @@ def test_step_runs_one_schedule_and_a_window_gone_while_held_leaves_vllm_serving
 
 
 def test_headless_on_the_live_server(server):
-    threads = load(server, 4, max_tokens=40)
-    out = subprocess.run(
-        [sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", server.probe, "--duration", "5"],
-        capture_output=True,
+    """``kvscope --headless --json --probe ADDR`` prints the summary of kvscope's own engine, plus the keys of a
+    probed vLLM: ``kv_cache_groups``, ``audit_steps_with_problems``, ``dp_ranks`` (one rank here) and
+    ``requests_seen`` (every request it saw, counted once)."""
+    # vLLM's log is read by a thread, behind the probe: a subscriber with a name of its own, seen in the log, says
+    # every earlier line (an earlier test's subscriptions) is in, so the count below starts from here
+    marker = f"test: log mark {time.monotonic_ns()}"
+    assert probe_keyframe(server.probe, marker) is not None
+    assert logged(server, marker, timeout=30)
+    before = server.log_text().count("subscribed")
+    kvscope = subprocess.Popen(
+        [sys.executable, "-m", "kvscope", "--headless", "--json", "--probe", server.probe],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
         env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
     )
-    for t in threads:
-        t.join(120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    try:
+        deadline = time.monotonic() + 120  # the probe says kvscope subscribed: it sees every request from here
+        while server.log_text().count("subscribed") <= before:
+            assert kvscope.poll() is None and time.monotonic() < deadline, (
+                kvscope.stderr.read() if kvscope.poll() is not None else "kvscope did not subscribe"
+            )
+            time.sleep(0.2)
+        for t in load(server, 4, max_tokens=40):
+            t.join(120)
+        time.sleep(2.0)  # the last steps reach kvscope
+        kvscope.send_signal(signal.SIGINT)  # Ctrl+C ends a --probe run as its limits would
+        out, err = kvscope.communicate(timeout=60)
+    finally:
+        if kvscope.poll() is None:
+            kvscope.kill()
+    assert kvscope.returncode == 0, err
+    d = json.loads(out)
     assert d["steps"] > 0 and d["audit_problems"] == [] and d["num_blocks"] == 20 and d["block_size"] == 32
     assert {"blocks_used_peak", "prefix_cache_hits", "num_preemptions"} <= set(d)
+    assert d["kv_cache_groups"] == 1 and d["audit_steps_with_problems"] == 0
+    assert d["requests_seen"] == 4
+    assert [(r["rank"], r["endpoint"], r["answered"], r["requests_seen"]) for r in d["dp_ranks"]] == [
+        (0, server.probe, True, 4)
+    ]
 
 
 def test_the_leak_fault_is_found_in_a_real_vllm(server):

@@ -27,7 +27,11 @@ def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
         win.start()
         qtbot.waitUntil(lambda: win.info is not None and win.running, timeout=30_000)  # a live vLLM: in Run
         assert win.info.model_name.startswith("vLLM 0.") and win.info.num_blocks == 48
-        qtbot.waitUntil(lambda: win.latest is not None and len(win.latest.snapshot.requests) == 3, timeout=20_000)
+        # all three admitted (a busy machine may show a step where the third still waits for its blocks)
+        qtbot.waitUntil(
+            lambda: win.latest is not None and sum(r.status == "RUNNING" for r in win.latest.snapshot.requests) == 3,
+            timeout=20_000,
+        )
         win.flush()
         shared = win.latest.snapshot.ref_cnt[1:5].tolist()
         assert shared == [3, 3, 3, 3]  # the system prompt's 4 blocks, held by the three chats
@@ -104,7 +108,8 @@ def test_a_hybrid_models_groups_and_vllms_null_block_in_the_window(qtbot, tmp_pa
         win.flush()
         idle = {e.name: e.count for e in win.grid.legend.entries}
         assert idle["used"] == 0 and idle["reserved"] == 1  # nothing runs: block 0 is vLLM's, not a request's
-        assert "free 39/39 blocks" in win.status_label.text() and "1 reserved" in win.status_label.text()
+        status = win.status_label.toolTip()  # the whole line (the label shows a short form where it does not fit)
+        assert "free 39/39 blocks usable (1 reserved: vLLM's null block)" in status
         h.cmd("spin", on=True, pace=0.05)
         h.cmd("add", id="chat", prompt=list(range(100, 164)) + [7] * 9, max_tokens=2000)
         qtbot.waitUntil(lambda: any(0 in r.tables[0] for r in win.latest.snapshot.requests), timeout=30_000)
