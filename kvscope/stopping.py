@@ -45,10 +45,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back while this runs (importing Qt: a KeyboardInterrupt raised inside PySide6's
-    import machinery aborts the process), then delivered as soon as it ends, where they stop the run cleanly."""
-    stops = set(STOPPED_BY)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    import machinery aborts the process), then delivered as soon as it ends, where they stop the run cleanly.
+
+    Held by Python's own handlers, which only note the signal: a mask (``pthread_sigmask``) holds it back from the
+    main thread alone, and a signal that another thread took (ZeroMQ's, a reader's) still ran the raising handler
+    in the main thread, inside the import (a fatal "libshiboken/signature" error, exit -6, under load)."""
+    got: list[int] = []
+
+    def note(signum, _frame) -> None:
+        got.append(signum)
+
+    previous = {s: signal.signal(s, note) for s in STOPPED_BY}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if got:  # delivered now, to the handlers the run had (KeyboardInterrupt, Terminated)
+            signal.raise_signal(got[0])

@@ -18,7 +18,9 @@ def test_lab_low_hit_rate_names_each_cause(capsys):
     cached = {r["request_id"]: r["cached_tokens"] for r in out["requests"]}
     assert miss["0"]["reason"] == "no_cached_block"
     assert miss["1"]["reason"] == "differs_at" and cached["1"] == 64
-    assert "09:00:0⟦7⟧" in miss["1"]["detail"] and "09:00:0⟦1⟧" in miss["1"]["detail"]  # the timestamp, the token marked
+    assert (
+        "09:00:0⟦7⟧" in miss["1"]["detail"] and "09:00:0⟦1⟧" in miss["1"]["detail"]
+    )  # the timestamp, the token marked
     assert miss["2"]["reason"] == "different_tokenization" and cached["2"] == 0
     assert (miss["3"]["reason"], miss["3"]["token_position"], cached["3"]) == ("shifted", 0, 0)
     assert "a prefix of 1 token(s) shifted the rest: the cached chain starts at token 1" in miss["3"]["detail"]

@@ -180,3 +180,22 @@ def test_the_attach_window(sig, tmp_path):
     after = run.stop(sig)
     clean_end(run, after, sig, CODES[sig])
     assert after == [WORDS[sig]]
+
+
+def test_a_signal_while_held_waits_for_the_end_of_the_hold_whichever_thread_takes_it():
+    """SIGTERM sent while Qt imports (``signals_held``) from another thread, which may take it: nothing is raised
+    inside the hold (a Terminated inside PySide6's import was a fatal error, exit -6), and it is raised once the
+    hold ends, as the run's own Terminated."""
+    import threading
+
+    from kvscope.stopping import Terminated, signals_held, sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        with pytest.raises(Terminated):
+            with signals_held():
+                t = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
+                t.start()
+                t.join()
+                for _ in range(1000):  # bytecodes run: a handler that raised would raise here
+                    time.sleep(0.0001)
+            pytest.fail("the held signal was not delivered after the hold")
