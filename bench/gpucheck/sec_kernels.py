@@ -9,13 +9,13 @@ import sys
 
 from .shared import ROOT, Ctx, Section, Table
 
-# The kernels' own tests (test_triton_kernels.py, test_fused_ops.py) ran on the card earlier in the session with
+# The kernels' own tests (test_triton_paged.py, test_fused_ops.py) ran on the card earlier in the session with
 # bench/gpu_kernels.py; what a device call has time for is the engine over them, token for token.
-GPU_TESTS = ["tests/engine/runner/test_fused_engine.py"]
+GPU_TESTS = ["tests/engine/runner/test_fused_ops_engine.py"]
 # The rehearsal only proves the tests import and a few run: under the interpreter the whole set takes minutes.
 DRY_TESTS = [
-    "tests/engine/runner/test_cuda_path.py",
-    "tests/engine/runner/test_fused_engine.py::test_fused_kernels_equal_pytorch_ops_and_transformers",
+    "tests/engine/runner/test_model_runner_cuda_path.py",
+    "tests/engine/runner/test_fused_ops_engine.py::test_fused_kernels_equal_pytorch_ops_and_transformers",
 ]
 
 

@@ -148,7 +148,7 @@ class CacheMissExplainer:
         group = self.group
         for e in events:
             change = cache_change(e)  # the prefix cache's rules: engine.inspect.cache_rules
-            if group is not None and change in _KEYED and hash_group(e.block_hash) != group:
+            if group is not None and change in _KEYED and hash_group(cast(BlockStored, e).block_hash) != group:
                 continue  # another group's block (its key carries its group)
             if change is CacheChange.STORED:  # visible at once: a later admission in this step hits it
                 e = cast(BlockStored, e)
@@ -367,6 +367,8 @@ class CacheMissExplainer:
         if self.decode is None:
             return str(list(tokens[max(0, p - 3) : p + 3]))
         side = self._side(tokens, p)
+        if side is None:  # past the prompt's end
+            return ""
         return repr(f"{side.before}{MARK[0]}{side.token}{MARK[1]}{side.after}")
 
     def _side(self, tokens, p: int) -> SeamSide | None:

@@ -235,7 +235,7 @@ def _owners_and_fill(
     owner[blocks[first]] = index[first]
 
 
-def _block_groups(n: int, requests: list[RequestInfo], block_hashes: dict[int, str], reserved) -> np.ndarray:
+def _block_groups(n: int, requests: list[RequestInfo], block_hashes: Mapping[int, str], reserved) -> np.ndarray:
     """Each block's KV cache group: the group whose table holds it, else the group its hash is keyed under."""
     group = np.full(n, NO_GROUP, np.int8)
     for b, key in block_hashes.items():

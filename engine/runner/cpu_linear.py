@@ -14,6 +14,7 @@ libraries do; the oracle tests hold greedy output to transformers' token for tok
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(model: nn.Module) -> bool:
-    w = model.lm_head.weight
+    w = cast(nn.Linear, model.lm_head).weight
     return w.device.type == "cpu" and w.dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
 
 
@@ -54,11 +55,12 @@ def pack_linears(model: nn.Module) -> bool:
         return True
     if not can_pack(model):
         return False
-    for layer in model.layers:
+    for layer in cast(nn.ModuleList, model.layers):
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             setattr(layer, name, PackedLinear(getattr(layer, name)))
     # a tied lm_head is the embedding table: the embedding still reads it, so the plain weight stays
-    tied = model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
-    model.lm_head = PackedLinear(model.lm_head, keep_weight=tied)
-    logger.info("matmuls: oneDNN over weights packed once (CPU, %s)", str(model.lm_head.weight.dtype).split(".")[-1])
+    head, embed = cast(nn.Linear, model.lm_head), cast(nn.Embedding, model.embed_tokens)
+    tied = head.weight.data_ptr() == embed.weight.data_ptr()
+    model.lm_head = PackedLinear(head, keep_weight=tied)
+    logger.info("matmuls: oneDNN over weights packed once (CPU, %s)", str(head.weight.dtype).split(".")[-1])
     return True

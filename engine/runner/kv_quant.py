@@ -103,6 +103,7 @@ class QuantizedKV:
     def dequantize(self, data: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         if self.fmt == "fp8":
             return (data.float() * self.scale[:, None]).to(self.out_dtype)
+        assert scale is not None  # int8 and int4 keep a scale per slot (fp8's is the layer's, above)
         if self.fmt == "int8":
             vals = data.float()
         else:

@@ -102,12 +102,12 @@ class ModelRunner:
     def _new_cache(self, num_blocks: int, layer: int, device: torch.device, pin: bool = False):
         """One layer's (K, V) pools in the configured formats."""
         m = self.model
-        out = []
+        out: list[torch.Tensor | QuantizedKV] = []
         for part, fmt in enumerate(self.kv_formats):
             if fmt == "none":
                 out.append(zeros((num_blocks, self.block_size, m.num_kv_heads, m.head_dim), self.kv_dtype, device, pin))
             else:
-                scale = self.fp8_scales[layer][part] if fmt == "fp8" else None
+                scale = self.fp8_scales[layer][part] if fmt == "fp8" and self.fp8_scales is not None else None
                 out.append(
                     QuantizedKV(
                         fmt, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype, device, pin, scale
@@ -121,6 +121,11 @@ class ModelRunner:
         m = self.model
         per_token = sum(token_bytes(f, m.num_kv_heads, m.head_dim, dtype_size(self.kv_dtype)) for f in self.kv_formats)
         return m.num_layers * per_token * self.block_size
+
+    @staticmethod
+    def _fp8_scale(amax: torch.Tensor, headroom: float) -> torch.Tensor:
+        """A head's scale: its largest magnitude (times the headroom) at fp8 e4m3's largest value, 448."""
+        return (amax * headroom / 448.0).clamp_min(1e-6).cpu()
 
     @torch.inference_mode()
     def _calibrate_fp8(self, num_tokens: int = 256, headroom: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -152,7 +157,7 @@ class ModelRunner:
 
         meta = self._metadata_for([(0, n, list(range(nb)))], pos)
         m(ids, pos, caches, meta, torch_ref.paged_attention, record)
-        scales = [tuple((a * headroom / 448.0).clamp_min(1e-6).cpu() for a in pair) for pair in amax]
+        scales = [(self._fp8_scale(k, headroom), self._fp8_scale(v, headroom)) for k, v in amax]
         logger.info(
             "fp8 KV scales calibrated over %d tokens (x%.0f headroom): K %.3g..%.3g, V %.3g..%.3g",
             n,
@@ -386,7 +391,9 @@ class ModelRunner:
         so that each new sample draws its first token from the same distribution, and of
         beams (beam search picks their tokens itself).
         """
-        seqs, ids, pos = [], [], []
+        seqs: list[tuple[int, int, list[int]]] = []
+        ids: list[int] = []
+        pos: list[int] = []
         for s in sched.scheduled:
             c, n = s.num_computed_tokens, s.num_new_tokens
             seqs.append((c, n, s.block_ids))
@@ -440,7 +447,8 @@ class ModelRunner:
 
     def _written_blocks(self, sched: SchedulerOutput, seqs, shifted: frozenset[int]) -> list[tuple[str, int]]:
         """(request id, physical block) for every block this step's slot mapping writes into."""
-        bs, out = self.block_size, []
+        bs = self.block_size
+        out: list[tuple[str, int]] = []
         for i, (computed, new, block_ids) in enumerate(seqs):
             shift = 1 if i in shifted else 0
             first, last = (computed - shift) // bs, (computed + new - 1 - shift) // bs

@@ -127,7 +127,7 @@ class ProbeClient:
         self.inbox.put(Link("behind", f"kvscope fell {dropped} messages behind the probe: reading its pool again"))
 
     def _run(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)  # long enough for the goodbye to leave
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 from .constants import (
     OP_APPEND,
@@ -98,7 +99,7 @@ class Recorder:
         self.tokens_of: dict[int, list[int]] = {}  # hashed block -> its tokens (for a keyframe)
         self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
         # during cache_full_blocks: block id -> (request, index in its group's table, group's block size)
-        self._store: dict[int, tuple[object, int, int]] = {}
+        self._store: dict[int, tuple[Any, int, int]] = {}  # a vLLM Request, its block index, block size
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
         self._saved: list[tuple[object, str, object]] = []
 

@@ -111,16 +111,19 @@ class RowTracker:
         sent, which is brought up to it; (0, None) when it is as sent. ``key``: (request id, group)."""
         nb = len(table)
         k = sent.num_blocks
+        out: tuple[int, list[int] | None]
         if whole or nb < k or (k and table[k - 1].block_id != sent.last_block):
-            out = (0, [b.block_id for b in table])
+            ids = [b.block_id for b in table]
+            out = (0, ids)
             if sent.live is not None:
                 self._unhold(sent.live, key)
-                sent.live = {b for b in out[1] if b != self.null}
+                sent.live = {b for b in ids if b != self.null}
                 self._hold(sent.live, key)
         elif nb > k:  # it grew: the new blocks alone
-            out = (k, [b.block_id for b in table[k:]])
+            ids = [b.block_id for b in table[k:]]
+            out = (k, ids)
             if sent.live is not None:
-                new = {b for b in out[1] if b != self.null}
+                new = {b for b in ids if b != self.null}
                 sent.live |= new
                 self._hold(new, key)
         else:
@@ -274,7 +277,7 @@ class RowTracker:
             # changes of most steps: 256 requests decoding give 16 a step new blocks of 16 tokens); changed
             # otherwise, the whole row's delta.
             slow = st is None or rid in dirty
-            if not slow:
+            if st is not None and not slow:
                 t = st.table
                 if t is None or len(t) != st.num_blocks:
                     slow = self._grew(st, rid, 0, grown) is False
@@ -284,7 +287,7 @@ class RowTracker:
                         if (t is None or len(t) != gs.num_blocks) and self._grew(gs, rid, g, grown) is False:
                             slow = True
                             break
-            if slow:
+            if slow or st is None:
                 row, sent[rid] = self._row(r, st, recorder, False)
                 if row is not None:
                     rows.append(row)
@@ -326,10 +329,11 @@ class RowTracker:
         self.holders.clear()
         self.rewrite.clear()
         recorder.loose.clear()
-        out = []
+        out: list[RequestRow] = []
         for r in self.scheduler.requests.values():
             row, self.sent[r.request_id] = self._row(r, None, recorder, True)
-            out.append(row)
+            if row is not None:  # a whole row is always made; None only says a delta had nothing to send
+                out.append(row)
         return out
 
     def deferred(self) -> list[list[int]]:

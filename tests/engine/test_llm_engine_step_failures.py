@@ -333,7 +333,7 @@ def test_a_trace_of_failed_steps_replays_to_the_live_snapshots(tiny_hf, tmp_path
     from engine import LLMEngine
     from engine.inspect.trace import replay_trace
     from kvscope.sources.live import LiveSource
-    from tests.kvscope.sources.test_scenarios_traces import assert_same_snapshot
+    from tests.kvscope.sources.test_scenario_traces import assert_same_snapshot
 
     engine = LLMEngine.from_hf_model(
         tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=16, preemption_mode="swap", num_cpu_blocks=32

@@ -66,7 +66,7 @@ def _decode_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype, d
         ids = meta.block_tables[meta.decode_seqs, :nb]
         past = torch.arange(nb * block_size, device=device)[None, :] >= lens[:, None]
         plan = meta.backend_state["torch_decode"] = (key, ids, past[:, None, None, :], {})
-    masks = plan[3]
+    masks: dict[torch.dtype, torch.Tensor] = plan[3]
     mask = masks.get(dtype)
     if mask is None:
         mask = masks[dtype] = torch.zeros(plan[2].shape, dtype=dtype, device=device).masked_fill_(plan[2], -math.inf)
@@ -94,7 +94,9 @@ def paged_attention(
         ).squeeze(2)
         if decode_only:
             return o
+        assert out is not None
         out[meta.decode_tokens] = o
+    assert out is not None  # a step with prefills writes them into one output
     prefill_attention(q, k_cache, v_cache, meta, scale, out)
     return out
 

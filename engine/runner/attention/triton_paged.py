@@ -528,6 +528,13 @@ TUNING = {
 }
 
 
+def _tuned(name: str) -> int:
+    """A tuning value that is always set (the decode kernel's; only prefill's may be None)."""
+    v = TUNING[name]
+    assert v is not None, name
+    return v
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     """Multiprocessors of the card; off CUDA (the interpreter) an H200's 132, so the tests exercise
@@ -542,12 +549,12 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     over the SMs when batch x KV heads alone cannot fill them and contexts are long; 1 otherwise.
     Depends only on values that are static under a CUDA graph (batch size, block-table width)."""
     programs = batch * num_kv_heads
-    target = TUNING["split_waves"] * _sm_count(device)
+    target = _tuned("split_waves") * _sm_count(device)
     if programs >= target:
         return 1
-    by_ctx = max(1, max_seq_len // TUNING["min_split_tokens"])
+    by_ctx = max(1, max_seq_len // _tuned("min_split_tokens"))
     want = triton.next_power_of_2(triton.cdiv(target, programs))
-    cap = 1 << (min(by_ctx, TUNING["max_splits"]).bit_length() - 1)  # the largest power of two under both
+    cap = 1 << (min(by_ctx, _tuned("max_splits")).bit_length() - 1)  # the largest power of two under both
     return min(want, cap)
 
 
@@ -624,8 +631,8 @@ def _decode(
     work = torch.empty(
         batch * num_heads * splits * (head_dim + 2) if splits > 1 else 1, dtype=torch.float32, device=q.device
     )
-    warps = TUNING["decode_warps"] * (2 if q.element_size() == 4 and not interpreted() else 1)
-    block_n, stages = TUNING["decode_block_n"], TUNING["decode_stages"]
+    warps = _tuned("decode_warps") * (2 if q.element_size() == 4 and not interpreted() else 1)
+    block_n, stages = _tuned("decode_block_n"), _tuned("decode_stages")
     _, block_n, stages = _fit_smem(q.device, q_pad, block_n, stages, head_dim, max(q.element_size(), 2))
     _decode_kernel[(batch, num_kv_heads, splits)](
         q,
@@ -682,7 +689,7 @@ def _prefill(
     num_kv_heads = kc.shape[2]
     tables = meta.block_tables
     seq_idx, q_start, q_len, ctx_len, max_q = _prefill_tensors(meta, q.device)
-    chosen = _prefill_config(max_q, q.dtype, meta.block_size, head_dim, q.device)
+    chosen = _prefill_config(int(max_q), q.dtype, meta.block_size, head_dim, q.device)
     keys = ("prefill_block_m", "prefill_block_n", "prefill_warps", "prefill_stages")
     block_m, block_n, warps, stages = (c if TUNING[k] is None else TUNING[k] for c, k in zip(chosen, keys))
     grid = (len(meta.prefill_seqs), triton.cdiv(max_q, block_m), num_heads)

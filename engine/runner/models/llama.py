@@ -9,7 +9,7 @@ variant, without importing its modeling code.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -67,13 +67,21 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear
     nn.Module.__init__(out)
     out.in_features, out.out_features = weight.shape[1], weight.shape[0]
     out.weight = nn.Parameter(weight, requires_grad=False)
-    out.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+    out.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None  # type: ignore[assignment]
     return out
+
+
+def _need(take: WeightSource, name: str) -> torch.Tensor:
+    """A tensor the model cannot run without: a checkpoint that lacks it is refused in one line."""
+    t = take(name)
+    if t is None:
+        raise ValueError(f"the checkpoint has no {name}")
+    return t
 
 
 def _fused(take: WeightSource, prefix: str, names: list[str]) -> nn.Linear:
     """One Linear for several projections that read the same input (q/k/v, gate/up)."""
-    weights = [take(f"{prefix}{n}.weight") for n in names]
+    weights = [_need(take, f"{prefix}{n}.weight") for n in names]
     biases = [take(f"{prefix}{n}.bias") for n in names]
     w = torch.cat(weights, 0)
     b = None
@@ -122,11 +130,13 @@ class DecoderLayer(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         attn, mlp = f"{prefix}self_attn.", f"{prefix}mlp."
         self.qkv_proj = _fused(take, attn, ["q_proj", "k_proj", "v_proj"])
-        self.o_proj = _linear(take(f"{attn}o_proj.weight"), take(f"{attn}o_proj.bias"))
+        self.o_proj = _linear(_need(take, f"{attn}o_proj.weight"), take(f"{attn}o_proj.bias"))
         self.gate_up_proj = _fused(take, mlp, ["gate_proj", "up_proj"])
-        self.down_proj = _linear(take(f"{mlp}down_proj.weight"), take(f"{mlp}down_proj.bias"))
-        self.input_layernorm = RMSNorm(take(f"{prefix}input_layernorm.weight"), config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(take(f"{prefix}post_attention_layernorm.weight"), config.rms_norm_eps)
+        self.down_proj = _linear(_need(take, f"{mlp}down_proj.weight"), take(f"{mlp}down_proj.bias"))
+        self.input_layernorm = RMSNorm(_need(take, f"{prefix}input_layernorm.weight"), config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(
+            _need(take, f"{prefix}post_attention_layernorm.weight"), config.rms_norm_eps
+        )
 
     def forward(
         self,
@@ -195,20 +205,25 @@ class LlamaForCausalLM(nn.Module):
     """Built from a config and a ``WeightSource``: a checkpoint read straight from safetensors
     (``loader.load_model``) or a transformers model already in memory (``from_hf``)."""
 
+    # declared: nn.Module's __getattr__ would type them as tensors or modules
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
     def __init__(self, config, take: WeightSource, rotary: nn.Module) -> None:
         super().__init__()
         check_supported(config)
         self.config = config
-        embed = take("model.embed_tokens.weight")
+        embed = _need(take, "model.embed_tokens.weight")
         self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
         self.layers = nn.ModuleList(
             DecoderLayer(config, take, f"model.layers.{i}.") for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(take("model.norm.weight"), config.rms_norm_eps)
+        self.norm = RMSNorm(_need(take, "model.norm.weight"), config.rms_norm_eps)
         head = take("lm_head.weight")
         self.lm_head = _linear(head if head is not None and head.numel() else embed)  # tied: one tensor
         self.rotary_emb = rotary
-        first = self.layers[0]
+        first = cast(DecoderLayer, self.layers[0])
         self.num_layers = len(self.layers)
         self.num_kv_heads, self.head_dim = first.num_kv_heads, first.head_dim
 
@@ -236,7 +251,9 @@ class LlamaForCausalLM(nn.Module):
         if ops is not None:
             residual = None
             for layer, (kc, vc) in zip(self.layers, kv_caches):
-                h, residual = layer.forward_fused(h, residual, ops, positions, kc, vc, meta, attention)
+                h, residual = cast(DecoderLayer, layer).forward_fused(
+                    h, residual, ops, positions, kc, vc, meta, attention
+                )
             return ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)[0]
         cos, sin = self.rotary_emb(h, positions[None])
         cos, sin = cos[0][:, None, :], signed_sin(sin[0][:, None, :])  # [T, 1, D]: broadcast over heads

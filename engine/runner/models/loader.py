@@ -171,6 +171,7 @@ def gguf_cache_dir(source: ModelSource) -> Path:
     """The converted copy of a GGUF file: keyed by the file's hash and the converter's version."""
     import transformers
 
+    assert source.gguf_file is not None  # only a GGUF source is converted
     gguf = Path(source.path) / source.gguf_file
     key = f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
     return cache_root() / "gguf" / f"{key}-f{CACHE_FORMAT}"
@@ -344,7 +345,8 @@ def load_native(folder: Path, dtype: str, device: torch.device):
         # transformers ties the head to the embedding whatever the file holds; a file saved with the
         # tied pair deduplicated may keep either name
         head = where.pop("lm_head.weight", None)
-        where.setdefault("model.embed_tokens.weight", head)
+        if head is not None:
+            where.setdefault("model.embed_tokens.weight", head)
 
     def take(name: str) -> torch.Tensor | None:
         handle, stored = where.pop(name, None) or (None, None)
@@ -485,7 +487,7 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
         ) from None
     model.eval()
     if device.type != "cuda":
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to() for dtypes only
     try:
         tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         return model, AutoTokenizer.from_pretrained(source.path, **tok_kwargs)

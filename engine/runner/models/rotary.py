@@ -31,6 +31,9 @@ def default_inv_freq(config) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """cos/sin for positions, as transformers' ``LlamaRotaryEmbedding.forward`` computes them."""
 
+    attention_scaling: float
+    inv_freq: torch.Tensor
+
     def __init__(self, config) -> None:
         super().__init__()
         kind = rope_type(config)

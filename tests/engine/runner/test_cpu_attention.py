@@ -10,7 +10,7 @@ import torch
 from engine import LLM, LLMEngine, SamplingParams
 from engine.runner.attention import cpu_attention, torch_ref
 from tests.conftest import hf_greedy
-from tests.engine.runner.test_triton_kernels import SEQS, make_meta
+from tests.engine.runner.test_triton_paged import SEQS, make_meta
 
 pytestmark = pytest.mark.skipif(cpu_attention.kernel() is None, reason="no C compiler: the kernel cannot be built")
 

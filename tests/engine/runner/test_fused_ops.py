@@ -274,7 +274,7 @@ def test_cos_sin_cache_holds_the_rotary_modules_halves(extra):
 def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
     """The wiring the model will use gives the layer's own output (fp32: to fp32 rounding)."""
     from engine.runner.models.llama import LlamaForCausalLM
-    from tests.engine.runner.test_triton_kernels import make_meta
+    from tests.engine.runner.test_triton_paged import make_meta
 
     model = LlamaForCausalLM.from_hf(copy.deepcopy(tiny_hf)).to(DEVICE)  # the session's model stays put
     layer = model.layers[0]

@@ -11,7 +11,7 @@ from engine import LLM, LLMEngine, SamplingParams
 from engine.runner.attention import torch_ref, triton_paged
 from engine.runner.kv_quant import QuantizedKV, part_formats, token_bytes
 from tests.conftest import hf_greedy
-from tests.engine.runner.test_triton_kernels import DEVICE, SEQS, make_meta
+from tests.engine.runner.test_triton_paged import DEVICE, SEQS, make_meta
 
 FORMATS = ["fp8", "int8", "int4"]
 

@@ -28,24 +28,16 @@ def settings(tmp_path):
 
 
 @pytest.fixture
-def process_window(qtbot, settings, tiny_dir):
-    wins = []
+def process_window(open_window, settings, tiny_dir):
+    """Windows on the tiny Llama's folder, in an engine process."""
 
     def make(trace: str | None = None, hang_timeout_s: float = 15.0, **kw) -> MainWindow:
         kw.setdefault("num_gpu_blocks", 48)
         kw.setdefault("block_size", 4)
         spec = SourceSpec(EngineConfig(model=tiny_dir, **kw), trace=trace)
-        win = MainWindow(ProcessBackend(spec, hang_timeout_s=hang_timeout_s), settings)
-        qtbot.addWidget(win)
-        wins.append(win)
-        win.show()
-        win.start()
-        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=90_000)
-        return win
+        return open_window(ProcessBackend(spec, hang_timeout_s=hang_timeout_s), settings=settings, timeout_ms=90_000)
 
-    yield make
-    for w in wins:
-        w.shutdown()
+    return make
 
 
 def drive(qtbot, win: MainWindow, steps: int) -> None:
@@ -187,7 +179,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     qtbot.waitUntil(lambda: win.latest.step >= start + 150, timeout=30_000)
     win.act_run.trigger()
     qtbot.waitUntil(lambda: not win.running, timeout=5000)
-    time.sleep(0.3)
+    time.sleep(0.3)  # batches the engine sent before it paused still arrive; no message says which was last
     win.flush()
     paused_at = win.latest.step
     assert win.latest.snapshot.request(win.latest.snapshot.requests[0].request_id).status == "RUNNING"

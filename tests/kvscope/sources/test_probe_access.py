@@ -28,7 +28,7 @@ def steps_go_on(h: Harness, timeout: float = 10.0) -> bool:
     """vLLM's scheduler keeps scheduling (it has work: the harness spins)."""
     start, deadline = h.cmd("dump")["step"], time.monotonic() + timeout
     while time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.2)  # polling: a step count that moves
         if h.cmd("dump")["step"] > start:
             return True
     return False
@@ -96,11 +96,11 @@ def test_a_pause_ends_with_the_peer_that_asked_for_it(vllm_python):
         other.hello("holder")  # the same name: its goodbye must not end the first one's pause
         assert other.wait_for("Keyframe") is not None
         other.send("Bye")
-        time.sleep(0.5)
+        time.sleep(0.5)  # the goodbye is handled (a wrong one would end the pause now)
         held_at = h.cmd("dump")["step"]
         for _ in range(3):  # the holder answers: the pause lasts
             holder.heartbeat()
-            time.sleep(1.0)
+            time.sleep(1.0)  # a stretch longer than the heartbeat rule's tick in which the pause must last
         assert h.cmd("dump")["step"] == held_at, "a pause ended while its peer kept answering"
         t = time.monotonic()
         holder.die()  # no goodbye: silence

@@ -164,7 +164,7 @@ def test_the_leak_fault_is_found_in_a_hybrid_model_and_named_with_its_group(hybr
     src = ProbeSource(hybrid.probe, wait_s=30)
     try:
         src.client.set_fault("leak-last-block", True)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the fault reaches the probe's thread before the request (no message acknowledges it)
         threads = load(hybrid, 1, max_tokens=6)
         found = first_audit_problem(src)
         (p,) = found.audit.problems

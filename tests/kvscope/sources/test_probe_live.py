@@ -149,7 +149,7 @@ def test_step_runs_one_schedule_and_a_window_gone_while_held_leaves_vllm_serving
     held(src)
     at = src.mirror.vllm_step
     computed = {r.request_id: r.num_computed_tokens for r in src.current().snapshot.requests if r.status == "RUNNING"}
-    time.sleep(1.0)
+    time.sleep(1.0)  # a stretch in which nothing may happen: vLLM held schedules no step
     assert fresh_keyframe(server.probe).step == at, "vLLM scheduled while held"
     assert server.healthy()  # held at schedule(): vLLM still answers
     for k in (1, 2):
@@ -185,7 +185,7 @@ def test_headless_on_the_live_server(server):
 def test_the_leak_fault_is_found_in_a_real_vllm(server):
     src = ProbeSource(server.probe, wait_s=30, fault="leak-last-block")  # as kvscope --probe-fault does
     try:
-        time.sleep(0.5)
+        time.sleep(0.5)  # the fault reaches the probe's thread before the request (no message acknowledges it)
         threads = load(server, 1, max_tokens=6)
         found = first_audit_problem(src)
         (p,) = found.audit.problems

@@ -100,7 +100,7 @@ def test_step_runs_exactly_one_schedule_and_a_window_that_goes_lets_vllm_run(vll
         src.hold(True)
         assert src.mirror.paused
         held_at = src.mirror.vllm_step
-        time.sleep(0.5)
+        time.sleep(0.5)  # a stretch in which nothing may happen: vLLM held schedules no step
         assert h.cmd("dump")["step"] == held_at  # held: vLLM schedules nothing
         before = {r.request_id: r.num_computed_tokens for r in src.current().snapshot.requests}
         for k in range(1, 4):
@@ -140,7 +140,7 @@ def test_a_fault_switched_on_from_kvscope(vllm_python):
     with Harness(ep, num_blocks=32, env=REMOTE_FAULTS) as h:
         src = ProbeSource(ep, wait_s=30, fault="leak-last-block")  # what --probe-fault does
         try:
-            time.sleep(0.3)
+            time.sleep(0.3)  # the fault reaches the probe's thread before vLLM works (no message acknowledges it)
             h.cmd("spin", on=True, pace=0.01)
             h.cmd("add", id="r", prompt=SYSTEM[:20], max_tokens=4)
             rec = first_audit_problem(src, 30)

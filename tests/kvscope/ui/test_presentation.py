@@ -8,14 +8,13 @@ import json
 import re
 
 import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtGui import QFontInfo
 from PySide6.QtWidgets import QAbstractButton, QComboBox, QLabel, QTabBar
 
 from engine import EngineConfig, LLMEngine
 from kvscope.scenario import ScenarioRunner, load_scenario
 from kvscope.sources.live import LiveSource
-from kvscope.ui.main_window import PRESENT_MIN_TEXT_PX, MainWindow
+from kvscope.ui.main_window import PRESENT_MIN_TEXT_PX
 from kvscope.ui.style import min_text_px, text_scale
 from kvscope.ui.views.figure_view import present_text_px
 
@@ -31,7 +30,7 @@ LESSONS = [
 
 
 @pytest.fixture
-def window(qtbot, smollm2, tmp_path):
+def window(open_window, smollm2):
     model, tok, _src = smollm2  # the lessons' prompts are text: their blocks as the classroom sees them
     tok = copy.deepcopy(tok)  # this window's engine thread's own (a Rust tokenizer is not shared across threads)
 
@@ -41,12 +40,7 @@ def window(qtbot, smollm2, tmp_path):
         engine = LLMEngine.from_hf_model(model, tok, config, name="SmolLM2")
         return LiveSource(engine, ScenarioRunner(sc) if sc else None)
 
-    win = MainWindow(source, QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(win)
-    win.show()
-    win.start()
-    qtbot.waitUntil(lambda: win.info is not None, timeout=120_000)
-    win.resize(1280, 720)
+    win = open_window(source, loaded="info", timeout_ms=120_000, size=(1280, 720))
     yield win
     win.set_presentation(False)
     win.shutdown()

@@ -13,14 +13,13 @@ from PySide6.QtCore import QSettings
 from engine import LLMEngine
 from kvscope.serve import OpenAIServer, ServeOptions
 from kvscope.sources.live import LiveSource
-from kvscope.ui.main_window import MainWindow
 from kvscope.ui.qt_models import RequestTableModel
 
 CLIENT = RequestTableModel.HEADERS.index("client")
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, tiny_hf, tiny_tokenizer):
+def window(qtbot, open_window, tmp_path, tiny_hf, tiny_tokenizer):
     server = OpenAIServer(ServeOptions(port=0))
     server.start()
     settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.Format.IniFormat)
@@ -29,10 +28,7 @@ def window(qtbot, tmp_path, tiny_hf, tiny_tokenizer):
         engine = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, name="tiny-llama", num_gpu_blocks=64, block_size=4)
         return LiveSource(engine, hooks=[server.bridge])
 
-    win = MainWindow(factory, settings, bridge=server.bridge)
-    qtbot.addWidget(win)
-    win.show()
-    win.start()
+    win = open_window(factory, settings=settings, bridge=server.bridge, loaded=None)
     qtbot.waitUntil(lambda: win.info is not None and win.running, timeout=20_000)  # serving starts in Run
     yield win, server
     win.shutdown()

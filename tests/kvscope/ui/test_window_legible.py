@@ -4,36 +4,25 @@ banners close and clear, nothing of a previous session shows, a model without a 
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings
 
 from engine import LLMEngine, SamplingParams
 from kvscope.cli import main
 from kvscope.sources.base import InjectSpec
 from kvscope.sources.live import LiveSource
-from kvscope.ui.main_window import MainWindow
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture
-def window(qtbot, tiny_hf, tmp_path):
-    wins = []
+def window(open_window, tiny_hf):
+    """Windows on the tiny Llama, on a thread."""
 
     def make(**kw):
         kw.setdefault("num_gpu_blocks", 32)
         kw.setdefault("block_size", 4)
-        settings = QSettings(str(tmp_path / f"k{len(wins)}.ini"), QSettings.Format.IniFormat)
-        win = MainWindow(lambda _s: LiveSource(LLMEngine.from_hf_model(tiny_hf, None, name="tiny", **kw)), settings)
-        qtbot.addWidget(win)
-        wins.append(win)
-        win.show()
-        win.start()
-        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=20_000)
-        return win
+        return open_window(lambda _s: LiveSource(LLMEngine.from_hf_model(tiny_hf, None, name="tiny", **kw)))
 
-    yield make
-    for w in wins:
-        w.shutdown()
+    return make
 
 
 def run(qtbot, win, prompts, steps):

@@ -27,24 +27,16 @@ def settings(tmp_path):
 
 
 @pytest.fixture
-def make_window(qtbot, tiny_hf, settings):
-    windows = []
+def make_window(open_window, tiny_hf, settings):
+    """Windows on the tiny Llama (or on ``factory``'s engine), on a thread."""
 
     def make(factory=None, start: bool = True, **engine_kw) -> MainWindow:
         engine_kw.setdefault("num_gpu_blocks", 48)
         engine_kw.setdefault("block_size", 4)
         factory = factory or (lambda: LLMEngine.from_hf_model(tiny_hf, None, name="tiny-llama", **engine_kw))
-        win = MainWindow(lambda _scenario: LiveSource(factory()), settings)
-        qtbot.addWidget(win)
-        windows.append(win)
-        win.show()
-        if start:
-            win.start()
-        return win
+        return open_window(lambda _scenario: LiveSource(factory()), start=start, loaded=None, settings=settings)
 
-    yield make
-    for w in windows:
-        w.shutdown()
+    return make
 
 
 def loaded(qtbot, win: MainWindow) -> MainWindow:

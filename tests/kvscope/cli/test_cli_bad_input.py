@@ -436,7 +436,7 @@ def test_ctrl_c_closes_the_window_cleanly(tiny_dir, tmp_path, delay):
         lines.append(line)
         if "KV pool" in line or time.monotonic() > deadline:
             break
-    time.sleep(delay)
+    time.sleep(delay)  # the signal at a chosen moment of the run (the parameter), not a wait for something
     p.send_signal(signal.SIGINT)
     try:
         rest = p.communicate(timeout=30)[1]

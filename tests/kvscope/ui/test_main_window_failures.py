@@ -11,7 +11,7 @@ from engine import EngineConfig, LLMEngine
 from kvscope.cli.headless import build_session
 from kvscope.ui.app import StartupDriver
 from kvscope.ui.main_window import MainWindow
-from tests.kvscope.ui.test_gui import loaded, make_window, settings  # noqa: F401 - fixtures
+from tests.kvscope.ui.test_main_window import loaded, make_window, settings  # noqa: F401 - fixtures
 
 
 def failing_engine(tiny_hf, where: str):

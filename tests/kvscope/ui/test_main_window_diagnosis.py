@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QSettings
 
 from engine import EngineConfig, SamplingParams
 from engine.inspect.block_story import block_story
@@ -19,24 +18,16 @@ A = list(range(10, 22))  # 3 blocks of 4
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, tiny_dir):
-    wins = []
+def window(open_window, tiny_dir):
+    """Windows on the tiny Llama's folder (a scenario, if named), on a thread."""
 
     def make(scenario: str | None = None, **kw) -> MainWindow:
         kw.setdefault("num_gpu_blocks", 48)
         kw.setdefault("block_size", 4)
         spec = SourceSpec(EngineConfig(model=tiny_dir, **kw), scenario=scenario)
-        win = MainWindow(ThreadBackend(spec.factory), QSettings(str(tmp_path / "k.ini"), QSettings.Format.IniFormat))
-        qtbot.addWidget(win)
-        wins.append(win)
-        win.show()
-        win.start()
-        qtbot.waitUntil(lambda: win.info is not None and win.latest is not None, timeout=60_000)
-        return win
+        return open_window(ThreadBackend(spec.factory))
 
-    yield make
-    for w in wins:
-        w.shutdown()
+    return make
 
 
 def run_to_end(qtbot, win: MainWindow, prompts: list[list[int]], steps_between: int = 2) -> None:
