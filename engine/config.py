@@ -19,7 +19,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")  # see runner/kv_quant.py
 PREEMPTION_MODES = ("recompute", "swap")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 KV_LAYOUTS = ("paged", "contiguous")
 HASH_ALGOS = ("sha256", "builtin", "sha256_cbor")
 # the free queue's order (engine/core/eviction.py): vLLM's LRU, or LFU with dynamic ageing
@@ -133,7 +133,8 @@ class EngineConfig:
     )
     attention_backend: str = option(
         "auto",
-        "paged attention: triton kernels (the default on CUDA) or the PyTorch reference",
+        "paged attention: triton kernels (the default on CUDA), cpu (the default on the CPU: decode from a C "
+        "kernel over the paged cache, the rest as torch) or torch (PyTorch's ops, the reference)",
         choices=ATTENTION_BACKENDS,
         group="model",
     )

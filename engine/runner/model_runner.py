@@ -11,7 +11,7 @@ import torch
 from ..config import EngineConfig
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler import SchedulerOutput
-from .attention import torch_ref
+from .attention import cpu_attention, torch_ref
 from .attention.metadata import AttentionMetadata
 from .block_copy import swap_blocks
 from .cpu_linear import pack_linears
@@ -289,7 +289,15 @@ class ModelRunner:
     def _select_backend(self):
         backend = self.config.attention_backend
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
+            if self.device.type == "cpu":
+                backend = "cpu"
+            else:
+                backend = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
+        if backend == "cpu":
+            if self.device.type != "cpu":
+                raise ValueError("attention_backend='cpu' runs on the CPU; use 'triton' or 'torch' on CUDA")
+            # decode from the C kernel (torch_ref's ops where it cannot be built), prefill and the store torch_ref's
+            return cpu_attention.paged_attention, torch_ref.store_kv, "cpu"
         if backend == "triton":
             try:
                 from .attention import triton_paged

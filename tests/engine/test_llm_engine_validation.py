@@ -81,7 +81,7 @@ def test_other_add_request_arguments(tiny_engine):
         ({"fault": "segfault"}, "fault must be one of abort-leak, cow-leak, double-free, shared-write or None"),
         ({"hash_algo": "md5"}, "hash_algo must be one of sha256, builtin"),
         ({"kv_layout": "ring"}, "kv_layout must be one of paged, contiguous"),
-        ({"attention_backend": "cuda"}, "attention_backend must be one of auto, torch, triton"),
+        ({"attention_backend": "cuda"}, "attention_backend must be one of auto, cpu, torch, triton"),
         ({"max_model_len": 1}, "max_model_len must be >= 2"),
         ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization must be in \(0, 1\]"),
         ({"num_cpu_blocks": -1}, "num_cpu_blocks must be >= 0"),

@@ -97,6 +97,19 @@ def paged_attention(
         assert out is not None
         out[meta.decode_tokens] = o
     assert out is not None  # a step with prefills writes them into one output
+    prefill_attention(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """The rows of ``out`` of every sequence with more than one new token (``meta.prefill_seqs``)."""
     for i in meta.prefill_seqs:
         start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         seq_len = meta.seq_lens_host[i]
@@ -114,4 +127,3 @@ def paged_attention(
             mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:end] = o[0].transpose(0, 1)
-    return out
