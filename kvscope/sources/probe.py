@@ -211,6 +211,9 @@ class ProbeRank(_Base):
         self.ended: str | None = None  # why it has nothing more to show (a vLLM restarted with another pool)
         self._pending: list[StepRecord] = []
         self._resync_since: float | None = None
+        # a restarted vLLM's steps wait for its keyframe: its sequence numbers start again, and one that followed the
+        # old run's last would have been applied to the old pool (a race seen once in CI: blocks in tables at ref 0)
+        self._awaiting_keyframe = False
         self._said_read_only = False
 
     @property
@@ -335,6 +338,7 @@ class ProbeRank(_Base):
         if isinstance(msg, Welcome):
             if self.instance and msg.instance != self.instance:
                 self.notice = f"vLLM at {self.endpoint} restarted: its pool is read again from the start"
+                self._awaiting_keyframe = True
             self.welcome, self.instance = msg, msg.instance
             return None
         if isinstance(msg, Refused):
@@ -350,6 +354,8 @@ class ProbeRank(_Base):
                 return self._record([], 0.0, False, notice=f"vLLM's probe at {self.endpoint} answers: read from now on")
             return None
         if isinstance(msg, Step):
+            if self._awaiting_keyframe:
+                return None  # a restarted vLLM's step, before the keyframe of its pool
             if self._resync_since is not None and msg.seq > self.mirror.seq + 1:
                 return None  # a keyframe is on its way
             try:
@@ -361,6 +367,7 @@ class ProbeRank(_Base):
             return self._record(events, msg.seconds, not msg.between)
         if isinstance(msg, Keyframe):
             self._resync_since = None
+            self._awaiting_keyframe = False
             i = msg.info
             if (i.num_blocks, i.block_size) != (self.info.num_blocks, self.info.block_size):
                 self.ended = (

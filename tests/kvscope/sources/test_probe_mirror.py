@@ -410,3 +410,36 @@ def test_every_groups_tables_pins_and_a_delayed_free_are_audited():
     m.apply(Step(4, 4, 0.0, ops, [], [("a", "FINISHED_LENGTH_CAPPED")], None, {}, False))
     (p,) = m.audit().problems
     assert (p.block_id, p.problem, p.last_owner, p.group) == (3, "leaked", "a", "group 1 (full attention)")
+
+
+def test_a_restarted_vllms_steps_wait_for_its_keyframe():
+    """vLLM restarts at the same address: its step numbers start again, and one that happens to follow the old run's
+    last must not be applied to the old pool (CI once saw blocks in tables at ref 0 after a restart). Its steps wait
+    for the new keyframe; from it on, the new pool's steps apply."""
+
+    def answer(msg):
+        if isinstance(msg, Hello):
+            steps = [encode(Step(i, i, 0.0, [], [], [], None, {}, False)) for i in (1, 2)]
+            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "first")), encode(keyframe())] + steps
+        return []
+
+    fake = FakeProbe(answer)
+    try:
+        src = ProbeSource(fake.endpoint, wait_s=5)
+        deadline = time.monotonic() + 10
+        while src.mirror.seq != 2 and time.monotonic() < deadline:
+            src.step()
+        assert src.mirror.seq == 2
+        rank = src.shown  # the one data-parallel rank's reader
+        # the new vLLM greets, and its third step (seq 3: it follows the old run's last) comes before its keyframe
+        assert rank._handle(Welcome(PROTOCOL, "0.1.0", "0.32.0", "second")) is None
+        alloc = [[OP_REQUEST, "x"], [OP_POP, [1]], [OP_REF, 1, 1]]
+        assert rank._handle(Step(3, 3, 0.0, alloc, [], [], None, {}, False)) is None
+        assert src.mirror.seq == 2 and src.mirror.ref[1] == 0  # not applied to the old pool
+        rec = rank._handle(keyframe(seq=3, step=3))  # the new pool, read whole
+        assert rec is not None and rec.audit.ok and "restarted" in (rec.notice or "")
+        rec = rank._handle(Step(4, 4, 0.0, alloc, [], [], None, {}, False))
+        assert rec is not None and src.mirror.seq == 4 and src.mirror.ref[1] == 1
+        src.close()
+    finally:
+        fake.close()
