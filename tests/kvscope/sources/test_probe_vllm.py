@@ -18,33 +18,21 @@ import threading
 import time
 
 import pytest
-from vllm_live import CONTROL, REMOTE_FAULTS, Harness, first_audit_problem, free_port, logged, need_vllm
+from vllm_live import (
+    CONTROL,
+    REMOTE_FAULTS,
+    SYSTEM,
+    Harness,
+    chats,
+    drain,
+    endpoint,
+    first_audit_problem,
+    logged,
+    need_vllm,
+)
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
 from kvscope_vllm_probe.wire import PROTOCOL
-
-SYSTEM = list(range(100, 164))  # a shared system prompt: 4 blocks of 16
-
-
-def endpoint() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
-
-
-def chats(h: Harness, n: int, max_tokens: int, start: int = 0) -> None:
-    for i in range(start, start + n):
-        h.cmd("add", id=f"chat-{i}", prompt=SYSTEM + [300 + i] * (5 + 7 * (i % 5)), max_tokens=max_tokens)
-
-
-def drain(src: ProbeSource, until, timeout: float = 60.0) -> list:
-    """Records until ``until(record)`` holds, each one's audit checked."""
-    recs, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = src.step()
-        recs.append(rec)
-        assert rec.audit.ok, f"step {rec.step}: {rec.audit}"
-        if until(rec):
-            return recs
-    raise AssertionError(f"not reached in {timeout} s; last step {recs[-1].step if recs else None}")
 
 
 def same_as_vllm(rec, dump: dict) -> None:
