@@ -241,7 +241,10 @@ class ProbeRank(_Base):
                 raise ValueError(f"the probe at {self.endpoint} refused: {msg.reason}")
             if isinstance(msg, Link) and msg.kind == "refused":
                 raise ValueError(msg.text)
-            if isinstance(msg, Welcome):
+            if isinstance(msg, Link) and msg.kind == "behind":
+                # the first keyframe itself was dropped with a flood of steps behind it: ask for another (once)
+                self._resync()
+            elif isinstance(msg, Welcome):
                 self.welcome, self.instance = msg, msg.instance
             elif isinstance(msg, Keyframe):
                 self._first(msg, time.monotonic() - t0)
@@ -391,6 +394,7 @@ class ProbeRank(_Base):
 
     def _first(self, kf: Keyframe, load_seconds: float) -> None:
         self.first_payload = encode(kf)
+        self._resync_since = None
         self.tokenizer = _tokenizer(kf.info.model)
         self._load(kf)
         self.info = self._rank_info(kf, load_seconds)

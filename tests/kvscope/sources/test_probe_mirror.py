@@ -4,6 +4,7 @@ queue order (prepends and appends), kvscope's events, the audit, gaps, and every
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -268,14 +269,19 @@ class FakeProbe:
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.answer = answer
         self.got: list = []
+        self.later: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # sent by the socket's thread to the last client
+        self._ident: bytes | None = None
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            while self._ident is not None and not self.later.empty():
+                self.sock.send_multipart([self._ident, self.later.get()])
             if self.sock.poll(50):
                 ident, data = self.sock.recv_multipart()
+                self._ident = ident
                 msg = decode_to_probe(data)
                 self.got.append(msg)
                 for out in self.answer(msg):
@@ -352,8 +358,7 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
 
     def answer(msg):
         if isinstance(msg, Hello):
-            steps = [encode(Step(i, i, 0.0, [], [], [], None, {}, False)) for i in range(1, 21)]
-            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe())] + steps
+            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe())]
         if isinstance(msg, Resync):
             return [encode(keyframe(20, 20))]
         return []
@@ -361,6 +366,8 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
     fake = FakeProbe(answer)
     try:
         src = ProbeSource(fake.endpoint, wait_s=5)
+        for i in range(1, 21):  # the pool is read; now 20 steps come that nobody reads
+            fake.later.put(encode(Step(i, i, 0.0, [], [], [], None, {}, False)))
         time.sleep(1.0)  # the 20 steps arrive; nobody reads them
         assert src.client.inbox.qsize() <= 6
         notices, deadline = [], time.monotonic() + 10
@@ -370,6 +377,39 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
         assert src.mirror.seq == 20 and src.current().audit.ok
         assert sum(isinstance(m, Resync) for m in fake.got) == 1  # one keyframe asked for, not one a dropped step
         assert any("messages behind the probe: reading its pool again" in n for n in notices), notices
+        src.close()
+    finally:
+        fake.close()
+
+
+def test_a_first_keyframe_lost_in_a_flood_is_asked_for_again(monkeypatch):
+    """The steps behind the first keyframe fill the inbox before kvscope reads it (a slow start on a busy machine):
+    the keyframe is dropped with them, and kvscope asks for one more rather than waiting out its deadline."""
+    import kvscope_vllm_probe.client as client
+    from kvscope.sources.probe import ProbeRank
+
+    monkeypatch.setattr(client, "MAX_INBOX", 5)
+    wait_keyframe = ProbeRank.wait_keyframe
+
+    def slow_reader(self, deadline, progress=None):
+        time.sleep(1.0)  # every message arrives, and the inbox overflows, before the first is read
+        return wait_keyframe(self, deadline, progress)
+
+    monkeypatch.setattr(ProbeRank, "wait_keyframe", slow_reader)
+
+    def answer(msg):
+        if isinstance(msg, Hello):
+            steps = [encode(Step(i, i, 0.0, [], [], [], None, {}, False)) for i in range(1, 21)]
+            return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe())] + steps
+        if isinstance(msg, Resync):
+            return [encode(keyframe(20, 20))]
+        return []
+
+    fake = FakeProbe(answer)
+    try:
+        src = ProbeSource(fake.endpoint, wait_s=5)
+        assert src.mirror.seq == 20 and src.current().audit.ok
+        assert sum(isinstance(m, Resync) for m in fake.got) == 1
         src.close()
     finally:
         fake.close()
