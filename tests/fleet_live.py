@@ -11,7 +11,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ports import free_ports
 from vllm_live import VllmServer, probe_keyframe
 
 from kvscope.sources.fleet_metrics import parse_metrics
@@ -41,21 +41,6 @@ SYSTEMS = [
         "checks the student's understanding."
     ),
 ]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports, held open together while they are picked (several servers start at once: a port
-    freed by one pick must not be handed to the next)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def post(url: str, body: dict, timeout: float = 120) -> dict:

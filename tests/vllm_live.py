@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "tests" / "probe_vllm" / "harness.py"
@@ -51,31 +51,6 @@ def need_vllm() -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return exe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive free ports (a data-parallel vLLM's probes listen at PORT+rank)."""
-    for _ in range(100):
-        first = free_port()
-        socks = []
-        try:
-            for k in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", first + k))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError(f"no {n} consecutive free ports")
 
 
 def model_folder() -> str:

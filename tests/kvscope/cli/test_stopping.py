@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -29,12 +29,6 @@ def shm_of(pid: int) -> set[str]:
 
     prefix = slot_prefix(pid)
     return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} if os.path.isdir("/dev/shm") else set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Run:

@@ -3,10 +3,9 @@ the window starts in Run and shows each request's client, and a client that leav
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
+from ports import free_port
 from PySide6.QtCore import QSettings
 
 from engine import EngineConfig
@@ -14,12 +13,6 @@ from kvscope.runtime.build import SourceSpec
 from kvscope.serve import ServeOptions
 from kvscope.ui.main_window import MainWindow
 from kvscope.ui.worker import ProcessBackend
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

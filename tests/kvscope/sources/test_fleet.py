@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from engine import SamplingParams
 from engine.core.vllm_hashing import VllmBlockHasher, low64
@@ -173,11 +174,7 @@ def stored(hasher: VllmBlockHasher, tokens: list[int], block_id: int = 0) -> lis
 
 def free_tcp() -> str:
     """A loopback address nothing listens on yet (so a restarted publisher can bind it again)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def test_an_instance_that_goes_away_is_marked_the_rest_go_on_and_it_comes_back_fresh():

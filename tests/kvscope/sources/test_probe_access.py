@@ -8,8 +8,9 @@ import time
 
 import pytest
 import zmq
+from ports import free_port
 from raw_peer import RawPeer
-from vllm_live import CONTROL, Harness, free_port, logged, need_vllm
+from vllm_live import CONTROL, Harness, logged, need_vllm
 
 from kvscope.sources.probe import READ_ONLY, ProbeSource
 from kvscope_vllm_probe.constants import PROTOCOL

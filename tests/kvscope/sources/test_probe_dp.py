@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from vllm_live import CONTROL, Harness, free_ports, logged, need_vllm
+from ports import free_ports
+from vllm_live import CONTROL, Harness, logged, need_vllm
 
 from kvscope.sources.probe import ProbeSource
 
@@ -22,7 +23,7 @@ def ranks():
     """Two ranks' schedulers, as vLLM's engine cores for --data-parallel-size 2 (KVSCOPE_PROBE_DP_SIZE is what the
     plugin exports where vLLM starts them), each with requests of its own."""
     need_vllm()
-    port = free_ports(2)
+    port = free_ports(2)[0]
     base = f"tcp://127.0.0.1:{port}"
     env = {**CONTROL, "KVSCOPE_PROBE_DP_SIZE": "2"}
     with Harness(base, num_blocks=64, env=env, args=("--dp-rank", "0")) as h0:

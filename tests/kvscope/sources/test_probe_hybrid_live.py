@@ -20,12 +20,12 @@ import threading
 import time
 
 import pytest
+from ports import free_port
 from vllm_live import (
     CONTROL,
     REMOTE_FAULTS,
     VllmServer,
     first_audit_problem,
-    free_port,
     hybrid_model,
     logged,
     need_vllm,

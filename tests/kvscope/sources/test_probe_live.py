@@ -19,16 +19,8 @@ import time
 
 import pytest
 import zmq
-from vllm_live import (
-    CONTROL,
-    REMOTE_FAULTS,
-    VllmServer,
-    first_audit_problem,
-    free_port,
-    logged,
-    need_vllm,
-    probe_keyframe,
-)
+from ports import free_port
+from vllm_live import CONTROL, REMOTE_FAULTS, VllmServer, first_audit_problem, logged, need_vllm, probe_keyframe
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch

@@ -19,8 +19,9 @@ import time
 
 import pytest
 import zmq
+from ports import free_ports
 from raw_peer import RawPeer
-from vllm_live import CONTROL, VllmServer, free_ports, logged, need_vllm
+from vllm_live import CONTROL, VllmServer, logged, need_vllm
 
 from kvscope_vllm_probe.keys import make_keys
 from kvscope_vllm_probe.security import client_keys
@@ -31,7 +32,7 @@ def server(tmp_path_factory):
     need_vllm()
     folder = tmp_path_factory.mktemp("probe-keys")
     make_keys(str(folder), ["kvscope"])
-    port = free_ports(2)  # rank 0's probe at port, rank 1's at port + 1
+    port = free_ports(2)[0]  # rank 0's probe at port, rank 1's at port + 1
     env = {
         **CONTROL,
         "KVSCOPE_PROBE_SECRET_KEY": str(folder / "probe.key_secret"),

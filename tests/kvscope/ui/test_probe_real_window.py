@@ -19,8 +19,9 @@ import threading
 import time
 
 import pytest
+from ports import free_port
 from real_window import RealWindow, Xvfb, need_display
-from vllm_live import VllmServer, free_port, need_vllm
+from vllm_live import VllmServer, need_vllm
 
 SIZE = (1600, 1000)
 BLOCKS = 24

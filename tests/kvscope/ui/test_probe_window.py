@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
+from ports import free_port, free_ports
 from PySide6.QtCore import QSettings
-from vllm_live import CONTROL, Harness, free_port, free_ports, need_vllm
+from vllm_live import CONTROL, Harness, need_vllm
 
 from kvscope.sources.probe import ProbeSource
 from kvscope.ui.main_window import MainWindow
@@ -61,7 +62,7 @@ def test_the_window_shows_holds_and_steps_a_probed_vllm(qtbot, tmp_path):
 
 def test_the_window_shows_one_data_parallel_rank_and_picks_another(qtbot, tmp_path):
     need_vllm()
-    port = free_ports(2)
+    port = free_ports(2)[0]
     base = f"tcp://127.0.0.1:{port}"
     env = {**CONTROL, "KVSCOPE_PROBE_DP_SIZE": "2"}  # two engine cores' schedulers, as --data-parallel-size 2 has
     with Harness(base, num_blocks=48, env=env, args=("--dp-rank", "0")) as h0:
