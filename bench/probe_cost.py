@@ -28,7 +28,8 @@ from pathlib import Path
 from common import main, percentile, pyplot, save_figure, table, write_results
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # last: tests/kvscope must not hide kvscope
-from vllm_live import SERVE_ENV, VllmServer, free_port, model_folder, need_vllm  # noqa: E402
+from ports import free_port  # noqa: E402
+from vllm_live import SERVE_ENV, VllmServer, model_folder, need_vllm  # noqa: E402
 
 STEPS = Path(__file__).resolve().parents[1] / "tests" / "probe_vllm" / "probe_steps.py"
 

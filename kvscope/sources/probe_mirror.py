@@ -288,6 +288,15 @@ class VllmPoolMirror:
         self._apply_ops(st.ops, st.step, events, gained, lost)
         for row in st.rows:
             self._apply_row(row, events)
+        for rid, g, positions in getattr(st, "nulled", ()) or ():
+            r = self.requests.get(rid)
+            t = r.tables[g] if r is not None and 0 <= g < len(r.tables) else None
+            if t is None or (positions and positions[-1] >= len(t)):
+                raise MirrorError(
+                    f"the probe put the null block in request {rid}'s table {g}, which the mirror does not have"
+                )
+            for i in positions:
+                t[i] = self.null
         for rid, g, start, ids in getattr(st, "grown", ()) or ():
             r = self.requests.get(rid)
             if r is None or not 0 <= g < len(r.tables):
@@ -345,6 +354,13 @@ class VllmPoolMirror:
                     gained.setdefault(b, []).append(rid)
             for b in old[start:]:
                 if b not in now and b not in keep:
+                    lost.setdefault(b, []).append(rid)
+        for rid, g, positions in getattr(st, "nulled", ()) or ():
+            r = self.requests.get(rid)
+            t = r.tables[g] if r is not None and 0 <= g < len(r.tables) else []
+            for i in positions:
+                b = t[i] if i < len(t) else self.null
+                if b != self.null and rid not in lost.get(b, ()):
                     lost.setdefault(b, []).append(rid)
         for rid, _status in st.gone:
             r = self.requests.get(rid)

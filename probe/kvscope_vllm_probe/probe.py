@@ -127,6 +127,7 @@ class Probe:
             advanced,
             self.recorder.take_pins(),
             self.rows.grown,
+            self.rows.nulled,
         )
 
     def counters(self) -> dict[str, float]:

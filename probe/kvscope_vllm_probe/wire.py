@@ -174,6 +174,9 @@ class Step(Message):
     pinned: list[tuple[int, int]] | None = None  # the connector's references (Keyframe.pinned); None: as before
     # the tables of running requests that only grew: (request id, group, blocks_from, new block ids)
     grown: list[tuple[str, int, int, list[int]]] = []
+    # table positions where vLLM put its null block this step (a sliding window's block that left the window, a
+    # state group's retired state): (request id, group, positions), applied after ``rows`` and before ``grown``
+    nulled: list[tuple[str, int, list[int]]] = []
 
 
 class Held(Message):

@@ -15,6 +15,7 @@ from vllm_live import SYSTEM, Harness, chats, drain, endpoint, first_audit_probl
 from engine.inspect.kv_groups import NO_GROUP
 from engine.inspect.snapshot import BlockState
 from kvscope.sources.probe import ProbeSource
+from kvscope.sources.probe_mirror import VllmPoolMirror
 
 
 def idle(src: ProbeSource):
@@ -37,8 +38,16 @@ def vllm_python():
 
 
 @pytest.mark.parametrize("groups", ["sliding:32,full", "mamba,full"])
-def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, groups):
+def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, groups, monkeypatch):
     ep = endpoint()
+    nulled = []  # the table positions the probe said vLLM put its null block in (not the tables sent whole)
+    apply = VllmPoolMirror.apply
+
+    def seen(self, st):
+        nulled.extend(st.nulled)
+        return apply(self, st)
+
+    monkeypatch.setattr(VllmPoolMirror, "apply", seen)
     with Harness(ep, num_blocks=40, args=("--groups", groups)) as h:
         src = ProbeSource(ep, wait_s=30)
         try:
@@ -67,6 +76,7 @@ def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, group
             assert {"allocated", "freed", "stored", "admitted", "finished"} <= kinds
             freed = [e.request_id for r in recs for e in r.events if e.kind == "freed"]
             assert freed and all(rid.startswith("chat-") for rid in freed)  # a block a window gave back is named too
+            assert nulled and all(g == 0 and positions for _rid, g, positions in nulled)
         finally:
             src.close()
 

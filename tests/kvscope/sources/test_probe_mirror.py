@@ -452,6 +452,33 @@ def test_every_groups_tables_pins_and_a_delayed_free_are_audited():
     assert (p.block_id, p.problem, p.last_owner, p.group) == (3, "leaked", "a", "group 1 (full attention)")
 
 
+def test_a_window_that_slid_is_sent_as_the_positions_that_hold_the_null_block():
+    """A sliding window's block that left the window: the probe sends its position (``Step.nulled``), not the
+    table again; the mirror puts the null block there and names the request whose table lost the block (here the
+    first of two that share it), and a block that grew the table in the same step lands after it."""
+    from kvscope_vllm_probe.wire import KVGroup
+
+    groups = [KVGroup("sliding_window", 4, window=8), KVGroup("full", 4)]
+    info = PoolInfo("m", "0.32.0", 4, N, 0, True, "sha256", 2, False, 2048, "", groups=groups)
+    m = VllmPoolMirror(Keyframe(0, 0, info, [0] * N, [], [], list(range(1, N)), [], [], False, "", {}))
+    ops = [[OP_REQUEST, "b"], [OP_POP, [1, 2, 3]], [OP_REF, 1, 1], [OP_REF, 2, 1], [OP_REF, 3, 1]]
+    b = RequestRow("b", "RUNNING", 8, 0, list(range(8)), 8, 0, 0, [1, 2], 1.0, groups=[(1, 0, [3])])
+    m.apply(Step(1, 1, 0.0, ops, [b], [], None, {}, False))
+    ops = [[OP_REQUEST, "a"], [OP_REF, 1, 2], [OP_POP, [4]], [OP_REF, 4, 1]]
+    a = RequestRow("a", "RUNNING", 4, 0, list(range(4)), 4, 4, 0, [1], 2.0, groups=[(1, 0, [4])])
+    m.apply(Step(2, 2, 0.0, ops, [a], [], None, {}, False))
+    assert m.audit().ok
+    # b's window slid: its reference to block 1 dropped with no request named, the null block at b's position 0;
+    # block 5 grew b's window in the same step
+    ops = [[OP_REQUEST, ""], [OP_REF, 1, 1], [OP_POP, [5]], [OP_REF, 5, 1]]
+    st = Step(3, 3, 0.0, ops, [], [], None, {}, False, grown=[("b", 0, 2, [5])], nulled=[("b", 0, [0])])
+    events = m.apply(st)
+    assert BlockFreed(1, "b", 1) in events
+    assert m.snapshot(3).request("b").group_block_ids == ((0, 2, 5), (3,)) and m.audit().ok
+    with pytest.raises(MirrorError, match="null block in request c's table 0"):
+        m.apply(Step(4, 4, 0.0, [], [], [], None, {}, False, nulled=[("c", 0, [0])]))
+
+
 def test_a_restarted_vllms_steps_wait_for_its_keyframe():
     """vLLM restarts at the same address: its step numbers start again, and one that happens to follow the old run's
     last must not be applied to the old pool (CI once saw blocks in tables at ref 0 after a restart). Its steps wait
