@@ -383,9 +383,6 @@ def _install_block_hooks(cls) -> None:
     ref_get, ref_set = ref_slot.__get__, ref_slot.__set__
     hash_get, hash_set = hash_slot.__get__, hash_slot.__set__
 
-    def get_ref(self):
-        return ref_get(self, cls)
-
     def set_ref(self, value):
         rec = _active
         if rec is None:
@@ -400,9 +397,6 @@ def _install_block_hooks(cls) -> None:
             b = self.block_id
             if 0 <= b < rec.num_blocks and rec.blocks[b] is self:  # the scheduler's pool, not a connector's
                 rec.on_ref(self, value, old)
-
-    def get_hash(self):
-        return hash_get(self, cls)
 
     def set_hash(self, value):
         rec = _active
@@ -421,6 +415,8 @@ def _install_block_hooks(cls) -> None:
             if 0 <= b < rec.num_blocks and rec.blocks[b] is self:
                 rec.on_hash(self, value)
 
-    cls.ref_cnt = property(get_ref, set_ref)
-    cls._block_hash = property(get_hash, set_hash)
+    # the getters are the slots' own (C, no Python frame): vLLM reads these far more often than it writes them
+    # (a hybrid pool at 256 requests: about 700 reads of each a step)
+    cls.ref_cnt = property(ref_get, set_ref)
+    cls._block_hash = property(hash_get, set_hash)
     _installed = True
