@@ -265,23 +265,28 @@ class RowTracker:
             holders, rewrite, sent, null = self.holders, self.rewrite, self.sent, self.null
             for b in loose:
                 keys = holders.get(b)
-                for key in list(keys) if keys else ():
+                if keys is None:
+                    continue
+                for key in list(keys):
                     rid, g = key
                     st = sent.get(rid)
-                    t = None if st is None else st if g == 0 else st.more[g - 1]
-                    i = None if t is None or t.live is None else t.live.get(b)
+                    t: _Sent | _Table | None = st
+                    if st is not None and g:
+                        t = st.more[g - 1] if st.more is not None and g <= len(st.more) else None
+                    live = t.live if t is not None else None
+                    i = live.get(b) if live is not None else None
                     table = (self.tables if g == 0 else self.more_tables[g - 1]).get(rid) or ()
                     if i is not None and i < len(table) and table[i].block_id == b:
                         continue  # still in this table: its reference is not the one vLLM dropped
-                    if i is None or i >= len(table) or table[i].block_id != null or t is None or st is None:
+                    if t is None or live is None or i is None or i >= len(table) or table[i].block_id != null:
                         rewrite.setdefault(rid, set()).add(g)
                         continue
-                    del t.live[b]
+                    del live[b]
                     keys.discard(key)
                     if i == t.num_blocks - 1:
                         t.last_block = null  # the grow check compares the last block sent
                     nulled.setdefault(key, []).append(i)
-                if keys is not None and not keys:
+                if not keys:
                     del holders[b]
         loose.clear()
         self.nulled = [(rid, g, sorted(pos)) for (rid, g), pos in nulled.items()]
