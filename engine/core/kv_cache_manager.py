@@ -144,14 +144,10 @@ class KVCacheManager:
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return new
 
-    def append_decode_slots(
-        self, reqs: list[Request], start: int, stop: int, scheduled: list | None = None, make=None
-    ) -> int:
+    def append_decode_slots(self, reqs: list[Request], start: int, stop: int) -> int:
         """The decode fast path, for a run of requests: room for one more token each, without the
         general allocation. Returns the index of the first request in ``reqs[start:stop]`` that needs
-        ``allocate_slots`` (``stop`` when none does); every one before it has its slot, and with
-        ``scheduled`` gets ``make(request, 1, num_computed_tokens, block_ids, True)`` appended there
-        (the scheduler's entry, made in this one pass over the requests rather than a second).
+        ``allocate_slots`` (``stop`` when none does); every one before it has its slot.
 
         A token lands in the request's last block when it owns that block alone, or in one new block
         when the last is full. The general path decides the rest: more than one token to compute
@@ -163,12 +159,10 @@ class KVCacheManager:
             return start
         tables, ids_of, bs = self.req_to_blocks, self.req_to_block_ids, self.block_size
         free_queue = self.pool.free_queue
-        add = scheduled.append if scheduled is not None else None
         for k in range(start, stop):
             req = reqs[k]
             nc = req.num_computed_tokens
-            rid = req.request_id
-            blocks = tables.get(rid)
+            blocks = tables.get(req.request_id)
             if blocks is None or len(req.prompt_token_ids) + len(req.output_token_ids) - nc != 1:
                 return k
             i, offset = divmod(nc, bs)
@@ -176,15 +170,13 @@ class KVCacheManager:
                 if i >= len(blocks) or blocks[i].ref_cnt != 1:
                     return k
             elif i == len(blocks) and free_queue.num_free_blocks:
-                (b,) = self.pool.get_new_blocks(1, rid)
+                (b,) = self.pool.get_new_blocks(1, req.request_id)
                 blocks.append(b)
-                ids_of[rid].append(b.block_id)
+                ids_of[req.request_id].append(b.block_id)
             else:
                 return k
             if offset + 1 == bs:
                 self._cache_full_blocks(req, nc + 1)
-            if add is not None:
-                add(make(req, 1, nc, ids_of[rid], True))
         return stop
 
     # -- copy-on-write and fork ---------------------------------------------------------------

@@ -82,8 +82,11 @@ class Scheduler:
         ids_of = kv.req_to_block_ids
         i = 0
         while i < len(running) and budget > 0:
-            j = kv.append_decode_slots(running, i, min(len(running), i + budget), scheduled, ScheduledRequest)
+            j = kv.append_decode_slots(running, i, min(len(running), i + budget))
             if j > i:
+                scheduled += [
+                    ScheduledRequest(r, 1, r.num_computed_tokens, ids_of[r.request_id], True) for r in running[i:j]
+                ]
                 budget -= j - i
                 i = j
                 continue
