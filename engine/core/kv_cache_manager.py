@@ -271,6 +271,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(req.request_id, [])
         self.req_to_block_ids.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
+        req.decode_entry = None  # it points back at the request: a finished one goes with its last reference
         if req.cpu_block_ids:
             self.cpu_pool.release(req.cpu_block_ids)
             req.cpu_block_ids = []

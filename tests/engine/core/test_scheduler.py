@@ -118,3 +118,31 @@ def test_a_prefix_hit_at_admission_counts_full_blocks_and_leaves_the_last_token(
     out = run_step(s)
     assert b.num_cached_tokens == 8 and out.scheduled[0].num_new_tokens == 4
     assert s.kv.prefix_cache_hits == 8 and s.kv.prefix_cache_queries == 13 + 12
+
+
+def test_a_decode_entry_is_the_requests_own_kept_current_and_let_go_when_it_ends():
+    """A decoding request's entry is made once and updated each step (no object a request a step): it says the
+    step's computed count and the table as it is now (a new block included), and a request that ends goes with
+    its last reference (the entry points back at it: the collector is not needed)."""
+    import gc
+    import weakref
+
+    s = make()
+    a = request(list(range(1, 4)), max_tokens=20)  # 3 tokens: the fourth lands in block 0, the fifth needs block 1
+    s.add_request(a)
+    run_step(s)  # the prefill
+    entries = []
+    for _ in range(3):
+        (e,) = run_step(s).scheduled
+        entries.append((e, e.num_computed_tokens, list(e.block_ids)))
+    assert entries[0][0] is entries[1][0] is entries[2][0]  # one object, updated
+    assert [n for _, n, _ in entries] == [3, 4, 5]
+    assert len(entries[0][2]) == 1 and len(entries[1][2]) == 2 and entries[2][2] == s.kv.req_to_block_ids[a.request_id]
+    gc.disable()
+    try:
+        gone = weakref.ref(a)
+        s.finish_request(a, RequestStatus.FINISHED_ABORTED)
+        del a, e, entries
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -42,6 +42,7 @@ def test_the_engine_process_serves_and_the_window_watches(qtbot, tmp_path, tiny_
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["usage"]["completion_tokens"] == 5
+
         # the window draws the engine's records as they come: the step that finished the request may be one more
         def finished() -> bool:
             info = win.latest.snapshot.request(body["id"])
