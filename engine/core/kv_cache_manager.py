@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Any
 
 from .block_pool import BlockPool
 from .cpu_pool import CpuBlockPool
@@ -52,6 +53,10 @@ class KVCacheManager:
         # The same tables as block ids, kept in step with req_to_blocks (appended, not rebuilt every
         # step): the runner's block tables and the snapshot read them.
         self.req_to_block_ids: dict[str, list[int]] = {}
+        # each decoding request's scheduler entry (a ScheduledRequest), made once and updated each step: no new
+        # object a request a step. Kept here, not on the Request (a 30th attribute costs every Request its
+        # shared-key dict: docs/performance.md), and dropped with the request's blocks in free()
+        self.decode_entries: dict[str, Any] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already published
         # vLLM's counters, in tokens
         self.prefix_cache_queries = 0
@@ -271,7 +276,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(req.request_id, [])
         self.req_to_block_ids.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
-        req.decode_entry = None  # it points back at the request: a finished one goes with its last reference
+        self.decode_entries.pop(req.request_id, None)
         if req.cpu_block_ids:
             self.cpu_pool.release(req.cpu_block_ids)
             req.cpu_block_ids = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..config import SamplingParams
 from .kv_cache_utils import BlockHash
@@ -65,8 +64,6 @@ class Request:
     awaiting_round: bool = False  # a beam whose logits are in, waiting for its siblings' (beam search)
     client: str = ""  # who sent it (an HTTP client's host:port); "" for the window, scripts, scenarios
     stop_rules: tuple[int, bool] | None = field(default=None, repr=False)  # OutputProcessor's, once
-    # the scheduler's entry for this request's decode steps, made once and updated each step (Scheduler.schedule)
-    decode_entry: Any = field(default=None, repr=False)  # a ScheduledRequest (scheduler.py imports this module)
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id

@@ -120,10 +120,10 @@ def test_a_prefix_hit_at_admission_counts_full_blocks_and_leaves_the_last_token(
     assert s.kv.prefix_cache_hits == 8 and s.kv.prefix_cache_queries == 13 + 12
 
 
-def test_a_decode_entry_is_the_requests_own_kept_current_and_let_go_when_it_ends():
+def test_a_decode_entry_is_made_once_kept_current_and_let_go_when_the_request_ends():
     """A decoding request's entry is made once and updated each step (no object a request a step): it says the
     step's computed count and the table as it is now (a new block included), and a request that ends goes with
-    its last reference (the entry points back at it: the collector is not needed)."""
+    its last reference (nothing the scheduler keeps holds it; the collector is not needed)."""
     import gc
     import weakref
 
