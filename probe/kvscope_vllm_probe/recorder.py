@@ -270,7 +270,12 @@ class Recorder:
         where = self._store.get(b)
         if where is not None:
             request, i, bs = where
-            tokens = list(request.all_token_ids[i * bs : (i + 1) * bs])
+            # the request's own token list where vLLM keeps one (a slice of it is a new list; its read-only
+            # all_token_ids view slices in Python): a hashed block's tokens at a few steps' every block
+            ids = getattr(request, "_all_token_ids", None)
+            tokens = (
+                ids[i * bs : (i + 1) * bs] if type(ids) is list else list(request.all_token_ids[i * bs : (i + 1) * bs])
+            )
             # the group's block hashes are the request's (made every hash_block_size tokens) at its block ends
             k = i * (bs // self.hash_block_size or 1) - 1
             if i > 0 and 0 <= k < len(request.block_hashes):
