@@ -292,6 +292,12 @@ class FakeProbe:
         self._t.join(2)
         self.sock.close(0)
 
+    def __enter__(self) -> FakeProbe:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def test_no_probe_at_the_address_is_one_line():
     with pytest.raises(
@@ -305,14 +311,11 @@ def test_no_probe_at_the_address_is_one_line():
 def test_a_refusal_is_one_line():
     from kvscope_vllm_probe.wire import Refused
 
-    fake = FakeProbe(
+    with FakeProbe(
         lambda msg: [encode(Refused("the probe in vLLM speaks probe protocol 7"))] if isinstance(msg, Hello) else []
-    )
-    try:
+    ) as fake:
         with pytest.raises(ValueError, match="refused: the probe in vLLM speaks probe protocol 7"):
             ProbeSource(fake.endpoint, wait_s=5)
-    finally:
-        fake.close()
 
 
 def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
@@ -328,8 +331,7 @@ def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
             return [encode(keyframe(1, 1))]
         return []
 
-    fake = FakeProbe(answer)
-    try:
+    with FakeProbe(answer) as fake:
         src = ProbeSource(fake.endpoint, wait_s=5)
         notices, deadline = [], time.monotonic() + 10
         while time.monotonic() < deadline and not any(isinstance(m, Resync) for m in fake.got):
@@ -340,8 +342,6 @@ def test_a_message_kvscope_cannot_read_is_skipped_and_the_pool_read_again():
         src.step()  # the fresh keyframe
         assert src.mirror.seq == 1 and src.current().audit.ok
         src.close()
-    finally:
-        fake.close()
 
 
 def test_the_wire_refuses_what_is_not_one_of_its_messages():
@@ -363,8 +363,7 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
             return [encode(keyframe(20, 20))]
         return []
 
-    fake = FakeProbe(answer)
-    try:
+    with FakeProbe(answer) as fake:
         src = ProbeSource(fake.endpoint, wait_s=5)
         for i in range(1, 21):  # the pool is read; now 20 steps come that nobody reads
             fake.later.put(encode(Step(i, i, 0.0, [], [], [], None, {}, False)))
@@ -378,8 +377,6 @@ def test_a_reader_that_falls_far_behind_reads_the_pool_again(monkeypatch):
         assert sum(isinstance(m, Resync) for m in fake.got) == 1  # one keyframe asked for, not one a dropped step
         assert any("messages behind the probe: reading its pool again" in n for n in notices), notices
         src.close()
-    finally:
-        fake.close()
 
 
 def test_a_first_keyframe_lost_in_a_flood_is_asked_for_again(monkeypatch):
@@ -405,14 +402,11 @@ def test_a_first_keyframe_lost_in_a_flood_is_asked_for_again(monkeypatch):
             return [encode(keyframe(20, 20))]
         return []
 
-    fake = FakeProbe(answer)
-    try:
+    with FakeProbe(answer) as fake:
         src = ProbeSource(fake.endpoint, wait_s=5)
         assert src.mirror.seq == 20 and src.current().audit.ok
         assert sum(isinstance(m, Resync) for m in fake.got) == 1
         src.close()
-    finally:
-        fake.close()
 
 
 def test_every_groups_tables_pins_and_a_delayed_free_are_audited():
@@ -490,8 +484,7 @@ def test_a_restarted_vllms_steps_wait_for_its_keyframe():
             return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "first")), encode(keyframe())] + steps
         return []
 
-    fake = FakeProbe(answer)
-    try:
+    with FakeProbe(answer) as fake:
         src = ProbeSource(fake.endpoint, wait_s=5)
         deadline = time.monotonic() + 10
         while src.mirror.seq != 2 and time.monotonic() < deadline:
@@ -508,5 +501,3 @@ def test_a_restarted_vllms_steps_wait_for_its_keyframe():
         rec = rank._handle(Step(4, 4, 0.0, alloc, [], [], None, {}, False))
         assert rec is not None and src.mirror.seq == 4 and src.mirror.ref[1] == 1
         src.close()
-    finally:
-        fake.close()
