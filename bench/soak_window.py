@@ -29,7 +29,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
+sys.path.append(str(ROOT / "tests"))  # last: tests/kvscope must not hide kvscope
+from ports import free_port  # noqa: E402 - the tests' one port picker
+
 ENGINE_FLAGS = ["--num-gpu-blocks", "256", "--block-size", "16", "--max-num-seqs", "16", "--max-model-len", "512"]
 GREEDY = {"prompt": [7, 42, 99, 3, 250, 18, 64, 1, 77, 150, 33, 201, 9, 120, 5, 88], "max_tokens": 24}
 # The window's own process, started as ``kvscope`` is (``kvscope.cli.main``), with the profiler first if asked.
@@ -289,12 +291,6 @@ def metrics(url: str) -> dict[str, float]:
 
 
 # -- the app and its memory ---------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def save_model(folder: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.conftest import byte_tokenizer, make_tiny_hf

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -260,6 +261,16 @@ def logged(proc, text: str, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def stop_headless(kvscope: subprocess.Popen) -> dict:
+    """Ctrl+C to a running ``kvscope --headless --json --probe`` once the last steps reached it (it ends as its
+    limits would): its JSON summary, after a clean exit."""
+    time.sleep(2.0)  # the last steps reach kvscope
+    kvscope.send_signal(signal.SIGINT)
+    out, err = kvscope.communicate(timeout=60)
+    assert kvscope.returncode == 0, err
+    return json.loads(out)
 
 
 def first_audit_problem(src, timeout: float = 60.0):

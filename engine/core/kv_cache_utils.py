@@ -91,7 +91,7 @@ class FreeKVCacheBlockQueue:
         return b.prev_free is not None or self.head is b
 
     def remove(self, b: KVCacheBlock) -> None:
-        assert b.prev_free is not None or self.head is b, f"block {b.block_id} is not on the free queue"  # queued()
+        assert self.queued(b), f"block {b.block_id} is not on the free queue"
         if b.prev_free is None:
             self.head = b.next_free
         else:
@@ -104,7 +104,7 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, b: KVCacheBlock) -> None:
-        assert b.prev_free is None and self.head is not b, f"block {b.block_id} is already on the free queue"
+        assert not self.queued(b), f"block {b.block_id} is already on the free queue"
         b.prev_free, b.next_free = self.tail, None
         if self.tail is None:
             self.head = b

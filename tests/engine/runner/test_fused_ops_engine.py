@@ -32,6 +32,24 @@ def run(model, **kw) -> tuple[list[list[int]], LLMEngine]:
     return [r.outputs[0].token_ids for r in LLM.from_engine(engine).generate(PROMPTS, PARAMS)], engine
 
 
+def emulated_decode_graphs(engine: LLMEngine) -> None:
+    """The decode graphs' buffers on the CPU (emulated: the same buffers, padding and one copy a step), with the
+    fused kernels, for up to 5 sequences."""
+    r = engine.runner
+    r.decode_graphs = DecodeGraphs(
+        r.model,
+        r.kv_caches,
+        r.attention,
+        r.store,
+        r.device,
+        5,
+        -(-engine.max_model_len // 4),
+        4,
+        emulate=True,
+        ops=r.ops,
+    )
+
+
 def test_fused_kernels_equal_pytorch_ops_and_transformers(tiny_hf):
     fused, engine = run(tiny_hf, attention_backend="triton")
     assert engine.runner.ops is not None  # the fused path really ran
@@ -51,21 +69,9 @@ def test_fused_kernels_through_the_decode_graphs_buffers(tiny_hf):
         max_num_seqs=5,
         attention_backend="triton",
     )
-    r = engine.runner
-    r.decode_graphs = DecodeGraphs(
-        r.model,
-        r.kv_caches,
-        r.attention,
-        r.store,
-        r.device,
-        5,
-        -(-engine.max_model_len // 4),
-        4,
-        emulate=True,
-        ops=r.ops,
-    )
+    emulated_decode_graphs(engine)
     out = LLM.from_engine(engine).generate(PROMPTS[:3], PARAMS)
-    assert r.decode_graphs.num_replays >= 7
+    assert engine.runner.decode_graphs.num_replays >= 7
     assert [o.outputs[0].token_ids for o in out] == [hf_greedy(tiny_hf, p, 8) for p in PROMPTS[:3]]
 
 
@@ -129,21 +135,9 @@ def test_the_inspector_sees_the_same_run_with_decode_graphs_and_without(tiny_hf)
             attention_backend="triton",
             enforce_eager=True,
         )
-        r = engine.runner
         if graphs:
-            r.decode_graphs = DecodeGraphs(
-                r.model,
-                r.kv_caches,
-                r.attention,
-                r.store,
-                r.device,
-                5,
-                -(-engine.max_model_len // 4),
-                4,
-                emulate=True,
-                ops=r.ops,
-            )
+            emulated_decode_graphs(engine)
         runs.append(_trace(engine))
         if graphs:
-            assert r.decode_graphs.num_replays >= 5  # the decode-only steps
+            assert engine.runner.decode_graphs.num_replays >= 5  # the decode-only steps
     assert len(runs[0]) > 10 and runs[0] == runs[1]

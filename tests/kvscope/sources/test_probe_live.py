@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,16 @@ import time
 import pytest
 import zmq
 from ports import free_port
-from vllm_live import CONTROL, REMOTE_FAULTS, VllmServer, first_audit_problem, logged, need_vllm, probe_keyframe
+from vllm_live import (
+    CONTROL,
+    REMOTE_FAULTS,
+    VllmServer,
+    first_audit_problem,
+    logged,
+    need_vllm,
+    probe_keyframe,
+    stop_headless,
+)
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
 from engine.inspect.kv_wire import decode_batch
@@ -184,14 +192,10 @@ def test_headless_on_the_live_server(server):
             time.sleep(0.2)
         for t in load(server, 4, max_tokens=40):
             t.join(120)
-        time.sleep(2.0)  # the last steps reach kvscope
-        kvscope.send_signal(signal.SIGINT)  # Ctrl+C ends a --probe run as its limits would
-        out, err = kvscope.communicate(timeout=60)
+        d = stop_headless(kvscope)
     finally:
         if kvscope.poll() is None:
             kvscope.kill()
-    assert kvscope.returncode == 0, err
-    d = json.loads(out)
     assert d["steps"] > 0 and d["audit_problems"] == [] and d["num_blocks"] == 20 and d["block_size"] == 32
     assert {"blocks_used_peak", "prefix_cache_hits", "num_preemptions"} <= set(d)
     assert d["kv_cache_groups"] == 1 and d["audit_steps_with_problems"] == 0
