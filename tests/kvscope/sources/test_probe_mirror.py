@@ -388,14 +388,21 @@ def test_a_first_keyframe_lost_in_a_flood_is_asked_for_again(monkeypatch):
     monkeypatch.setattr(client, "MAX_INBOX", 5)
     wait_keyframe = ProbeRank.wait_keyframe
 
+    flooded = threading.Event()
+
     def slow_reader(self, deadline, progress=None):
-        time.sleep(1.0)  # every message arrives, and the inbox overflows, before the first is read
+        # every message arrives, and the inbox overflows, before the first is read: wait for the probe to answer
+        # the hello (the first may be lost before the connection is up, and the next goes a second later), then
+        # for the flood to land in the inbox
+        assert flooded.wait(10)
+        time.sleep(0.5)
         return wait_keyframe(self, deadline, progress)
 
     monkeypatch.setattr(ProbeRank, "wait_keyframe", slow_reader)
 
     def answer(msg):
         if isinstance(msg, Hello):
+            flooded.set()
             steps = [encode(Step(i, i, 0.0, [], [], [], None, {}, False)) for i in range(1, 21)]
             return [encode(Welcome(PROTOCOL, "0.1.0", "0.32.0", "x")), encode(keyframe())] + steps
         if isinstance(msg, Resync):
@@ -403,7 +410,7 @@ def test_a_first_keyframe_lost_in_a_flood_is_asked_for_again(monkeypatch):
         return []
 
     with FakeProbe(answer) as fake:
-        src = ProbeSource(fake.endpoint, wait_s=5)
+        src = ProbeSource(fake.endpoint, wait_s=15)
         assert src.mirror.seq == 20 and src.current().audit.ok
         assert sum(isinstance(m, Resync) for m in fake.got) == 1
         src.close()
