@@ -1,7 +1,7 @@
 """One decode step of the served engine, split: matmuls, attention, the KV store, sampling, the scheduler and
 block bookkeeping, the outputs, the inspector and the server's streaming.
 
-    python bench/decode_profile.py [--block-size 32] [--inspect window] [--label after]
+    python bench/decode_profile.py [--block-size 32] [--inspect window] [--label after] [--no-fuse-ops]
 
 kvscope's server (``peer_kvscope_server.py``, the inspector's bookkeeping as the window runs it unless
 ``--inspect`` says otherwise) on the embedded SmolLM2-135M in float32, one CPU thread, streaming 1, 8 and then 32
@@ -29,11 +29,11 @@ from common import write_results
 BATCHES = (1, 8, 32)
 
 
-def profile(block_size: int, inspect: str, max_tokens: int = 128) -> list[dict]:
+def profile(block_size: int, inspect: str, max_tokens: int = 128, fuse_ops: bool = True) -> list[dict]:
     model = model_folder()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="kvscope-sections-")
     os.close(fd)
-    server = kvscope_server(model, block_size, inspect, profile=path)
+    server = kvscope_server(model, block_size, inspect, profile=path, extra=() if fuse_ops else ("--no-fuse-ops",))
     try:
         run_load(server.url, None, make_prompts(2), 2, 8)  # warm-up
         for n in BATCHES:
@@ -66,10 +66,17 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--inspect", default="window", choices=("window", "headless", "off"))
     ap.add_argument("--label", default="now", help="the results file's suffix (before, after, ...)")
+    ap.add_argument("--no-fuse-ops", action="store_true", help="PyTorch's ops one by one (the fused kernels' baseline)")
     args = ap.parse_args()
-    splits = profile(args.block_size, args.inspect)
+    splits = profile(args.block_size, args.inspect, fuse_ops=not args.no_fuse_ops)
     print_split(splits)
-    config = {"block_size": args.block_size, "inspect": args.inspect, "threads": 1, "dtype": "float32"}
+    config = {
+        "block_size": args.block_size,
+        "inspect": args.inspect,
+        "threads": 1,
+        "dtype": "float32",
+        "fuse_ops": not args.no_fuse_ops,
+    }
     write_results(f"decode_profile_{args.label}", {"config": config, "rows": splits}, quick=False)
     return 0
 

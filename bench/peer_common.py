@@ -136,10 +136,12 @@ class Server:
                 self.proc.wait(10)
 
 
-def kvscope_server(model: str, block_size: int, inspect: str, profile: str | None = None) -> Server:
+def kvscope_server(
+    model: str, block_size: int, inspect: str, profile: str | None = None, extra: tuple[str, ...] = ()
+) -> Server:
     port = free_port()
     cmd = [sys.executable, str(BENCH / "peer_kvscope_server.py"), "--model", model, "--port", str(port)]
-    cmd += ["--block-size", str(block_size), "--inspect", inspect]
+    cmd += ["--block-size", str(block_size), "--inspect", inspect, *extra]
     if profile:
         cmd += ["--profile", profile]
     env = {**THREADS_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -76,11 +76,16 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--inspect", choices=INSPECT_MODES, default="window")
     ap.add_argument("--profile", default=None, metavar="FILE")
+    ap.add_argument("--no-fuse-ops", action="store_true", help="PyTorch's ops one by one (the fused kernels' baseline)")
     args = ap.parse_args()
 
     server = start_server(ServeOptions(port=args.port), say=lambda _text: None)
     config = EngineConfig(
-        model=args.model, dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs
+        model=args.model,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        fuse_ops=not args.no_fuse_ops,
     )
     source = build_source(SourceSpec(config, audit=args.inspect != "off"))
     emit = (lambda _res: None) if args.inspect != "window" else window_emit(RecordEncoder())

@@ -340,7 +340,8 @@ def main() -> int:
         "requests": {c: n_requests(c, args.quick) for c in concurrency},
         "load_average_start": load0,
         "load_average_end": os.getloadavg()[0],
-        "kvscope_attention": "cpu (decode from the C kernel over the paged cache)",
+        "kvscope_attention": "cpu (decode from the C kernel over the paged cache; norms, rotary, the KV store and "
+        "SiLU fused in C)",
         "minutes": (time.time() - t0) / 60,
     }
     write_results("peer_vllm_cpu", {"config": config, "rows": rows, "oracle": oracle}, args.quick)

@@ -141,8 +141,8 @@ class EngineConfig:
     enforce_eager: bool = option(False, "on CUDA: do not capture CUDA graphs for decode", group="model")
     fuse_ops: bool = option(
         True,
-        "with the Triton backend: fused kernels for RMSNorm with the residual add, rotary "
-        "with the KV store, and SiLU-and-mul (--no-fuse-ops: PyTorch's ops one by one, a "
+        "with the Triton and the CPU backends: fused kernels for RMSNorm with the residual add, "
+        "rotary with the KV store, and SiLU-and-mul (--no-fuse-ops: PyTorch's ops one by one, a "
         "baseline)",
         group="model",
     )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian/Ubuntu packages for the real-window tests: Xvfb (a virtual X screen), xdotool (keys and clicks),
 # tesseract-ocr (text read off a screenshot) and the X11 libraries Qt's xcb plugin links; and gcc, which builds
-# the CPU decode kernel (engine/runner/attention/cpu_decode.c). Without them those tests skip, saying what to
+# the CPU kernels (engine/runner/csrc/). Without them those tests skip, saying what to
 # install (CI sets KVSCOPE_REQUIRE_DISPLAY=1 and KVSCOPE_REQUIRE_COMPILER=1 so they fail instead).
 set -euo pipefail
 PKGS="gcc xvfb xdotool tesseract-ocr libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch import nn
 
 from .attention.triton_paged import _parts, _store_values, interpreted
 
@@ -216,7 +215,7 @@ def rope_and_store(
 
     ``q``: ``[T, H, D]``, ``k``/``v``: ``[T, KVH, D]``, each with a contiguous last dim (views into
     the fused qkv output are fine); ``k`` itself is left unrotated (only the cache gets its rotation).
-    ``cos_sin_cache``: ``[max_pos, D]`` from ``build_cos_sin_cache``; positions must be below max_pos.
+    ``cos_sin_cache``: ``[max_pos, D]`` from ``rotary.build_cos_sin_cache``; positions must be below max_pos.
     """
     t, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -263,21 +262,6 @@ def rope_and_store(
         enable_fp_fusion=False,
     )
     return q
-
-
-@torch.no_grad()
-def build_cos_sin_cache(
-    rotary_module: nn.Module, max_pos: int, dtype: torch.dtype, device: torch.device | str
-) -> torch.Tensor:
-    """``[max_pos, D]``: cos of every position in the first ``D/2`` columns, sin in the last ``D/2``,
-    from the rotary module's own forward (transformers' formulas, attention scaling included, cast
-    to ``dtype`` as the model's path casts them). Static RoPE kinds only: the dynamic ones
-    (``rotary.DYNAMIC_ROPE_TYPES``) change their frequencies with the sequence length."""
-    probe = torch.empty(1, dtype=dtype, device=device)
-    positions = torch.arange(max_pos, device=device)[None]
-    cos, sin = rotary_module(probe, positions)
-    half = cos.shape[-1] // 2
-    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(dtype).contiguous()
 
 
 # -- SiLU and multiply -----------------------------------------------------------------------------

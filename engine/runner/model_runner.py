@@ -16,7 +16,7 @@ from .attention.metadata import AttentionMetadata
 from .block_copy import swap_blocks
 from .cpu_linear import pack_linears
 from .cuda_graphs import DecodeGraphs, capture_sizes
-from .fused import FusedOps, fused_ops_for
+from .fused import LayerOps, fused_ops_for
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes, zeros
 from .models.llama import LlamaForCausalLM
@@ -277,11 +277,11 @@ class ModelRunner:
             return
         self.decode_graphs = graphs
 
-    def _select_ops(self) -> FusedOps | None:
-        """The fused kernels with the Triton backend (``fuse_ops``), where the model allows them."""
-        if self.backend != "triton" or not self.config.fuse_ops:
+    def _select_ops(self) -> LayerOps | None:
+        """The fused kernels (``fuse_ops``) of the Triton and the CPU backends, where the model allows them."""
+        if self.backend not in ("triton", "cpu") or not self.config.fuse_ops:
             return None
-        ops, why = fused_ops_for(self.model, self.max_model_len)
+        ops, why = fused_ops_for(self.model, self.max_model_len, self.backend, self.config.kv_cache_dtype)
         if ops is None:
             logger.info("no fused kernels: %s", why)
         return ops

@@ -1,4 +1,4 @@
-"""Paged attention on the CPU: decode from a small C kernel (``cpu_decode.c``), prefill as ``torch_ref``.
+"""Paged attention on the CPU: decode from a small C kernel (``csrc/cpu_decode.c``), prefill as ``torch_ref``.
 
 PyTorch's decode attention (``torch_ref``) gathers every decoding sequence's blocks into a contiguous copy, padded
 to the longest context, then runs SDPA over it: K and V are read, written and read again, every layer. The kernel
@@ -6,93 +6,31 @@ reads each sequence's K and V rows once, where they lie in the pool, and stops a
 ``cpu_attention_with_kv_cache`` does). At 32 decoding sequences of ~240 tokens on SmolLM2-135M that took 3.8x
 less time than the gather and SDPA, 2.6x at 8 (docs/performance.md).
 
-The kernel is plain C over raw buffers, compiled on first use by the system's C compiler (``cc``, about a second)
-into kvscope's cache folder and called through ctypes: no PyTorch headers, no build system. Where it cannot be
-built (no compiler), or with ``KVSCOPE_CPU_ATTENTION=torch``, the CPU runs ``torch_ref`` instead, after one log
-line: the same results up to float rounding.
+The kernel is part of the CPU kernels' library (``cpu_kernels``, built on first use). Where it cannot be built
+(no compiler), or with ``KVSCOPE_CPU_ATTENTION=torch``, the CPU runs ``torch_ref`` instead: the same results up to
+float rounding.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import logging
 import os
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
 import torch
 
+from .. import cpu_kernels
 from ..kv_quant import QuantizedKV
 from . import torch_ref
 from .metadata import AttentionMetadata
 
-logger = logging.getLogger("engine")
-
-SOURCE = Path(__file__).with_name("cpu_decode.c")
-# -march=native: the build is this machine's (the cache folder is per user, the file named by the source, flags and
-# compiler); the loops vectorise to its widest instructions. No -ffast-math: `omp simd` alone vectorises the sums.
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 ENV_SWITCH = "KVSCOPE_CPU_ATTENTION"  # "torch": PyTorch's ops, the kernel never built
-
-_lock = threading.Lock()
-_state: dict = {}
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kvscope" / "kernels"
 
 
 def kernel():
-    """The compiled kernel (a ctypes function), or None where it cannot be built (the reason logged once)."""
-    if "fn" not in _state:
-        with _lock:
-            if "fn" not in _state:
-                _state["fn"] = _load()
-    return _state["fn"]
-
-
-def _load():
+    """The compiled kernel (a ctypes function), or None where it is switched off or cannot be built."""
     if os.environ.get(ENV_SWITCH, "") == "torch":
         return None
-    cc = os.environ.get("CC", "cc")
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), *CFLAGS, version]).encode()).hexdigest()[:16]
-        lib = cache_dir() / f"cpu_decode-{key}.so"
-        if not lib.exists():
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            # built beside its final name and renamed: a process loading it never sees half a file
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-            os.close(fd)
-            try:
-                subprocess.run(
-                    [cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
-                    capture_output=True,
-                    text=True,
-                    timeout=300,
-                    check=True,
-                )
-                os.replace(tmp, lib)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        fn = ctypes.CDLL(str(lib)).kvscope_decode_attention
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", None) or e
-        logger.warning(
-            "CPU decode attention kernel unavailable (%s: %s); using PyTorch's ops",
-            type(e).__name__,
-            str(detail).strip().splitlines()[-1] if str(detail).strip() else "",
-        )
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr] * 6 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    lib = cpu_kernels.library()
+    return lib.kvscope_decode_attention if lib is not None else None
 
 
 def usable(k_cache, dtype: torch.dtype) -> bool:

@@ -18,7 +18,7 @@ from torch import nn
 from ..attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
-    from ..fused import FusedOps
+    from ..fused import LayerOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -169,7 +169,7 @@ class DecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         residual: torch.Tensor | None,
-        ops: FusedOps,
+        ops: LayerOps,
         positions: torch.Tensor,
         k_cache,
         v_cache,
@@ -243,10 +243,10 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionFn,
         store: StoreFn,
-        ops: FusedOps | None = None,
+        ops: LayerOps | None = None,
     ) -> torch.Tensor:
-        """``ops``: the fused kernels (``fused_ops.FusedOps``, the Triton backend's); without them, PyTorch's
-        ops one by one with ``store`` (the CPU path, and the reference)."""
+        """``ops``: the fused kernels (``fused.LayerOps``: the Triton backend's or the CPU's C ones); without them,
+        PyTorch's ops one by one with ``store`` (the reference)."""
         h = self.embed_tokens(input_ids)
         if ops is not None:
             residual = None

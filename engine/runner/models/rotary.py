@@ -59,3 +59,18 @@ def build_rotary(config) -> nn.Module:
     module = importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
     cls = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding"))
     return cls(config)
+
+
+@torch.no_grad()
+def build_cos_sin_cache(
+    rotary_module: nn.Module, max_pos: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """``[max_pos, D]``: cos of every position in the first ``D/2`` columns, sin in the last ``D/2``,
+    from the rotary module's own forward (transformers' formulas, attention scaling included, cast
+    to ``dtype`` as the model's path casts them). Static RoPE kinds only: the dynamic ones
+    (``rotary.DYNAMIC_ROPE_TYPES``) change their frequencies with the sequence length."""
+    probe = torch.empty(1, dtype=dtype, device=device)
+    positions = torch.arange(max_pos, device=device)[None]
+    cos, sin = rotary_module(probe, positions)
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(dtype).contiguous()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
+from engine.runner import cpu_kernels
 from engine.runner.attention import cpu_attention, torch_ref
 from tests.conftest import hf_greedy
 from tests.engine.runner.test_triton_paged import SEQS, make_meta
@@ -21,11 +22,11 @@ pytestmark = pytest.mark.skipif(cpu_attention.kernel() is None, reason="no C com
 @pytest.fixture
 def fresh_kernel(monkeypatch):
     """The kernel's cached state cleared for the test and put back after it."""
-    saved = dict(cpu_attention._state)
-    cpu_attention._state.clear()
+    saved = dict(cpu_kernels._state)
+    cpu_kernels._state.clear()
     yield
-    cpu_attention._state.clear()
-    cpu_attention._state.update(saved)
+    cpu_kernels._state.clear()
+    cpu_kernels._state.update(saved)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def test_no_compiler_is_one_warning_and_the_engine_still_serves(fresh_kernel, mo
         engine = LLMEngine.from_hf_model(tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=64)
         prompt = [5, 9, 2, 7]
         out = LLM.from_engine(engine).generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    warnings = [r for r in caplog.records if "kernel unavailable" in r.getMessage()]
+    warnings = [r for r in caplog.records if "kernels unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
     assert out[0].outputs[0].token_ids == hf_greedy(tiny_hf, prompt, 6)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))

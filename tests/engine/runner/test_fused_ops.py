@@ -21,7 +21,7 @@ from engine.runner import fused_ops
 from engine.runner.attention import torch_ref, triton_paged
 from engine.runner.kv_quant import QuantizedKV, part_formats
 from engine.runner.models.llama import rotate_half, signed_sin
-from engine.runner.models.rotary import RotaryEmbedding
+from engine.runner.models.rotary import RotaryEmbedding, build_cos_sin_cache
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -136,7 +136,7 @@ class Case:
         slots[1::3] = -1  # padded rows: rotate q, store nothing
         self.slots = slots.to(DEVICE)
         rotary = RotaryEmbedding(_rope_config(head_dim, heads))
-        self.cos_sin = fused_ops.build_cos_sin_cache(rotary, max_pos, dtype, DEVICE)
+        self.cos_sin = build_cos_sin_cache(rotary, max_pos, dtype, DEVICE)
         cos, sin = rotary(self.qkv, self.positions[None])
         self.cos, self.sin = cos[0][:, None, :], sin[0][:, None, :]  # the model's [T, 1, D]
 
@@ -263,7 +263,7 @@ def test_rope_and_store_refuses_a_strided_head_dim():
 )
 def test_cos_sin_cache_holds_the_rotary_modules_halves(extra):
     rotary = RotaryEmbedding(_rope_config(64, 4, **extra))
-    cache = fused_ops.build_cos_sin_cache(rotary, 200, torch.float16, DEVICE)
+    cache = build_cos_sin_cache(rotary, 200, torch.float16, DEVICE)
     cos, sin = rotary(torch.empty(1, dtype=torch.float16, device=DEVICE), torch.arange(200, device=DEVICE)[None])
     assert cache.shape == (200, 64) and cache.dtype == torch.float16
     assert torch.equal(torch.cat((cache[:, :32], cache[:, :32]), -1), cos[0])
@@ -299,7 +299,7 @@ def test_fused_ops_compose_into_the_llama_layer(tiny_hf):
             triton_paged.paged_attention,
             triton_paged.store_kv,
         )
-        cos_sin = fused_ops.build_cos_sin_cache(model.rotary_emb, 64, torch.float32, DEVICE)
+        cos_sin = build_cos_sin_cache(model.rotary_emb, 64, torch.float32, DEVICE)
         x, res = fused_ops.fused_add_rms_norm(h, None, layer.input_layernorm.weight, layer.input_layernorm.eps)
         q, k, v = layer.qkv_proj(x).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         t = h.shape[0]

@@ -1,34 +1,15 @@
 /* Decode attention over the paged KV cache on the CPU: one query token per sequence, read straight from the
  * cache's blocks. PyTorch's ops would gather each sequence's blocks into a contiguous copy first (a write and a
  * second read of all of K and V, every layer) and pad every sequence to the longest; here each K and V row is
- * read once, where it lies, up to the sequence's own length. Plain C over raw float32 buffers: cpu_attention.py
- * compiles it with the system's C compiler (-O3, this CPU's vector instructions) in about a second and calls it
- * through ctypes; the loops are written for the compiler to vectorise. */
-#include <math.h>
+ * read once, where it lies, up to the sequence's own length. Plain C over raw float32 buffers, built with the other
+ * CPU kernels into one library (cpu_kernels.py) and called through ctypes; the loops are written for the compiler to
+ * vectorise. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* exp(x) for x <= 0 (a score minus its row's maximum): Cephes' expf (a range reduction by ln 2 and a degree-6
- * polynomial, within 2 ulp of expf over this range), in plain float arithmetic so that a loop of it vectorises. */
-static inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = floorf(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const float z = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
-}
+#include "cpu_math.h"
 
 /* One sequence: out[H][D] from q[H][D] over its first len slots. scores: H * len floats of scratch, acc: H * D. */
 static void one_sequence(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
