@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice, repeat
+from operator import attrgetter, is_not
+
+import numpy as np
 
 from ..core.block_pool import BlockPool
 from ..core.kv_cache_utils import KVCacheBlock
@@ -127,39 +131,88 @@ def _culprit(ledger: PoolLedger, block_id: int, mapped_by: set[str], too_many: b
 
 def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], ledger: PoolLedger) -> AuditReport:
     """Every block's ref count against the tables that hold it, the free queue against ref count 0, and
-    the hash map against the blocks' hashes; ``ledger`` (the pool's record) names the request to blame."""
-    expected: Counter[int] = Counter()
+    the hash map against the blocks' hashes; ``ledger`` (the pool's record) names the request to blame.
+
+    Every step audits the whole pool, so the scan is done by C loops (``map`` over the blocks' slots, numpy over
+    the counts): only the blocks it finds suspect go through the rules one by one (``_audit_blocks``). A free
+    queue that is not a plain list of distinct blocks (a block queued twice, a cycle) takes the walk that names
+    where it breaks (``_audit_walking``)."""
+    blocks = pool.blocks
+    n = len(blocks)
+    walk = [b.block_id for b in islice(pool.free_queue, n + 1)]  # a cycle ends after n + 1
+    queued = np.bincount(np.fromiter(walk, np.int64, len(walk)), minlength=n)
+    if len(walk) > n or (walk and queued.max() > 1):
+        return _audit_walking(pool, tables, ledger)
+    held = [b.block_id for t in tables.values() for b in t]
+    expected = np.bincount(np.fromiter(held, np.int64, len(held)), minlength=n)
+    refs = np.fromiter(map(_REF, blocks), np.int64, n)
+    on_queue = queued > 0
+    suspect = (refs != expected) | ((refs == 0) & ~on_queue) | ((refs > 0) & on_queue & (expected > 0))
+    hashes = list(map(_HASH, blocks))
+    hashed = np.flatnonzero(np.fromiter(map(is_not, hashes, repeat(None)), bool, n))
+    if hashed.size:
+        ids = hashed.tolist()
+        wrong = map(is_not, map(pool.cached.get, map(hashes.__getitem__, ids)), map(blocks.__getitem__, ids))
+        suspect[hashed[np.fromiter(wrong, bool, len(ids))]] = True
+    problems = _audit_blocks(pool, tables, ledger, np.flatnonzero(suspect).tolist(), expected, on_queue)
+    if pool.free_queue.num_free_blocks != len(walk):
+        problems.append(AuditProblem(-1, "double_free", 0, 0))
+    return AuditReport(tuple(problems))
+
+
+_REF, _HASH = attrgetter("ref_cnt"), attrgetter("block_hash")
+
+
+def _holders(tables: dict[str, list[KVCacheBlock]], block_ids: set[int]) -> dict[int, set[str]]:
+    """The requests whose tables hold each of ``block_ids``."""
     mapped_by: dict[int, set[str]] = {}
     for rid, blocks in tables.items():
         for b in blocks:
-            expected[b.block_id] += 1
-            mapped_by.setdefault(b.block_id, set()).add(rid)
+            if b.block_id in block_ids:
+                mapped_by.setdefault(b.block_id, set()).add(rid)
+    return mapped_by
+
+
+def _audit_blocks(pool: BlockPool, tables, ledger: PoolLedger, ids: list[int], expected, queued) -> list[AuditProblem]:
+    """The rules, block by block, over ``ids`` (ascending): ``expected`` and ``queued`` indexed by block id."""
     problems: list[AuditProblem] = []
+    if not ids:
+        return problems
     owner = ledger.last_owner
+    mapped_by = _holders(tables, set(ids))
+    for i in ids:
+        b = pool.blocks[i]
+        exp, ref = int(expected[i]), b.ref_cnt
+        kind = ref_problem(ref, exp)
+        if kind is not None:
+            problems.append(AuditProblem(i, kind, exp, ref, _culprit(ledger, i, mapped_by.get(i, set()), ref > exp)))
+        kind = queue_problem(ref, exp, bool(queued[i]))
+        if kind is not None:
+            problems.append(AuditProblem(i, kind, exp, ref, owner[i]))
+        if b.block_hash is not None and pool.cached.get(b.block_hash) is not b:
+            problems.append(AuditProblem(i, "hash_map", exp, ref, owner[i]))
+    return problems
+
+
+def _audit_walking(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], ledger: PoolLedger) -> AuditReport:
+    """The audit of a broken free queue: walked block by block up to the first block seen twice (a cycle or a
+    double free), then every block by the rules."""
+    expected: Counter[int] = Counter()
+    for blocks in tables.values():
+        for b in blocks:
+            expected[b.block_id] += 1
+    problems: list[AuditProblem] = []
     seen: Counter[int] = Counter()
     for b in pool.free_queue:
         seen[b.block_id] += 1
         if seen[b.block_id] > 1:  # a cycle or a block queued twice: stop walking
-            problems.append(AuditProblem(b.block_id, "double_free", expected[b.block_id], b.ref_cnt, owner[b.block_id]))
-            break
-    for b in pool.blocks:
-        exp, ref = expected[b.block_id], b.ref_cnt
-        kind = ref_problem(ref, exp)
-        if kind is not None:
             problems.append(
-                AuditProblem(
-                    b.block_id,
-                    kind,
-                    exp,
-                    ref,
-                    _culprit(ledger, b.block_id, mapped_by.get(b.block_id, set()), ref > exp),
-                )
+                AuditProblem(b.block_id, "double_free", expected[b.block_id], b.ref_cnt, ledger.last_owner[b.block_id])
             )
-        kind = queue_problem(ref, exp, seen[b.block_id] > 0)
-        if kind is not None:
-            problems.append(AuditProblem(b.block_id, kind, exp, ref, owner[b.block_id]))
-        if b.block_hash is not None and pool.cached.get(b.block_hash) is not b:
-            problems.append(AuditProblem(b.block_id, "hash_map", exp, ref, owner[b.block_id]))
+            break
+    n = len(pool.blocks)
+    exp = [expected[i] for i in range(n)]
+    problems += _audit_blocks(pool, tables, ledger, list(range(n)), exp, [seen[i] > 0 for i in range(n)])
     if pool.free_queue.num_free_blocks != sum(seen.values()):
         problems.append(AuditProblem(-1, "double_free", 0, 0))
     return AuditReport(tuple(problems))
