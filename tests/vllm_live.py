@@ -263,6 +263,26 @@ def logged(proc, text: str, timeout: float = 10.0) -> bool:
     return True
 
 
+READING = "reading vLLM's probe at"  # what a headless --probe run says on stderr once it reads (tests/kvscope/cli)
+
+
+def wait_reading(kvscope: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until a ``kvscope --headless --probe`` run says it reads vLLM: its keyframe applied and its tokenizer loaded
+    (seconds on a busy machine). A Ctrl+C before that is an interrupted start, exit 130, not the end of a run."""
+    seen: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in iter(kvscope.stderr.readline, ""):
+            seen.append(line)
+            if READING in line:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(timeout) and seen and READING in seen[-1], "".join(seen) or "kvscope said nothing"
+
+
 def stop_headless(kvscope: subprocess.Popen) -> dict:
     """Ctrl+C to a running ``kvscope --headless --json --probe`` once the last steps reached it (it ends as its
     limits would): its JSON summary, after a clean exit."""

@@ -5,9 +5,10 @@ adds, rotary, the KV store, SiLU-and-mul), as about 20 PyTorch calls a layer, ea
 pass over rows the weights' streaming has just pushed out of cache. Here they are 4 calls a layer; the residual
 travels apart and is added inside the next norm, in place (vLLM's layer shape, as the Triton backend's).
 
-Rounding: rotary and the store are bitwise the PyTorch path's; the norms sum their squares in another order, and
-SiLU takes its exponential from a polynomial within 2 ulp (``cpu_math.h``): the last bits differ, as two BLAS
-libraries' do. Greedy output is held to transformers' token for token (tests/engine/runner/test_cpu_fused.py).
+Rounding: rotary and the store are bitwise the PyTorch path's over the same cos/sin table; the norms sum their
+squares in another order, and SiLU takes its exponential from a polynomial within 2 ulp (``cpu_math.h``): the last
+bits differ, as two BLAS libraries' do. Greedy output is held to transformers' token for token
+(tests/engine/runner/test_cpu_fused.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ class CpuFusedOps:
     cos_sin_cache: torch.Tensor  # [max_pos, head_dim]: cos in the first half, sin in the second
     lib: ctypes.CDLL
 
+    def check_step(self, positions: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor) -> None:
+        """Once a step, before the layers: the C code indexes the rotary table by position and the cache by slot
+        with no bounds of its own (PyTorch's ops would raise), so an out-of-range row is refused here."""
+        if positions.dtype != torch.int64 or slot_mapping.dtype != torch.int64:
+            raise ValueError("positions and slots must be int64")
+        if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < self.cos_sin_cache.shape[0]:
+            raise ValueError(f"a position outside the rotary table's {self.cos_sin_cache.shape[0]} rows")
+        rows = k_cache.shape[0] * k_cache.shape[1]
+        if slot_mapping.numel() and int(slot_mapping.max()) >= rows:
+            raise ValueError(f"a slot outside the KV cache's {rows} slots")
+
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +53,10 @@ class CpuFusedOps:
             residual, add = x.clone(), 0  # the embedding's rows: copied, nothing outside is written
         else:
             add = 1
+        if not (x.dtype == residual.dtype == weight.dtype == torch.float32) or residual.shape != x.shape:
+            raise ValueError("add_rms_norm runs float32 rows of one shape")
+        if not residual.is_contiguous() or not weight.is_contiguous():
+            raise ValueError("add_rms_norm needs a contiguous residual and weight")
         out = torch.empty_like(residual)
         self.lib.kvscope_add_rms_norm(
             x.data_ptr(),
@@ -64,6 +80,12 @@ class CpuFusedOps:
             return q
         if q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
             raise ValueError("rope_and_store needs q, k and v with a contiguous last dimension")
+        kvh = k.shape[1]
+        for c in (k_cache, v_cache):
+            if c.dtype != torch.float32 or not c.is_contiguous() or tuple(c.shape[-2:]) != (kvh, d):
+                raise ValueError(f"rope_and_store needs contiguous float32 caches of [..., {kvh}, {d}]")
+        if not (q.dtype == k.dtype == v.dtype == torch.float32):
+            raise ValueError("rope_and_store runs float32 q, k and v")
         positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()
         self.lib.kvscope_rope_and_store(
             q.data_ptr(),
@@ -82,7 +104,7 @@ class CpuFusedOps:
             v_cache.data_ptr(),
             t,
             h,
-            k.shape[1],
+            kvh,
             d,
             torch.get_num_threads(),
         )

@@ -12,10 +12,14 @@ from .models.rotary import DYNAMIC_ROPE_TYPES, build_cos_sin_cache, rope_type
 
 
 class LayerOps(Protocol):
-    """What ``LlamaForCausalLM.forward(ops=...)`` calls instead of PyTorch's ops one by one."""
+    """What ``LlamaForCausalLM.forward(ops=...)`` calls instead of PyTorch's ops one by one. ``add_rms_norm``
+    returns (the normed sum, the new residual) and may update the residual it is given in place (the CPU's does):
+    a caller passes a residual it owns and reads only the one returned."""
 
     @property
     def cos_sin_cache(self) -> torch.Tensor: ...  # [max_pos, head_dim]: cos in the first half, sin in the second
+
+    def check_step(self, positions, slot_mapping, k_cache) -> None: ...
 
     def add_rms_norm(self, x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -29,6 +33,11 @@ class FusedOps:
     """The Triton kernels."""
 
     cos_sin_cache: torch.Tensor  # [max_pos, head_dim]: cos in the first half, sin in the second
+
+    @staticmethod
+    def check_step(positions, slot_mapping, k_cache) -> None:
+        """Nothing: on a card a check would wait for the device (the kernels mask their loads by the step's own
+        lengths, and the scheduler keeps positions below the table's max_model_len)."""
 
     @staticmethod
     def add_rms_norm(x, residual, weight, eps):

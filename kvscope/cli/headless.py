@@ -132,6 +132,8 @@ def run_headless(config: EngineConfig, args: argparse.Namespace) -> int:
         if story:
             story.feed(rec.step, rec.events)
 
+    if args.probe:  # a run that ends on Ctrl+C: say when it reads (a Ctrl+C before this line is an interrupted start)
+        print(f"kvscope: reading vLLM's probe at {args.probe}: Ctrl+C ends the run with its summary", file=sys.stderr)
     failed = drive(session, on_record, limit, getattr(args, "duration", None), until_interrupted=bool(args.probe))
     if failed is not None:
         return failed

@@ -22,7 +22,7 @@ from ..kv_quant import QuantizedKV
 from . import torch_ref
 from .metadata import AttentionMetadata
 
-ENV_SWITCH = "KVSCOPE_CPU_ATTENTION"  # "torch": PyTorch's ops, the kernel never built
+ENV_SWITCH = "KVSCOPE_CPU_ATTENTION"  # "torch": PyTorch's ops for attention (the fused ops still run)
 
 
 def kernel():

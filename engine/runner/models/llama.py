@@ -249,6 +249,7 @@ class LlamaForCausalLM(nn.Module):
         PyTorch's ops one by one with ``store`` (the reference)."""
         h = self.embed_tokens(input_ids)
         if ops is not None:
+            ops.check_step(positions, meta.slot_mapping, kv_caches[0][0])
             residual = None
             for layer, (kc, vc) in zip(self.layers, kv_caches):
                 h, residual = cast(DecoderLayer, layer).forward_fused(

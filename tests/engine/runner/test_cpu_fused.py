@@ -59,6 +59,9 @@ def test_add_rms_norm_is_pytorchs_and_keeps_the_residual_apart(t, two_threads):
         torch.testing.assert_close(
             ops.add_rms_norm(strided, None, w, 1e-5)[0], F.rms_norm(strided, (n,), w, 1e-5), rtol=2e-6, atol=2e-6
         )
+        out, res = ops.add_rms_norm(strided, residual.clone(), w, 1e-5)  # the add reads the strided rows
+        assert torch.equal(res, residual + strided)
+        torch.testing.assert_close(out, F.rms_norm(residual + strided, (n,), w, 1e-5), rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
@@ -147,3 +150,39 @@ def test_where_the_c_kernels_do_not_apply_pytorchs_ops_run_and_the_log_says_why(
     assert said == ([f"no fused kernels: the CPU's fused kernels {why}"] if why else [])
     reference, _ = run(model, fuse_ops=False, **kw)
     assert out == reference  # the same path as switching them off
+
+
+def test_what_the_c_code_cannot_check_is_refused_in_one_line():
+    """The C code has no bounds of its own: a position past the rotary table, a slot past the cache, ids of another
+    dtype, a cache of another layout or dtype, rows of another dtype are refused before it runs (nothing written)."""
+    ops = ops_for(64, max_pos=300)
+    kc = torch.zeros(8, 4, 3, 64)
+    positions, slots = torch.tensor([0, 299]), torch.tensor([0, 31])
+    ops.check_step(positions, slots, kc)  # the last row of each: fine
+    bad = [
+        (torch.tensor([0, 300]), slots, "outside the rotary table's 300 rows"),
+        (torch.tensor([-1, 3]), slots, "outside the rotary table"),
+        (positions, torch.tensor([0, 32]), "outside the KV cache's 32 slots"),
+        (positions.int(), slots, "must be int64"),
+    ]
+    for pos, sl, why in bad:
+        with pytest.raises(ValueError, match=why):
+            ops.check_step(pos, sl, kc)
+    q, k, v = torch.randn(2, 9, 64), torch.randn(2, 3, 64), torch.randn(2, 3, 64)
+    for cache in (kc.to(torch.bfloat16), torch.zeros(8, 4, 64, 3).transpose(-1, -2), torch.zeros(8, 4, 1, 64)):
+        with pytest.raises(ValueError, match="contiguous float32 caches"):
+            ops.rope_and_store(q, k, v, positions, cache, cache, slots)
+    with pytest.raises(ValueError, match="float32 rows"):
+        ops.add_rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), None, torch.randn(8), 1e-5)
+    with pytest.raises(ValueError, match="contiguous residual"):
+        ops.add_rms_norm(torch.randn(2, 8), torch.randn(8, 2).t(), torch.randn(8), 1e-5)
+    assert not kc.any()
+
+
+def test_the_engine_refuses_a_step_past_the_rotary_table(tiny_hf):
+    """Once a step the model checks its rows against the C code's tables: a position past max_model_len (a runner
+    bug) is one clear error, not a read past the table."""
+    _, engine = run(tiny_hf)
+    ops = engine.runner.ops
+    with pytest.raises(ValueError, match="outside the rotary table"):
+        ops.check_step(torch.tensor([ops.cos_sin_cache.shape[0]]), torch.tensor([0]), engine.runner.kv_caches[0][0])

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 import torch
-from conftest import hf_greedy, make_tiny_hf
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.runner.models import loader
 from engine.runner.models.llama import LlamaForCausalLM
 from engine.runner.models.rotary import RotaryEmbedding, build_rotary
+from tests.conftest import hf_greedy, make_tiny_hf
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 PROMPTS = [[1, 2, 3, 4, 5], [9] * 13, list(range(40, 70))]

@@ -28,6 +28,7 @@ from vllm_live import (
     need_vllm,
     probe_keyframe,
     stop_headless,
+    wait_reading,
 )
 
 from engine.inspect.kv_events import WireCleared, WireRemoved, WireStored
@@ -190,6 +191,7 @@ def test_headless_on_the_live_server(server):
                 kvscope.stderr.read() if kvscope.poll() is not None else "kvscope did not subscribe"
             )
             time.sleep(0.2)
+        wait_reading(kvscope)
         for t in load(server, 4, max_tokens=40):
             t.join(120)
         d = stop_headless(kvscope)

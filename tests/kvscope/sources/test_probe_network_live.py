@@ -19,7 +19,7 @@ import pytest
 import zmq
 from ports import free_ports
 from raw_peer import RawPeer
-from vllm_live import CONTROL, VllmServer, logged, need_vllm, stop_headless
+from vllm_live import CONTROL, VllmServer, logged, need_vllm, stop_headless, wait_reading
 
 from kvscope_vllm_probe.keys import make_keys
 from kvscope_vllm_probe.security import client_keys
@@ -101,6 +101,7 @@ def test_both_ranks_are_read_all_eight_completions_seen_and_both_audits_clean(se
                 kvscope.stderr.read() if kvscope.poll() else ""
             )
             time.sleep(0.2)
+        wait_reading(kvscope)
         threads = [
             threading.Thread(target=server.complete, args=(f"Question {i}: name a colour.",), kwargs={"max_tokens": 12})
             for i in range(8)
