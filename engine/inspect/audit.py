@@ -121,6 +121,13 @@ def queue_problem(ref: int, expected: int, queued: bool) -> str | None:
     return None
 
 
+def suspect_blocks(refs: np.ndarray, expected: np.ndarray, queued: np.ndarray) -> np.ndarray:
+    """``ref_problem`` and ``queue_problem`` over every block at once (numpy arrays indexed by block id): where
+    either could find something. kvscope's pool and a probed vLLM's mirror scan with it, then run the rules on
+    those blocks alone."""
+    return (refs != expected) | ((refs == 0) & ~queued) | ((refs > 0) & queued & (expected > 0))
+
+
 def _culprit(ledger: PoolLedger, block_id: int, mapped_by: set[str], too_many: bool) -> str:
     """The request to blame: a holder whose table lost the block (a leak), else the last releaser."""
     if too_many:
@@ -147,7 +154,7 @@ def audit_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], ledger: P
     expected = np.bincount(np.fromiter(held, np.int64, len(held)), minlength=n)
     refs = np.fromiter(map(_REF, blocks), np.int64, n)
     on_queue = queued > 0
-    suspect = (refs != expected) | ((refs == 0) & ~on_queue) | ((refs > 0) & on_queue & (expected > 0))
+    suspect = suspect_blocks(refs, expected, on_queue)
     hashes = list(map(_HASH, blocks))
     hashed = np.flatnonzero(np.fromiter(map(is_not, hashes, repeat(None)), bool, n))
     if hashed.size:

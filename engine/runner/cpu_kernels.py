@@ -60,6 +60,17 @@ def library() -> ctypes.CDLL | None:
     return _state["lib"]
 
 
+def function(name: str, off_switch: str = ""):
+    """One entry point of the library, or None where it cannot be built or the environment variable
+    ``off_switch`` says "torch". Read once and kept (a layer asks for it every step)."""
+    key = (name, off_switch)
+    if key not in _state:
+        off = bool(off_switch) and os.environ.get(off_switch, "") == "torch"
+        lib = None if off else library()
+        _state[key] = getattr(lib, name) if lib is not None else None
+    return _state[key]
+
+
 def _load() -> ctypes.CDLL | None:
     cc = os.environ.get("CC", "cc")
     try:

@@ -20,7 +20,7 @@ from collections import deque
 
 import numpy as np
 
-from engine.inspect.audit import AuditProblem, AuditReport, queue_problem, ref_problem
+from engine.inspect.audit import AuditProblem, AuditReport, queue_problem, ref_problem, suspect_blocks
 from engine.inspect.chunked_map import ChunkedMap
 from engine.inspect.events import (
     BlockAllocated,
@@ -594,7 +594,7 @@ class VllmPoolMirror:
                 expected[b] += k
         queued = np.asarray(self.free.queued, bool)
         ref = self.ref
-        bad = (ref != expected) | ((ref == 0) & ~queued) | ((ref > 0) & queued & (expected > 0))
+        bad = suspect_blocks(ref, expected, queued)
         if 0 <= self.null < n:
             bad[self.null] = False
         problems: list[AuditProblem] = []

@@ -13,8 +13,6 @@ float rounding.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import cpu_kernels
@@ -27,10 +25,7 @@ ENV_SWITCH = "KVSCOPE_CPU_ATTENTION"  # "torch": PyTorch's ops for attention (th
 
 def kernel():
     """The compiled kernel (a ctypes function), or None where it is switched off or cannot be built."""
-    if os.environ.get(ENV_SWITCH, "") == "torch":
-        return None
-    lib = cpu_kernels.library()
-    return lib.kvscope_decode_attention if lib is not None else None
+    return cpu_kernels.function("kvscope_decode_attention", ENV_SWITCH)
 
 
 def usable(k_cache, dtype: torch.dtype) -> bool:

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C comp
 
 SHAPES = [(9, 3, 64), (4, 4, 20), (8, 1, 128)]  # (heads, kv heads, head dim): SmolLM2's, odd-sized, Llama-7B-like
 ROWS = [0, 1, 8, 40]  # 40: past PARALLEL_ROWS, split over two threads
+PROMPTS = [list(range(30, 60)) + [1, 2, 3], list(range(30, 60)) + [4], list(range(100, 137)), [7]]
 
 
 @pytest.fixture
@@ -110,12 +111,11 @@ def test_silu_and_mul_is_pytorchs_to_float_rounding(t, two_threads):
 
 
 def run(tiny_hf, **kw) -> tuple[list[list[int]], LLMEngine]:
-    prompts = [list(range(30, 60)) + [1, 2, 3], list(range(30, 60)) + [4], list(range(100, 137)), [7]]
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     engine = LLMEngine.from_hf_model(
         tiny_hf, None, name="tiny", block_size=4, num_gpu_blocks=kw.pop("num_gpu_blocks", 64), **kw
     )
-    outs = LLM.from_engine(engine).generate(prompts, params)
+    outs = LLM.from_engine(engine).generate(PROMPTS, params)
     return [o.outputs[0].token_ids for o in outs], engine
 
 
@@ -124,8 +124,7 @@ def test_the_cpu_engine_fuses_by_default_and_equals_pytorchs_ops_and_transformer
     assert isinstance(engine.runner.ops, CpuFusedOps) and engine.runner.backend == "cpu"
     unfused, other = run(tiny_hf, max_num_batched_tokens=16, fuse_ops=False)
     assert other.runner.ops is None
-    prompts = [list(range(30, 60)) + [1, 2, 3], list(range(30, 60)) + [4], list(range(100, 137)), [7]]
-    assert fused == unfused == [hf_greedy(tiny_hf, p, 10) for p in prompts]
+    assert fused == unfused == [hf_greedy(tiny_hf, p, 10) for p in PROMPTS]
     assert engine.metrics()["prefix_cache_hits"] > 0
     tight, small = run(tiny_hf, num_gpu_blocks=14)  # four requests in 14 blocks: preempted and recomputed
     assert small.metrics()["num_preemptions"] > 0 and tight == fused
