@@ -12,7 +12,7 @@ from ..config import EngineConfig
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler import SchedulerOutput
 from .attention import cpu_attention, torch_ref
-from .attention.metadata import AttentionMetadata
+from .attention.metadata import AttentionMetadata, sampled_rows
 from .block_copy import swap_blocks
 from .cpu_linear import pack_linears
 from .cuda_graphs import DecodeGraphs, capture_sizes
@@ -418,12 +418,14 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long).to(self.device)
         meta = self._metadata_for(seqs, positions, shifted)
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store, self.ops)
         rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
+        # the last layer past its K/V store on the sampling rows only (SampledRows): a prefill's other rows feed
+        # no later layer and no logits
+        sampled = sampled_rows(meta, rows)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.attention, self.store, self.ops, sampled)
         if not rows:
             return {}, {}
-        last = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in rows], device=self.device)
-        logits = self.model.compute_logits(hidden[last])
+        logits = self.model.compute_logits(hidden)
         return self._sampled(logits, [sched.scheduled[i].request for i in rows])
 
     def _sampled(self, logits: torch.Tensor, reqs: list) -> tuple[dict[str, int], dict[str, torch.Tensor]]:

@@ -30,3 +30,42 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_host)
+
+
+@dataclass(slots=True)
+class SampledRows:
+    """The rows of a step whose output is read (each sampling sequence's last token), and what attention needs to
+    compute those rows alone: one query a sequence at its last position over its whole context, a decode step's
+    shape, which every backend runs.
+
+    The last layer needs nothing else: every row's K and V are stored before attention, and no later layer reads
+    the other rows. So in a prefill step its attention, output projection and MLP run on these rows only (what
+    llama.cpp does with its output ids): ~1/num_layers of the step's matmuls."""
+
+    rows: torch.Tensor  # [S] rows of the step's flattened tokens
+    meta: AttentionMetadata  # S sequences of one token each
+
+
+def sampled_rows(meta: AttentionMetadata, seqs: list[int]) -> SampledRows | None:
+    """The last row of each sequence in ``seqs`` (indices into the batch), or None where that is every row (a
+    decode step: nothing to leave out)."""
+    if len(seqs) == len(meta.slot_mapping):
+        return None
+    dev = meta.seq_lens.device
+    idx = torch.tensor(seqs, dtype=torch.long).to(dev)
+    rows = torch.tensor([meta.query_start_loc[i + 1] - 1 for i in seqs], dtype=torch.long).to(dev)
+    each = torch.arange(len(seqs), dtype=torch.long, device=dev)
+    return SampledRows(
+        rows=rows,
+        meta=AttentionMetadata(
+            slot_mapping=meta.slot_mapping[rows],
+            block_tables=meta.block_tables[idx],
+            seq_lens=meta.seq_lens[idx],
+            query_start_loc=list(range(len(seqs) + 1)),
+            seq_lens_host=[meta.seq_lens_host[i] for i in seqs],
+            block_size=meta.block_size,
+            decode_seqs=each,
+            decode_tokens=each,
+            prefill_seqs=[],
+        ),
+    )

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention.metadata import AttentionMetadata
+from ..attention.metadata import AttentionMetadata, SampledRows
 
 if TYPE_CHECKING:
     from ..fused import LayerOps
@@ -148,7 +148,9 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionFn,
         store: StoreFn,
+        sampled: SampledRows | None = None,
     ) -> torch.Tensor:
+        """``sampled``: past the K/V store, only these rows (the model's last layer; see ``SampledRows``)."""
         t = h.shape[0]
         x = self.input_layernorm(h)
         qkv = self.qkv_proj(x)
@@ -159,6 +161,10 @@ class DecoderLayer(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         # Store the whole batch's K/V before any attention reads the cache.
         store(k, v, k_cache, v_cache, meta.slot_mapping)
+        if sampled is not None:
+            if not sampled.rows.numel():
+                return h[:0]
+            q, h, meta, t = q[sampled.rows], h[sampled.rows], sampled.meta, sampled.rows.numel()
         o = attention(q, k_cache, v_cache, meta, self.scale)
         h = h + self.o_proj(o.reshape(t, self.q_size))
         x = self.post_attention_layernorm(h)
@@ -175,10 +181,12 @@ class DecoderLayer(nn.Module):
         v_cache,
         meta: AttentionMetadata,
         attention: AttentionFn,
+        sampled: SampledRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer in 7 launches besides the matmuls' 4 (vLLM's shape): the residual travels apart and
         each add happens inside the next RMSNorm; rotary and the KV store are one kernel, SiLU-and-mul one.
-        Returns (this layer's last output, the residual before it); their sum is ``forward``'s result."""
+        Returns (this layer's last output, the residual before it); their sum is ``forward``'s result, for the rows
+        of ``sampled`` alone where it is given."""
         t = h.shape[0]
         x, residual = ops.add_rms_norm(h, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -191,6 +199,10 @@ class DecoderLayer(nn.Module):
             v_cache,
             meta.slot_mapping,
         )
+        if sampled is not None:
+            if not sampled.rows.numel():
+                return h[:0], residual[:0]
+            q, residual, meta, t = q[sampled.rows], residual[sampled.rows], sampled.meta, sampled.rows.numel()
         o = attention(q, k_cache, v_cache, meta, self.scale)
         x, residual = ops.add_rms_norm(
             self.o_proj(o.reshape(t, self.q_size)),
@@ -244,22 +256,27 @@ class LlamaForCausalLM(nn.Module):
         attention: AttentionFn,
         store: StoreFn,
         ops: LayerOps | None = None,
+        sampled: SampledRows | None = None,
     ) -> torch.Tensor:
         """``ops``: the fused kernels (``fused.LayerOps``: the Triton backend's or the CPU's C ones); without them,
-        PyTorch's ops one by one with ``store`` (the reference)."""
+        PyTorch's ops one by one with ``store`` (the reference). ``sampled``: the rows whose hidden state the step
+        reads (``SampledRows``); the result then holds those rows alone, in their order."""
         h = self.embed_tokens(input_ids)
+        last = self.num_layers - 1
         if ops is not None:
             ops.check_step(positions, meta.slot_mapping, kv_caches[0][0])
             residual = None
-            for layer, (kc, vc) in zip(self.layers, kv_caches):
+            for i, (layer, (kc, vc)) in enumerate(zip(self.layers, kv_caches)):
                 h, residual = cast(DecoderLayer, layer).forward_fused(
-                    h, residual, ops, positions, kc, vc, meta, attention
+                    h, residual, ops, positions, kc, vc, meta, attention, sampled if i == last else None
                 )
+            if not h.shape[0]:  # no row is read: the last layer stored its K/V and stopped
+                return h
             return ops.add_rms_norm(h, residual, self.norm.weight, self.norm.eps)[0]
         cos, sin = self.rotary_emb(h, positions[None])
         cos, sin = cos[0][:, None, :], signed_sin(sin[0][:, None, :])  # [T, 1, D]: broadcast over heads
-        for layer, (kc, vc) in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, kc, vc, meta, attention, store)
+        for i, (layer, (kc, vc)) in enumerate(zip(self.layers, kv_caches)):
+            h = layer(h, cos, sin, kc, vc, meta, attention, store, sampled if i == last else None)
         return self.norm(h)
 
     @torch.inference_mode()
