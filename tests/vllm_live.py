@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -22,6 +25,7 @@ from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "tests" / "probe_vllm" / "harness.py"
+ZYGOTE = ROOT / "tests" / "probe_vllm" / "zygote.py"
 SERVE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -60,8 +64,87 @@ def model_folder() -> str:
     return str(embedded_folder())
 
 
+class ForkedHarness:
+    """A harness forked from the zygote (tests/probe_vllm/zygote.py): ``subprocess.Popen``'s part that ``Harness``
+    uses (text pipes, ``poll``, ``wait``, ``kill``), for a process that is the zygote's child, not this one's."""
+
+    def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str]) -> None:
+        ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
+        theirs = [ends[0][0], ends[1][1], ends[2][1]]
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.conn.connect(zygote.path)
+            msg = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+            socket.send_fds(self.conn, [msg], theirs)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.stdin = os.fdopen(ends[0][1], "w")
+        self.stdout = os.fdopen(ends[1][0])
+        self.stderr = os.fdopen(ends[2][0])
+        self.answers = self.conn.makefile("r")
+        self.pid = json.loads(self.answers.readline())["pid"]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.conn], [], [], 0)[0]:
+            line = self.answers.readline()
+            self.returncode = json.loads(line)["exit"] if line else -signal.SIGKILL  # the zygote itself died
+            self.conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired("harness", timeout or 0)
+            select.select([self.conn], [], [], 0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class Zygote:
+    """vLLM imported once for this test process, harnesses forked from it (tests/probe_vllm/zygote.py). Started on
+    the first harness; it ends when this process does (its stdin closes). ``KVSCOPE_TEST_FORK_HARNESS=0``: every
+    harness a ``python harness.py`` of its own, as before."""
+
+    _one: Zygote | None = None
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="kvscope-zygote-")
+        self.path = os.path.join(self.dir, "fork.sock")
+        self.proc = subprocess.Popen(
+            [need_vllm(), str(ZYGOTE), self.path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder()),
+        )
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.proc.kill()
+            raise AssertionError(f"the harness zygote did not start ({self.proc.wait()})")
+
+    @classmethod
+    def get(cls) -> Zygote | None:
+        if os.environ.get("KVSCOPE_TEST_FORK_HARNESS", "1") == "0":
+            return None
+        if cls._one is None or cls._one.proc.poll() is not None:
+            cls._one = Zygote()
+        return cls._one
+
+
 class Harness:
-    """vLLM's scheduler in a child process with the probe at ``endpoint`` (see tests/probe_vllm/harness.py)."""
+    """vLLM's scheduler in a child process with the probe at ``endpoint`` (see tests/probe_vllm/harness.py),
+    forked from this test process's zygote: the same ``harness.main()`` as ``python harness.py``, without importing
+    vLLM again."""
 
     def __init__(
         self,
@@ -76,14 +159,20 @@ class Harness:
         if endpoint:
             e["KVSCOPE_PROBE_ENDPOINT"] = endpoint
         self.endpoint = endpoint
-        self.proc = subprocess.Popen(
-            [need_vllm(), str(HARNESS), "--num-blocks", str(num_blocks), "--block-size", str(block_size), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=e,
-        )
+        argv = ["--num-blocks", str(num_blocks), "--block-size", str(block_size), *args]
+        zygote = Zygote.get()
+        self.proc: subprocess.Popen | ForkedHarness
+        if zygote is not None:
+            self.proc = ForkedHarness(zygote, argv, e)
+        else:
+            self.proc = subprocess.Popen(
+                [need_vllm(), str(HARNESS), *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=e,
+            )
         self.log: deque[str] = deque(maxlen=400)
         threading.Thread(target=self._read_log, daemon=True).start()
         self.ready = json.loads(self._line(60))

@@ -20,7 +20,8 @@ The probe is started exactly as in a server: ``kvscope_vllm_probe.plugin.registe
 Options: ``--groups sliding:64,full`` (KV cache groups: full, sliding:WINDOW, mamba; vLLM's hybrid coordinator for
 more than one), ``--async`` (vLLM's AsyncScheduler, stepped as its engine core steps it: the next batch is scheduled
 before the last one's output is applied), ``--connector`` (tests/probe_vllm/scripted_connector.py).
-Used by the probe's tests (tests/kvscope/sources/test_probe_*.py) and its benchmark (bench/probe_cost.py).
+Used by the probe's tests (tests/kvscope/sources/test_probe_*.py) and its benchmark (bench/probe_cost.py). The tests
+fork it from a process that has imported vLLM already (``zygote.py``): ``main()`` runs the same either way.
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""A fork server for the harness: vLLM imported once a test worker, each harness a fork of that process.
+
+A harness's own work takes under a second; importing torch and vLLM before it took 7-8 s of CPU, and the probe's
+tests start about thirty harnesses. This process imports what the harness imports, then waits on a Unix socket.
+For each request (a JSON line: the harness's arguments, its environment and working folder, with its stdin, stdout
+and stderr passed as file descriptors) it forks a child that takes those descriptors as 0, 1 and 2, replaces its
+environment and runs ``harness.main()`` exactly as ``python harness.py ARGS`` would. The child's pid goes back on
+the connection, and its exit status when it ends; the connection stays open until then. Nothing of the probe is
+imported before the fork: the probe reads its switches from the environment when it registers.
+
+Runs in vLLM's Python (``tests/vllm_live.py`` starts one per test process and forks harnesses from it):
+    python zygote.py SOCKET_PATH
+It prints ``ready`` once it listens, and exits when its stdin closes (the test process is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def preload() -> None:
+    """What ``harness.main`` imports, in its order of cost: torch and vLLM's config, scheduler and request."""
+    sys.path.insert(0, HERE)
+    import harness  # noqa: F401
+    import torch  # noqa: F401
+    import vllm  # noqa: F401
+    import vllm.config  # noqa: F401
+    import vllm.sampling_params  # noqa: F401
+    import vllm.utils.hashing  # noqa: F401
+    import vllm.v1.core.kv_cache_utils  # noqa: F401
+    import vllm.v1.core.sched.async_scheduler  # noqa: F401
+    import vllm.v1.core.sched.scheduler  # noqa: F401
+    import vllm.v1.kv_cache_interface  # noqa: F401
+    import vllm.v1.outputs  # noqa: F401
+    import vllm.v1.request  # noqa: F401
+    import vllm.v1.structured_output  # noqa: F401
+
+    # a fork copies only the calling thread: a thread started by an import would be missing in every child, holding
+    # whatever lock it held
+    assert threading.active_count() == 1, f"threads after the imports: {threading.enumerate()}"
+    assert "kvscope_vllm_probe" not in sys.modules, "the probe must register after the fork, from its environment"
+
+
+def run_child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become ``python harness.py ARGS``, then exit with its status."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.argv = [os.path.join(HERE, "harness.py"), *request["args"]]
+        import harness
+
+        try:
+            harness.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+        os._exit(code)
+
+
+def serve(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select(timeout=0.05):
+            if key.data == "stdin":
+                if not sys.stdin.readline():  # the test process is gone
+                    return
+            else:
+                conn, _ = listener.accept()
+                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                request = json.loads(msg)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    for c in (conn, *children.values()):
+                        c.close()
+                    run_child(request, fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                children[pid] = conn
+        while children:  # reap, and say each child's status to its asker
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    preload()
+    serve(sys.argv[1])
