@@ -15,6 +15,7 @@ API: ``FigureView()``; ``set_snapshot(snap)``, ``set_requests([ids])`` (one or t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -78,6 +79,37 @@ def _font(px: float, bold: bool = False) -> QFont:
     f.setPixelSize(max(1, round(px)))
     f.setBold(bold)
     return f
+
+
+def _text_item(s: str, px: int, bold: bool, italic: bool, elide: float) -> QGraphicsSimpleTextItem:
+    """``s`` at ``px``, elided to ``elide`` pixels where it is longer (0: never)."""
+    it = QGraphicsSimpleTextItem(s)
+    f = _font(px, bold)
+    f.setItalic(italic)
+    it.setFont(f)
+    if elide and it.boundingRect().width() > elide:
+        # by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character at a
+        # time and measuring each try took minutes)
+        it.setText(QFontMetricsF(f).elidedText(s[: int(elide) + 2], Qt.TextElideMode.ElideRight, elide))
+    return it
+
+
+@functools.lru_cache(maxsize=8192)
+def _text_box(
+    s: str, px: int, bold: bool, italic: bool, elide: float, _family: str
+) -> tuple[float, float, float, float]:
+    """The box ``_text_item`` would take (x, y, width, height at position 0): a step's figure repeats most texts
+    (``_family``: the application's font, part of the key)."""
+    r = _text_item(s, px, bold, italic, elide).boundingRect()
+    return r.x(), r.y(), r.width(), r.height()
+
+
+def _aligned(x: float, w: float, align: str, width: float) -> float:
+    if align == "centre":
+        return x + (width - w) / 2
+    if align == "right":
+        return x + width - w
+    return x
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,25 +401,20 @@ class FigureView(QWidget):
         align: str = "left",
         width: float = 0.0,
         elide: float = 0.0,
-    ) -> QGraphicsSimpleTextItem:
-        """A text item; ``size`` defaults to the body's; while presenting no text is smaller than the body's."""
+    ) -> QGraphicsSimpleTextItem | None:
+        """A text item; ``size`` defaults to the body's; while presenting no text is smaller than the body's. None
+        while a layout is only measured (``_Bounds``)."""
         m = self._m
         px = m.px if size is None or presenting() else size
-        it = QGraphicsSimpleTextItem(s)
-        f = _font(px, bold)
-        f.setItalic(italic)
-        it.setFont(f)
-        if elide and it.boundingRect().width() > elide:
-            # by the font's metrics in one pass (a workload's prompt is 100k tokens: trimming a character at a
-            # time and measuring each try took minutes)
-            it.setText(QFontMetricsF(f).elidedText(s[: int(elide) + 2], Qt.TextElideMode.ElideRight, elide))
+        if isinstance(self.scene, _Bounds):
+            # a layout being measured: the text's box, measured once by the same item (most of a step's figure
+            # time went to making text items that were only measured)
+            x0, y0, w, h = _text_box(s, round(px), bold, italic, elide, QFont().family())
+            self.scene._unite(QRectF(_aligned(x, w, align, width) + x0, y + y0, w, h))
+            return None
+        it = _text_item(s, round(px), bold, italic, elide)
         it.setBrush(QBrush(colour))
-        w = it.boundingRect().width()
-        if align == "centre":
-            x += (width - w) / 2
-        elif align == "right":
-            x += width - w
-        it.setPos(x, y)
+        it.setPos(_aligned(x, it.boundingRect().width(), align, width), y)
         self.scene.addItem(it)
         return it
 
