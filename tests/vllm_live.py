@@ -7,9 +7,11 @@ up; with ``KVSCOPE_REQUIRE_VLLM=1`` (CI) they fail instead.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,13 +84,30 @@ class ForkedHarness:
         self.stdin = os.fdopen(ends[0][1], "w")
         self.stdout = os.fdopen(ends[1][0])
         self.stderr = os.fdopen(ends[2][0])
-        self.answers = self.conn.makefile("r")
-        self.pid = json.loads(self.answers.readline())["pid"]
+        self._buf = b""  # the socket read by hand: a buffered reader could hold the exit line where select cannot see
+        first = self._line(block=True)
+        if not first:
+            raise AssertionError("the harness zygote did not fork")
+        self.pid = json.loads(first)["pid"]
         self.returncode: int | None = None
 
+    def _line(self, block: bool) -> bytes | None:
+        """The zygote's next line (b"" once it closed the connection), or None if none has come and not ``block``."""
+        while b"\n" not in self._buf:
+            if not block and not select.select([self.conn], [], [], 0)[0]:
+                return None
+            chunk = self.conn.recv(4096)
+            if not chunk:
+                return b""
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self.conn], [], [], 0)[0]:
-            line = self.answers.readline()
+        if self.returncode is None:
+            line = self._line(block=False)
+            if line is None:
+                return None
             self.returncode = json.loads(line)["exit"] if line else -signal.SIGKILL  # the zygote itself died
             self.conn.close()
         return self.returncode
@@ -103,10 +122,11 @@ class ForkedHarness:
         return self.returncode
 
     def kill(self) -> None:
-        if self.returncode is None:
+        """Asked of the zygote, which kills the child only while it has not reaped it (its pid cannot be reused)."""
+        if self.poll() is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                self.conn.sendall(b"kill\n")
+            except OSError:
                 pass
 
 
@@ -131,6 +151,7 @@ class Zygote:
         if line.strip() != "ready":
             self.proc.kill()
             raise AssertionError(f"the harness zygote did not start ({self.proc.wait()})")
+        atexit.register(shutil.rmtree, self.dir, True)  # its socket's folder (the zygote ends with this process)
 
     @classmethod
     def get(cls) -> Zygote | None:

@@ -45,7 +45,8 @@ def preload() -> None:
     import vllm.v1.structured_output  # noqa: F401
 
     # a fork copies only the calling thread: a thread started by an import would be missing in every child, holding
-    # whatever lock it held
+    # whatever lock it held (this sees Python's threads; the native pools, OpenMP's, start on their first use, which
+    # no import here makes)
     assert threading.active_count() == 1, f"threads after the imports: {threading.enumerate()}"
     assert "kvscope_vllm_probe" not in sys.modules, "the probe must register after the fork, from its environment"
 
@@ -87,7 +88,7 @@ def serve(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
-    children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
+    children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it (unreaped children only)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
@@ -97,23 +98,18 @@ def serve(path: str) -> None:
             if key.data == "stdin":
                 if not sys.stdin.readline():  # the test process is gone
                     return
-            else:
-                conn, _ = listener.accept()
-                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-                request = json.loads(msg)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    listener.close()
-                    for c in (conn, *children.values()):
-                        c.close()
-                    run_child(request, fds)
-                for fd in fds:
-                    os.close(fd)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-                children[pid] = conn
+            elif key.data == "accept":
+                fork_one(listener, sel, children)
+            else:  # a connection of a child: "kill" (the test's kill()), or closed
+                pid = key.data
+                try:
+                    data = key.fileobj.recv(64)
+                except OSError:
+                    data = b""
+                if data.startswith(b"kill") and pid in children:  # not reaped yet: the pid is still this child's
+                    os.kill(pid, signal.SIGKILL)
+                elif not data:
+                    sel.unregister(key.fileobj)
         while children:  # reap, and say each child's status to its asker
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
@@ -121,10 +117,45 @@ def serve(path: str) -> None:
             conn = children.pop(pid, None)
             if conn is not None:
                 try:
+                    sel.unregister(conn)
+                except KeyError:
+                    pass
+                try:
                     conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
                 except OSError:
                     pass
                 conn.close()
+
+
+def fork_one(listener: socket.socket, sel: selectors.BaseSelector, children: dict[int, socket.socket]) -> None:
+    """Take one request: fork its harness, answer its pid. A malformed request closes its connection, nothing more."""
+    conn, _ = listener.accept()
+    fds: list[int] = []
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        request = json.loads(msg)
+        if len(fds) != 3:
+            raise ValueError(f"{len(fds)} descriptors, not 3")
+    except (OSError, ValueError) as e:
+        print(f"zygote: a bad request: {e}", file=sys.stderr, flush=True)
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        sel.close()
+        listener.close()
+        for c in (conn, *children.values()):
+            c.close()
+        run_child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    children[pid] = conn
+    sel.register(conn, selectors.EVENT_READ, pid)
 
 
 if __name__ == "__main__":

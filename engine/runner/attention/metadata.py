@@ -40,10 +40,15 @@ class SampledRows:
 
     The last layer needs nothing else: every row's K and V are stored before attention, and no later layer reads
     the other rows. So in a prefill step its attention, output projection and MLP run on these rows only (what
-    llama.cpp does with its output ids): ~1/num_layers of the step's matmuls."""
+    llama.cpp does with its output ids): all but the last layer's QKV projection of its matmuls, so a little under
+    1/num_layers of the step's."""
 
     rows: torch.Tensor  # [S] rows of the step's flattened tokens
     meta: AttentionMetadata  # S sequences of one token each
+
+    def take(self, *step_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """These rows of each of the step's tensors (``[T, ...]``), in this order."""
+        return tuple(x[self.rows] for x in step_rows)
 
 
 def sampled_rows(meta: AttentionMetadata, seqs: list[int]) -> SampledRows | None:

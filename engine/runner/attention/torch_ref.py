@@ -8,6 +8,7 @@ or a ``QuantizedKV`` (indexing it by block ids dequantizes just those blocks).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -103,42 +104,63 @@ def prefill_attention(
     out: torch.Tensor,
 ) -> None:
     """The rows of ``out`` of every sequence with more than one new token (``meta.prefill_seqs``)."""
-    ids, seqs = _prefill_plan(meta, k_cache.shape[1], q.device)
-    # every prefilling sequence's blocks in one gather a layer (K, then V); each sequence reads its own slice
-    k_all = gather_blocks(k_cache, ids).to(q.dtype)
-    v_all = gather_blocks(v_cache, ids).to(q.dtype)
-    for start, end, seq_len, first, nb, mask in seqs:
-        # batched shapes ([1, heads, tokens, D]): with 3-D inputs the CPU's SDPA takes its math path (the
-        # heads repeated for GQA, the scores materialised), ~6x slower on a 150-token prompt here
-        k = k_all[first : first + nb].flatten(0, 1)[:seq_len].transpose(0, 1)[None]  # [1, kvh, L, D]
-        v = v_all[first : first + nb].flatten(0, 1)[:seq_len].transpose(0, 1)[None]
-        qs = q[start:end].transpose(0, 1)[None]  # [1, H, n, D]
-        if mask is None:
-            o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[start:end] = o[0].transpose(0, 1)
+    for ids, seqs in _prefill_plan(meta, k_cache.shape[1], q.device):
+        # the blocks of a group of prefilling sequences in one gather a layer (K, then V); each reads its own slice
+        k_all = gather_blocks(k_cache, ids).to(q.dtype)
+        v_all = gather_blocks(v_cache, ids).to(q.dtype)
+        for p in seqs:
+            # batched shapes ([1, heads, tokens, D]): with 3-D inputs the CPU's SDPA takes its math path (the
+            # heads repeated for GQA, the scores materialised), ~6x slower on a 150-token prompt here
+            k = k_all[p.first : p.first + p.num_blocks].flatten(0, 1)[: p.seq_len].transpose(0, 1)[None]
+            v = v_all[p.first : p.first + p.num_blocks].flatten(0, 1)[: p.seq_len].transpose(0, 1)[None]
+            qs = q[p.start : p.end].transpose(0, 1)[None]  # [1, H, n, D]
+            if p.mask is None:
+                o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(qs, k, v, attn_mask=p.mask, scale=scale, enable_gqa=True)
+            out[p.start : p.end] = o[0].transpose(0, 1)
 
 
-def _prefill_plan(meta: AttentionMetadata, block_size: int, device: torch.device):
-    """The prefilling sequences' block ids, end to end (``[sum of their blocks]``), and for each sequence (its rows,
-    its length, where its blocks start in those ids, how many, and the mask of a sequence with a cached prefix or
-    None): built once a step, read by every layer (a step of seven cached prompts spent 7% of its time rebuilding
-    these in every layer)."""
+GATHER_TOKENS = 16384  # a gather's most context tokens: the copies a layer holds at once stay near one long prompt's
+
+
+class PrefillSeq(NamedTuple):
+    start: int  # its rows in the step
+    end: int
+    seq_len: int
+    first: int  # where its blocks start in its group's ids
+    num_blocks: int
+    mask: torch.Tensor | None  # [n, seq_len] for a sequence with a cached prefix; None: plain causal
+
+
+def _prefill_plan(
+    meta: AttentionMetadata, block_size: int, device: torch.device
+) -> list[tuple[torch.Tensor, list[PrefillSeq]]]:
+    """The prefilling sequences in groups of at most ``GATHER_TOKENS`` context tokens (a longer one alone): each
+    group's block ids end to end, and its sequences. Built once a step and read by every layer (a step of seven
+    cached prompts spent 7% of its time rebuilding the slices and masks in every layer)."""
     key = tuple(meta.seq_lens_host)
     plan = meta.backend_state.get("torch_prefill")
     if plan is None or plan[0] != key:
-        ids, seqs, first = [], [], 0
+        groups: list[tuple[torch.Tensor, list[PrefillSeq]]] = []
+        ids: list[torch.Tensor] = []
+        seqs: list[PrefillSeq] = []
+        first = 0
         for i in meta.prefill_seqs:
             start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
             seq_len, n = meta.seq_lens_host[i], end - start
             nb = -(-seq_len // block_size)
+            if seqs and (first + nb) * block_size > GATHER_TOKENS:
+                groups.append((torch.cat(ids), seqs))
+                ids, seqs, first = [], [], 0
             ids.append(meta.block_tables[i, :nb])
             mask = None
             if n != seq_len:  # query j sits at position seq_len - n + j and sees every key up to it
                 qpos = torch.arange(seq_len - n, seq_len, device=device)
                 mask = torch.arange(seq_len, device=device)[None, :] <= qpos[:, None]
-            seqs.append((start, end, seq_len, first, nb, mask))
+            seqs.append(PrefillSeq(start, end, seq_len, first, nb, mask))
             first += nb
-        plan = meta.backend_state["torch_prefill"] = (key, torch.cat(ids), seqs)
-    return plan[1], plan[2]
+        if seqs:
+            groups.append((torch.cat(ids), seqs))
+        plan = meta.backend_state["torch_prefill"] = (key, groups)
+    return plan[1]

@@ -164,7 +164,7 @@ class DecoderLayer(nn.Module):
         if sampled is not None:
             if not sampled.rows.numel():
                 return h[:0]
-            q, h, meta, t = q[sampled.rows], h[sampled.rows], sampled.meta, sampled.rows.numel()
+            (q, h), meta, t = sampled.take(q, h), sampled.meta, sampled.rows.numel()
         o = attention(q, k_cache, v_cache, meta, self.scale)
         h = h + self.o_proj(o.reshape(t, self.q_size))
         x = self.post_attention_layernorm(h)
@@ -202,7 +202,7 @@ class DecoderLayer(nn.Module):
         if sampled is not None:
             if not sampled.rows.numel():
                 return h[:0], residual[:0]
-            q, residual, meta, t = q[sampled.rows], residual[sampled.rows], sampled.meta, sampled.rows.numel()
+            (q, residual), meta, t = sampled.take(q, residual), sampled.meta, sampled.rows.numel()
         o = attention(q, k_cache, v_cache, meta, self.scale)
         x, residual = ops.add_rms_norm(
             self.o_proj(o.reshape(t, self.q_size)),

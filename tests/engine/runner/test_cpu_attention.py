@@ -39,11 +39,11 @@ def test_the_kernel_matches_torch_on_mixed_steps(bs, heads, kv_heads, head_dim):
     nb = 64
     kc = torch.randn(nb, bs, kv_heads, head_dim)
     vc = torch.randn(nb, bs, kv_heads, head_dim)
-    meta = make_meta(SEQS, bs, nb)
+    meta = make_meta(SEQS, bs, nb, device="cpu")
     q = torch.randn(meta.query_start_loc[-1], heads, head_dim)
     scale = head_dim**-0.5
     got = cpu_attention.paged_attention(q, kc, vc, meta, scale)
-    want = torch_ref.paged_attention(q, kc, vc, make_meta(SEQS, bs, nb), scale)
+    want = torch_ref.paged_attention(q, kc, vc, make_meta(SEQS, bs, nb, device="cpu"), scale)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -53,8 +53,8 @@ def test_decode_only_steps_and_long_contexts():
     seqs = [(n, 1) for n in (0, 1, 15, 16, 17, 700, 2047)]
     kc, vc = torch.randn(nb, bs, 3, 64), torch.randn(nb, bs, 3, 64)
     q = torch.randn(len(seqs), 9, 64) * 4  # large scores: the softmax's exp spans its range
-    got = cpu_attention.paged_attention(q, kc, vc, make_meta(seqs, bs, nb), 0.125)
-    want = torch_ref.paged_attention(q, kc, vc, make_meta(seqs, bs, nb), 0.125)
+    got = cpu_attention.paged_attention(q, kc, vc, make_meta(seqs, bs, nb, device="cpu"), 0.125)
+    want = torch_ref.paged_attention(q, kc, vc, make_meta(seqs, bs, nb, device="cpu"), 0.125)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -62,7 +62,7 @@ def test_switched_off_it_is_torch_ref(fresh_kernel, monkeypatch):
     monkeypatch.setenv(cpu_attention.ENV_SWITCH, "torch")
     assert cpu_attention.kernel() is None
     kc, vc = torch.randn(8, 4, 2, 16), torch.randn(8, 4, 2, 16)
-    meta = make_meta([(3, 1), (6, 1)], 4, 8)
+    meta = make_meta([(3, 1), (6, 1)], 4, 8, device="cpu")
     q = torch.randn(2, 2, 16)
     assert torch.equal(
         cpu_attention.paged_attention(q, kc, vc, meta, 0.25), torch_ref.paged_attention(q, kc, vc, meta, 0.25)

@@ -30,7 +30,7 @@ def test_the_sampling_rows_and_every_rows_kv_are_the_whole_steps(tiny_hf, path, 
         if ops is None:
             pytest.skip(why)
         attention = cpu_attention.paged_attention
-    meta = make_meta(SEQS, BS, NUM_BLOCKS)
+    meta = make_meta(SEQS, BS, NUM_BLOCKS, device="cpu")  # the model and its pool are on the CPU
     torch.manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (meta.query_start_loc[-1],))
     pos = torch.cat([torch.arange(c, c + n) for c, n in SEQS])
@@ -38,7 +38,9 @@ def test_the_sampling_rows_and_every_rows_kv_are_the_whole_steps(tiny_hf, path, 
     whole = model(ids, pos, whole_kv, meta, attention, torch_ref.store_kv, ops)
     sampled = sampled_rows(meta, sampling)
     assert sampled is not None  # SEQS has prefills: some rows are left out
-    some = model(ids, pos, some_kv, make_meta(SEQS, BS, NUM_BLOCKS), attention, torch_ref.store_kv, ops, sampled)
+    some = model(
+        ids, pos, some_kv, make_meta(SEQS, BS, NUM_BLOCKS, device="cpu"), attention, torch_ref.store_kv, ops, sampled
+    )
     last = [meta.query_start_loc[i + 1] - 1 for i in sampling]
     assert some.shape == (len(sampling), model.config.hidden_size)
     torch.testing.assert_close(some, whole[last], rtol=1e-5, atol=1e-5)
@@ -47,9 +49,9 @@ def test_the_sampling_rows_and_every_rows_kv_are_the_whole_steps(tiny_hf, path, 
 
 
 def test_a_decode_step_leaves_nothing_out():
-    meta = make_meta([(5, 1), (0, 1), (40, 1)], BS, NUM_BLOCKS)
+    meta = make_meta([(5, 1), (0, 1), (40, 1)], BS, NUM_BLOCKS, device="cpu")
     assert sampled_rows(meta, [0, 1, 2]) is None
-    mixed = make_meta([(5, 1), (0, 9), (40, 1)], BS, NUM_BLOCKS)
+    mixed = make_meta([(5, 1), (0, 9), (40, 1)], BS, NUM_BLOCKS, device="cpu")
     s = sampled_rows(mixed, [0, 1, 2])
     assert s is not None and s.rows.tolist() == [0, 9, 10]
     assert s.meta.seq_lens_host == [6, 9, 41] and not s.meta.prefill_seqs and s.meta.decode_seqs.tolist() == [0, 1, 2]

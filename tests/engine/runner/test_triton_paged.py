@@ -18,8 +18,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EPS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def make_meta(seqs: list[tuple[int, int]], bs: int, num_blocks: int, seed: int = 0) -> AttentionMetadata:
-    """``seqs``: (cached tokens, new tokens) each; block tables draw shuffled physical ids."""
+def make_meta(
+    seqs: list[tuple[int, int]], bs: int, num_blocks: int, seed: int = 0, device: torch.device | str = DEVICE
+) -> AttentionMetadata:
+    """``seqs``: (cached tokens, new tokens) each; block tables draw shuffled physical ids, on ``device``."""
     rng = random.Random(seed)
     ids = list(range(num_blocks))
     rng.shuffle(ids)
@@ -33,7 +35,7 @@ def make_meta(seqs: list[tuple[int, int]], bs: int, num_blocks: int, seed: int =
         slots += [table[p // bs] * bs + p % bs for p in range(cached, total)]
     width = max(len(t) for t in tables)
     decode = [i for i, (_, n) in enumerate(seqs) if n == 1]
-    t = lambda x: torch.tensor(x, dtype=torch.long, device=DEVICE)  # noqa: E731
+    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     return AttentionMetadata(
         t(slots),
         t([b + [0] * (width - len(b)) for b in tables]),
