@@ -168,7 +168,9 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     """At "max" the engine process's next tick is always due: it must still read the pipe between batches
     (a Pause, and the window's releases of the shared-memory slots)."""
     win = process_window(num_gpu_blocks=256)
-    long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    # as long as the tiny model's 512 positions allow: the window reads the steps behind the engine (under load,
+    # a few hundred behind at "max"), and the pause must still find this request running
+    long = SamplingParams(max_tokens=490, temperature=0.0, ignore_eos=True)
     win.inject([InjectSpec(list(range(10, 30)), long)])
     qtbot.waitUntil(lambda: len(win.latest.snapshot.requests) == 1, timeout=20_000)
     batches = []
@@ -178,7 +180,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     win.speed.setCurrentText("max")
     win.act_run.trigger()
     start = win.latest.step
-    qtbot.waitUntil(lambda: win.latest.step >= start + 150, timeout=30_000)
+    qtbot.waitUntil(lambda: win.latest.step >= start + 120, timeout=30_000)
     win.act_run.trigger()
     qtbot.waitUntil(lambda: not win.running, timeout=5000)
     time.sleep(0.3)  # batches the engine sent before it paused still arrive; no message says which was last
@@ -193,7 +195,7 @@ def test_pause_at_full_speed_stops_the_engine_process_at_once(qtbot, process_win
     sent = [b for b in batches if b.has_arrays]
     assert len(sent) >= 4 and sum(b.inline is not None for b in sent) < len(sent) / 2
     # steps went together (a batch every BATCH_S), and every step reached the window
-    assert sum(len(b.steps) for b in batches) >= 150 > len(batches)
+    assert sum(len(b.steps) for b in batches) >= 120 > len(batches)
     assert win.history.steps[-(paused_at - start) :] == list(range(start + 1, paused_at + 1))
 
 
