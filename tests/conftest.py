@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 
 # Headless and offline, before Qt or transformers are imported.
@@ -11,6 +12,11 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A suite started in the background by a shell without job control (``nohup ... &``) has SIGINT ignored, and so
+# would every kvscope it starts (an ignored signal stays ignored across exec, and Python keeps it so): the tests
+# that stop kvscope with SIGINT, as Ctrl+C does, need it as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -20,6 +26,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine import LLMEngine  # noqa: E402
+
+pytest_plugins = ("file_order",)  # the longest files first (scripts/test.sh's workers finish together)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

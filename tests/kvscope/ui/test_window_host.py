@@ -150,7 +150,7 @@ def test_the_simulated_fleet_window(hosted, tmp_path):
 def test_presentation_is_refused_in_one_line_where_there_is_no_lesson(argv, says, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
-    os.environ.setdefault("DISPLAY", ":0")
+    monkeypatch.setenv("DISPLAY", os.environ.get("DISPLAY", ":0"))  # only while this test runs
     assert main([*argv, "--screenshot", "x.png"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and "--present shows a lesson" in err[0], err
