@@ -254,9 +254,15 @@ class VllmServer:
         model: str | None = None,
         dtype: str = "float32",
         block_size: int | None = 32,
+        worker_in_core: bool = True,
     ) -> None:
         """``max_model_len``: with ``--num-gpu-blocks-override`` the pool must hold one whole request;
-        ``block_size`` None: vLLM's own choice (a Mamba hybrid's, which it sets from the state's size)."""
+        ``block_size`` None: vLLM's own choice (a Mamba hybrid's, which it sets from the state's size).
+        ``worker_in_core``: the model's worker runs in the engine core's process (vLLM's ``uni`` executor), not in
+        a process of its own (the CPU platform's default, ``mp``). The probe lives in the engine core's scheduler,
+        which is the same either way, and each process of vLLM spends about 8 s of this machine's CPU importing
+        vLLM, so a server starts in about 20 s instead of 28; the probe's main live test keeps ``mp``, as vLLM
+        is served."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model or model_folder()
@@ -264,6 +270,9 @@ class VllmServer:
         e.pop("KVSCOPE_PROBE_ENDPOINT", None)
         if probe:
             e["KVSCOPE_PROBE_ENDPOINT"] = probe
+        if worker_in_core:  # the CPU platform keeps ``uni`` only with this off (it sets no OMP threads for us)
+            e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            extra = ("--distributed-executor-backend", "uni", *extra)
         self.log: deque[str] = deque(maxlen=2000)
         self.proc = subprocess.Popen(
             [

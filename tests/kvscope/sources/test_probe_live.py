@@ -52,6 +52,7 @@ def server():
         extra=("--num-gpu-blocks-override", "20", "--kv-events-config", json.dumps(cfg)),
         max_model_len=512,
         env={**CONTROL, **REMOTE_FAULTS},  # these tests pause, step, and switch the leak on from kvscope
+        worker_in_core=False,  # vLLM as it is served on a CPU: the worker in a process of its own
     ) as s:
         s.probe, s.events = probe, f"tcp://127.0.0.1:{events}"
         yield s
