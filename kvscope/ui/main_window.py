@@ -844,9 +844,10 @@ class MainWindow(QMainWindow):
         elif self.banner.kind == "audit":
             self.banner.clear()
         self.requests.set_snapshot(snap, leaked if leaked is not None else ())
-        self.figure.set_snapshot(snap, leaked, kinds)
-        self.figure.set_events(list(events))
-        self._apply_focus(snap, audit, subject, redraw=False)  # the grids draw it with their snapshot: once
+        with self.figure.held():  # the figure drawn once, with its snapshot, events and focus
+            self.figure.set_snapshot(snap, leaked, kinds)
+            self.figure.set_events(list(events))
+            self._apply_focus(snap, audit, subject, redraw=False)  # the grids draw it with their snapshot: once
         self.grid.set_snapshot(snap, leaked, *((audit.kinds_names(), kinds) if leaked is not None else (None, None)))
         if self.cpu_grid.isVisible():
             self.cpu_grid.set_snapshot(snap)

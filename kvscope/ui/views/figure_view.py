@@ -14,9 +14,11 @@ API: ``FigureView()``; ``set_snapshot(snap)``, ``set_requests([ids])`` (one or t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
@@ -282,6 +284,7 @@ class FigureView(QWidget):
         self.events: list = []
         self._cells: dict = {"requests": {}, "physical": {}, "arrows": []}
         self._lesson = None
+        self._holding = 0  # held(): a step's changes drawn once, at its end
         self.scene = QGraphicsScene(self)
         self.view = _FitView(self.scene, self._fit)
         self.view.setRenderHint(QPainter.RenderHint.Antialiasing, True)
@@ -410,7 +413,7 @@ class FigureView(QWidget):
             # a layout being measured: the text's box, measured once by the same item (most of a step's figure
             # time went to making text items that were only measured)
             x0, y0, w, h = _text_box(s, round(px), bold, italic, elide, QFont().family())
-            self.scene._unite(QRectF(_aligned(x, w, align, width) + x0, y + y0, w, h))
+            self.scene.addRect(QRectF(_aligned(x, w, align, width) + x0, y + y0, w, h))
             return None
         it = _text_item(s, round(px), bold, italic, elide)
         it.setBrush(QBrush(colour))
@@ -529,10 +532,23 @@ class FigureView(QWidget):
 
     def _redraw(self) -> None:
         """Draw again now if the figure is on screen; else when it is shown or asked what it draws (a hidden
-        figure, under another tab or another lesson's panel, costs nothing a step)."""
+        figure, under another tab or another lesson's panel, costs nothing a step). While ``held``, at its end."""
         self._stale = True
-        if self.isVisible():
+        if self.isVisible() and not self._holding:
             self._ensure()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The window's step sets the snapshot, the events and the focus one after another: drawn once at the
+        end, not after each (three drawings a step were most of the window's time in a lesson). What asks the
+        figure what it draws meanwhile still gets it drawn first (``_ensure``)."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+            if not self._holding and getattr(self, "_stale", False):
+                self._redraw()
 
     def _ensure(self) -> None:
         if getattr(self, "_stale", True):
