@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -70,6 +71,10 @@ class DiagnosisPanel(QWidget):
         lay.addWidget(self.title)
         lay.addWidget(self.table, 1)
         self.table.setMinimumHeight(40)
+        # the table takes the height left, and scrolls: its preferred height (every row) would make the dock's
+        # scroll area as tall as the whole story (the wrapped title gives the panel a height for its width, which
+        # a scroll area grants in full), and the suspect row, scrolled to in the table, fell below the dock's edge
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self._steps: list[int] = []
 
     def show_story(self, block_id: int, lines: list[StoryLine], reach: tuple[int, int] | None) -> None:
