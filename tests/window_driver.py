@@ -120,6 +120,9 @@ class Driver:
                 win = self.window()
                 win.flush()
                 qt()[2].QApplication.processEvents()
+                # a record that came in while those events ran is the newest now: drawn before it is read, so the
+                # panels and the snapshot they are read against are one step's (a probed vLLM steps on meanwhile)
+                win.flush()
                 self.answer(cmd, measure(win) if do == "measure" else read(win))
             else:
                 self.answer(cmd, {"error": f"unknown command {do!r}"})
