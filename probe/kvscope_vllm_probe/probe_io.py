@@ -1,15 +1,22 @@
-"""The probe's socket: one ROUTER at the endpoint, owned by one thread, safe to leave on a shared network.
+"""The probe's socket: one ROUTER at the endpoint, shared by two threads, safe to leave on a shared network.
 
-The engine core's thread hands it encoded steps through an inproc PAIR (ZeroMQ sockets are not shared between
-threads). What a peer may do (``security.py``): nothing before ``Hello``; then watch (a keyframe, every step);
-pause, step and run only if vLLM allows control; switch faults only if vLLM allows them. Whatever a peer sends,
-vLLM is not the worse for it:
+vLLM's engine core thread sends its steps itself, and the probe's I/O thread answers peers; they take turns on the
+socket under ``sock_lock`` (a ZeroMQ socket may pass between threads with a memory barrier between uses, which the
+lock is). The I/O thread never uses the socket to wait: it waits on the socket's file descriptor (``zmq.FD``), which
+ZeroMQ signals edge-triggered, so whoever used the socket last looks whether input is waiting and, if so, wakes it.
+Handing each step to the I/O thread instead (through an inproc PAIR) cost that thread's wake-up every step, 0.07 to
+0.13 ms of CPU a step at GPU size (``bench/probe_cost.py``). Lock order: the probe's lock, then ``sock_lock``; the
+I/O thread never waits for the probe's lock while it holds ``sock_lock``.
+
+What a peer may do (``security.py``): nothing before ``Hello``; then watch (a keyframe, every step); pause, step and
+run only if vLLM allows control; switch faults only if vLLM allows them. Whatever a peer sends, vLLM is not the
+worse for it:
 - a message larger than ``MAX_IN_BYTES`` ends that peer's connection (ZeroMQ's ``MAXMSGSIZE``: never read);
 - one the wire does not know, or one it is not allowed, is answered with one ``Refused``, at most one a second
   (a flood is not answered message for message), and never reaches vLLM;
-- a flood is read ``MAX_BATCH`` messages at a time between sending vLLM's steps (ZeroMQ's high-water mark holds
-  the rest back in the peer's own socket), and keyframes, the one costly answer (the whole pool, under the
-  scheduler's lock), go at most one a second to a peer and one every ``KEYFRAME_GAP_S`` in all;
+- a flood is read ``MAX_BATCH`` messages at a time, the socket let go between batches for vLLM's steps (ZeroMQ's
+  high-water mark holds the rest back in the peer's own socket), and keyframes, the one costly answer (the whole
+  pool, under the scheduler's lock), go at most one a second to a peer and one every ``KEYFRAME_GAP_S`` in all;
 - at most ``MAX_SUBSCRIBERS`` peers subscribe;
 - a peer silent for ``SILENT_S`` (heartbeats every second) is gone, and any pause it holds with it.
 """
@@ -17,6 +24,8 @@ vLLM is not the worse for it:
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -97,11 +106,12 @@ class ProbeIO:
         except Exception:
             self._close_all()
             raise
-        inproc = f"inproc://kvscope-probe-{probe.instance}"
-        self.inbox = self.ctx.socket(zmq.PAIR)
-        self.inbox.bind(inproc)
-        self.outbox = self.ctx.socket(zmq.PAIR)  # used by the engine core's thread only
-        self.outbox.connect(inproc)
+        self.sock_lock = threading.Lock()  # every use of ``router`` (see the module's docstring)
+        self._closed = False  # the router is closed (under sock_lock): the engine thread sends nothing more
+        self._fd = int(self.router.getsockopt(zmq.FD))
+        self._wake_r, self._wake_w = os.pipe()  # stop(), and input the engine thread's send saw first
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self.peers: dict[bytes, _Peer] = {}  # those that said Hello
         # those that have had a keyframe: steps go to them (a set: the engine core's thread reads its size)
         self.subscribed: set[bytes] = set()
@@ -122,9 +132,16 @@ class ProbeIO:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(2.0)
-        self.outbox.close(0)
+        self._wake()
+        if self._thread.ident is not None:  # started
+            self._thread.join(2.0)
+        with self.sock_lock:
+            self._closed = True
+            self.router.close(0)
         self._close_all()
+        if not self._thread.is_alive():  # else it may still write a wake-up: a closed number may be reused
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
 
     def _close_all(self) -> None:
         if self.auth is not None:
@@ -132,49 +149,79 @@ class ProbeIO:
             self.auth = None
         self.ctx.destroy(linger=0)
 
-    def post(self, data: bytes) -> None:
-        """From the engine core's thread: to every subscriber."""
-        self.outbox.send(data, copy=False)
+    def post(self, data: bytes, but: bytes | None = None) -> None:
+        """To every subscriber (but ``but``), from any thread: the engine core's sends its steps through this."""
+        subscribed = tuple(self.subscribed)  # one read: the I/O thread may add or drop a peer meanwhile
+        if but is not None:
+            subscribed = tuple(i for i in subscribed if i != but)
+        if not subscribed:
+            return
+        with self.sock_lock:
+            if self._closed:
+                return
+            for ident in subscribed:
+                self._send_locked(ident, data)
+            waiting = int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        if waiting:  # the send took the descriptor's signal of input the I/O thread has not read
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (the thread has wake-ups to read already) or closed
 
     # -- the thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.inbox, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                ready = dict(poller.poll(100))
-                if self.inbox in ready:
-                    while True:
-                        try:
-                            data = self.inbox.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._broadcast(data)
-                if self.router in ready:
+                with self.sock_lock:
+                    if self._closed:
+                        return
+                    batch = []
                     for _ in range(MAX_BATCH):
                         try:
-                            frames = self.router.recv_multipart(zmq.NOBLOCK)
+                            batch.append(self.router.recv_multipart(zmq.NOBLOCK))
                         except zmq.Again:
                             break
-                        self._handle(frames)
+                for frames in batch:
+                    self._handle(frames)
                 self._housekeeping()
+                with self.sock_lock:  # our own sends may have taken the descriptor's signal: look before waiting
+                    if self._closed:
+                        return
+                    waiting = int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+                if waiting or len(batch) == MAX_BATCH:
+                    continue
+                ready, _, _ = select.select([self._fd, self._wake_r], [], [], 0.1)
+                if self._wake_r in ready:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
         except Exception:  # noqa: BLE001 - the probe must never take vLLM down
+            if self._stop.is_set():
+                return  # stopping: stop() closes what is left
             logger.exception("kvscope probe: its I/O thread stopped; vLLM runs on unprobed")
             self.probe.gate.run()
-        finally:
-            self.router.close(0)
-            self.inbox.close(0)
+            with self.sock_lock:
+                self.subscribed.clear()  # the engine thread's steps go nowhere: nobody answers the peers now
+                self._closed = True
+                self.router.close(0)
 
     def _send(self, ident: bytes, data: bytes) -> None:
+        with self.sock_lock:
+            if not self._closed:
+                self._send_locked(ident, data)
+
+    def _send_locked(self, ident: bytes, data: bytes) -> None:
         try:
             self.router.send_multipart([ident, data], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # full or gone: a subscriber that misses a step asks for a keyframe
 
     def _broadcast(self, data: bytes) -> None:
-        for ident in self.subscribed:
-            self._send(ident, data)
+        self.post(data)
 
     def _refuse(self, ident: bytes, reason: str) -> None:
         """One ``Refused``, unless this peer (or, for strangers, any stranger) was refused less than a second ago."""
@@ -262,16 +309,15 @@ class ProbeIO:
         probe = self.probe
         with probe.lock:
             between = probe.flush_between()  # what others have not been sent yet goes first, to them
-            others = [i for i in self.subscribed if i != ident]
+            if between is not None:
+                self.post(between, but=ident)
             kf = probe.keyframe()
             # subscribed before the lock is let go: a step that ends after this keyframe is this subscriber's. Added
             # after the send, a step ending in between found nobody subscribed and dropped its ops (the rows were
             # then sent whole, their blocks' ref counts never: "ref count 0, tables hold 1" in CI, once in a while)
             self.subscribed.add(ident)
-        if between is not None:
-            for other in others:
-                self._send(other, between)
-        self._send(ident, encode(kf))
+            # sent under the lock too: the engine thread sends its steps itself, and none may overtake this
+            self._send(ident, encode(kf))
         self.peers[ident].keyframe_at = self._last_keyframe = time.monotonic()
 
     def _command(self, ident: bytes, peer: _Peer, op: str, n: int) -> None:
@@ -343,7 +389,7 @@ class ProbeIO:
             if lock.acquire(blocking=False):
                 try:
                     data = self.probe.flush_between()
+                    if data is not None:  # under the lock: the next step's record must not overtake it
+                        self.post(data)
                 finally:
                     lock.release()
-                if data is not None:
-                    self._broadcast(data)

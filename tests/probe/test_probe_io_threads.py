@@ -1,0 +1,102 @@
+"""The probe's socket shared by two threads (``probe_io.py``): vLLM's engine core sends each step itself while the
+probe's I/O thread answers peers, the two taking turns under ``sock_lock``, and the I/O thread waits on the socket's
+file descriptor, which ZeroMQ signals edge-triggered. A send by the engine thread can take the signal of input that
+arrived meanwhile; the sender then wakes the I/O thread, so a peer is answered at once however fast steps go out
+(missed, it would wait for the I/O thread's 0.1 s timeout). Played with a stand-in probe (no vLLM) and a peer
+written with plain pyzmq."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import zmq
+from ports import free_port
+from raw_peer import RawPeer
+
+from kvscope_vllm_probe.gate import Gate
+from kvscope_vllm_probe.probe_io import ProbeIO
+from kvscope_vllm_probe.security import Access
+
+
+class StandInProbe:
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint, self.access, self.instance = endpoint, Access(), "stand-in"
+        self.vllm_version, self.dp_rank, self.dp_size = "0.0", 0, 1
+        self.lock = threading.RLock()
+        self.gate = Gate()
+        self.in_step, self.step = False, 0
+
+    def flush_between(self):
+        return None
+
+    def keyframe(self):
+        return ["Keyframe"]
+
+
+def test_steps_from_the_engine_thread_and_answers_from_the_io_thread_share_the_socket():
+    probe = StandInProbe(f"tcp://127.0.0.1:{free_port()}")
+    io = ProbeIO(probe)
+    io.start()
+    stop = threading.Event()
+    sent = [0]
+
+    def engine_core() -> None:  # vLLM's steps, one every 2 ms, each one sent by this thread
+        while not stop.is_set():
+            with probe.lock:
+                io.post(b"\x91\xa4Step")  # msgpack ["Step"]
+            sent[0] += 1
+            time.sleep(0.002)
+
+    engine = threading.Thread(target=engine_core)
+    engine.start()
+    peer = RawPeer(probe.endpoint)
+    try:
+        peer.hello("a peer among steps")
+        assert peer.wait_for("Welcome", 5) is not None
+        assert peer.wait_for("Keyframe", 5) is not None
+        assert peer.wait_for("Step", 5) is not None  # subscribed: the engine thread's steps reach it
+        slow = []
+        for _ in range(20):  # heartbeats: each answered by a Pong, the I/O thread's, while steps pour out
+            time.sleep(0.55)  # the probe pongs a peer at most every 0.5 s
+            t0 = time.monotonic()
+            peer.heartbeat()
+            assert peer.wait_for("Pong", 5) is not None
+            slow.append(time.monotonic() - t0)
+        # none waited for the I/O thread's 0.1 s timeout: the sender woke it
+        assert sorted(slow)[len(slow) // 2] < 0.05, slow
+        assert sent[0] > 1000, sent[0]  # steps went on meanwhile
+    finally:
+        stop.set()
+        engine.join(5)
+        peer.close()
+        io.stop()
+    assert not io._thread.is_alive()
+    io.post(b"\x91\xa4Step")  # after stop: sent nowhere, no error (a step that ends while vLLM shuts down)
+
+
+def test_a_send_that_finds_input_waiting_wakes_the_io_thread():
+    """The edge the engine thread's send may take from the I/O thread is given back: after sending, a post that finds
+    a peer's message waiting writes to the wake-up pipe the I/O thread selects on (its thread not started here, so
+    nothing else reads the socket)."""
+    probe = StandInProbe(f"tcp://127.0.0.1:{free_port()}")
+    io = ProbeIO(probe)
+    peer = RawPeer(probe.endpoint)
+    try:
+        peer.hello("a peer whose Hello waits")
+        io.subscribed.add(b"nobody")  # a subscriber to send to (gone: its step is dropped, as for a peer that left)
+        deadline = time.monotonic() + 5
+        woke = b""
+        while not woke and time.monotonic() < deadline:
+            io.post(b"\x91\xa4Step")
+            try:
+                woke = os.read(io._wake_r, 16)
+            except BlockingIOError:
+                time.sleep(0.01)  # the Hello is still on its way
+        assert woke, "a post found the Hello waiting and did not wake the I/O thread"
+        with io.sock_lock:
+            assert io.router.recv_multipart(zmq.NOBLOCK)[1][:7] == b"\x93\xa5Hello"  # it is there to be read
+    finally:
+        peer.close()
+        io.stop()
