@@ -28,16 +28,12 @@ def file_seconds() -> dict[str, float]:
 
 def longest_first(items: list[pytest.Item], seconds: dict[str, float], root: Path) -> list[pytest.Item]:
     """``items`` grouped by file, the files by their seconds, longest first (ties: the collection's order)."""
+    files = [_file(item, root) for item in items]  # each item's file, worked out once
     first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        first.setdefault(_file(item, root), i)
-
-    def key(pair: tuple[int, pytest.Item]) -> tuple[float, int, int]:
-        i, item = pair
-        f = _file(item, root)
-        return (-seconds.get(f, UNKNOWN_S), first[f], i)
-
-    return [item for _, item in sorted(enumerate(items), key=key)]
+    for i, f in enumerate(files):
+        first.setdefault(f, i)
+    order = sorted(range(len(items)), key=lambda i: (-seconds.get(files[i], UNKNOWN_S), first[files[i]], i))
+    return [items[i] for i in order]
 
 
 def _file(item: pytest.Item, root: Path) -> str:
