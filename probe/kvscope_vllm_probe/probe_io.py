@@ -173,6 +173,11 @@ class ProbeIO:
 
     # -- the thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
+        # poll(2), not select(2): vLLM raises the open-file limit and opens many, and select takes no descriptor
+        # past 1,023
+        waiter = select.poll()
+        waiter.register(self._fd, select.POLLIN)
+        waiter.register(self._wake_r, select.POLLIN)
         try:
             while not self._stop.is_set():
                 with self.sock_lock:
@@ -193,7 +198,7 @@ class ProbeIO:
                     waiting = int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN
                 if waiting or len(batch) == MAX_BATCH:
                     continue
-                ready, _, _ = select.select([self._fd, self._wake_r], [], [], 0.1)
+                ready = {fd for fd, _ in waiter.poll(100)}
                 if self._wake_r in ready:
                     try:
                         os.read(self._wake_r, 4096)
@@ -372,7 +377,9 @@ class ProbeIO:
         if gate.paused and gate.holder_id == ident:
             gate.run()
             logger.warning("kvscope probe: %s held vLLM paused and %s: vLLM runs on", peer.name, why)
-            self._broadcast(encode(Held(False, self.probe.step, "", f"{peer.name} {why}")))
+            # under the probe's lock: a step ending meanwhile saw the pause and says Held(True) first, not after
+            with self.probe.lock:
+                self._broadcast(encode(Held(False, self.probe.step, "", f"{peer.name} {why}")))
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
