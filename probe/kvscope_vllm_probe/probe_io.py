@@ -161,9 +161,14 @@ class ProbeIO:
                 return
             for ident in subscribed:
                 self._send_locked(ident, data)
-            waiting = int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+            waiting = self._input_waiting()
         if waiting:  # the send took the descriptor's signal of input the I/O thread has not read
             self._wake()
+
+    def _input_waiting(self) -> bool:
+        """A peer's message is waiting to be read (under ``sock_lock``): a use of the socket may have taken the
+        edge-triggered descriptor's signal of it, so whoever used the socket asks."""
+        return bool(int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     def _wake(self) -> None:
         try:
@@ -195,7 +200,7 @@ class ProbeIO:
                 with self.sock_lock:  # our own sends may have taken the descriptor's signal: look before waiting
                     if self._closed:
                         return
-                    waiting = int(self.router.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+                    waiting = self._input_waiting()
                 if waiting or len(batch) == MAX_BATCH:
                     continue
                 ready = {fd for fd, _ in waiter.poll(100)}
@@ -224,9 +229,6 @@ class ProbeIO:
             self.router.send_multipart([ident, data], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # full or gone: a subscriber that misses a step asks for a keyframe
-
-    def _broadcast(self, data: bytes) -> None:
-        self.post(data)
 
     def _refuse(self, ident: bytes, reason: str) -> None:
         """One ``Refused``, unless this peer (or, for strangers, any stranger) was refused less than a second ago."""
@@ -347,7 +349,7 @@ class ProbeIO:
         logger.info("kvscope probe: %s: %s%s", peer.name, op, f" {n}" if op == "step" else "")
         with probe.lock:  # between two steps: say where vLLM stands (a step in progress says it when it ends)
             if not probe.in_step:
-                self._broadcast(encode(Held(probe.gate.paused, probe.step, probe.gate.holder)))
+                self.post(encode(Held(probe.gate.paused, probe.step, probe.gate.holder)))
 
     def _set_fault(self, ident: bytes, name: str, on: bool) -> None:
         probe = self.probe
@@ -379,7 +381,7 @@ class ProbeIO:
             logger.warning("kvscope probe: %s held vLLM paused and %s: vLLM runs on", peer.name, why)
             # under the probe's lock: a step ending meanwhile saw the pause and says Held(True) first, not after
             with self.probe.lock:
-                self._broadcast(encode(Held(False, self.probe.step, "", f"{peer.name} {why}")))
+                self.post(encode(Held(False, self.probe.step, "", f"{peer.name} {why}")))
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

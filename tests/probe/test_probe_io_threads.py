@@ -79,7 +79,7 @@ def test_steps_from_the_engine_thread_and_answers_from_the_io_thread_share_the_s
 
 def test_a_send_that_finds_input_waiting_wakes_the_io_thread():
     """The edge the engine thread's send may take from the I/O thread is given back: after sending, a post that finds
-    a peer's message waiting writes to the wake-up pipe the I/O thread selects on (its thread not started here, so
+    a peer's message waiting writes to the wake-up pipe the I/O thread waits on (its thread not started here, so
     nothing else reads the socket)."""
     probe = StandInProbe(f"tcp://127.0.0.1:{free_port()}")
     io = ProbeIO(probe)
