@@ -7,6 +7,7 @@ process sends a heartbeat, so that a hung engine is told from a busy one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -14,7 +15,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait as mp_wait
 
 from engine.gc_policy import tune_gc
@@ -25,6 +28,7 @@ from kvscope.runtime.host import EngineHost
 from kvscope.runtime.loop import HostLoop
 from kvscope.runtime.shm import ShmSlots, SlotSpec
 from kvscope.runtime.wire import RecordEncoder
+from kvscope.stopping import signals_held
 
 HEARTBEAT_S = 0.5
 
@@ -54,6 +58,27 @@ class SpawnedEngine:
     conn: object  # our end of the pipe
 
 
+@contextlib.contextmanager
+def _start_unbroken() -> Iterator[None]:
+    """A Ctrl+C or SIGTERM cannot break the engine process's start, in either process.
+
+    In this one a signal that stopped the run inside ``Process.start`` left the child reading its pickled
+    start-up data from a pipe closed half-written: it printed an EOFError traceback under the run's one line
+    (seen in CI). Here the signal waits for the start (``signals_held``, main thread only: Python sets handlers
+    nowhere else). In the child, SIGINT stays blocked from birth (the signal mask goes through fork and exec)
+    until ``engine_process_main`` ignores it: Ctrl+C at a terminal reaches the whole process group, and the
+    child, still importing, raised KeyboardInterrupt with a traceback."""
+    main = threading.current_thread() is threading.main_thread()
+    with signals_held() if main else contextlib.nullcontext():
+        # Started first: starting it inside ``Process.start`` unblocks SIGINT (its own guard ends in SIG_UNBLOCK).
+        resource_tracker.ensure_running()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def spawn_engine(spec: SourceSpec, log_level: int, load=None) -> SpawnedEngine:
     """Start the engine process; ``load``, if given, is sent at once (a ``protocol.Load``)."""
     import multiprocessing as mp
@@ -67,7 +92,8 @@ def spawn_engine(spec: SourceSpec, log_level: int, load=None) -> SpawnedEngine:
         name="kvscope-engine",
         daemon=True,
     )
-    proc.start()
+    with _start_unbroken():
+        proc.start()
     child.close()
     if load is not None:
         parent.send(load)
@@ -100,6 +126,7 @@ def engine_process_main(
     leave_a_core_to_the_window()
     # Ctrl+C in the terminal is the window's to handle: it shuts this process down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from birth (_start_unbroken)
     # The engine's log (the pool's size, the weights, warnings) goes to the terminal as it would
     # with the engine in the window's process.
     log_to_terminal(log_level)

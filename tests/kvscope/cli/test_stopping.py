@@ -11,6 +11,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ def shm_of(pid: int) -> set[str]:
 class Run:
     """``python -m kvscope ARGS`` with its stderr read line by line as it comes."""
 
-    def __init__(self, args: list[str], tmp_path: Path) -> None:
+    def __init__(self, args: list[str], tmp_path: Path, session: bool = False) -> None:
         env = {
             **os.environ,
             "QT_QPA_PLATFORM": "offscreen",  # a real window, drawn offscreen (no screenshot flag: it runs on)
@@ -42,7 +43,12 @@ class Run:
             "OMP_NUM_THREADS": "1",
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvscope", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "kvscope", *args],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=session,  # a process group of its own, as a shell gives a command
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -74,10 +80,14 @@ class Run:
             time.sleep(0.05)
         self.seen += self.drain()
 
-    def stop(self, sig: int, timeout: float = 60) -> list[str]:
-        """Send ``sig``; the lines said after it (the process has ended)."""
+    def stop(self, sig: int, timeout: float = 60, group: bool = False) -> list[str]:
+        """Send ``sig`` (to its whole process group if ``group``, as Ctrl+C at a terminal does); the lines said
+        after it (the process has ended)."""
         self.seen += self.drain()
-        self.proc.send_signal(sig)
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -132,6 +142,19 @@ def test_the_window_waiting_for_a_probed_vllm(sig, tmp_path):
     run.wait_for(has_child, "waiting (its engine process started)")
     after = run.stop(sig)
     clean_end(run, after, sig, CODES[sig])
+
+
+def test_ctrl_c_at_a_terminal_while_the_engine_process_starts():
+    """Ctrl+C reaches the whole process group: the engine process too, while it still imports torch (it raised
+    KeyboardInterrupt there, with a traceback under the window's line), and SIGINT sent the moment the child
+    exists (CI once caught the window inside ``Process.start``: the child then read half its start-up data)."""
+    for _ in range(3):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = Run(["--probe", f"tcp://127.0.0.1:{free_port()}", "--probe-wait", "120"], Path(tmp), session=True)
+            run.wait_for(has_child, "its engine process started")
+            after = run.stop(signal.SIGINT, group=True)
+            clean_end(run, after, signal.SIGINT, CODES[signal.SIGINT])
+            assert after == [WORDS[signal.SIGINT]]
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)

@@ -151,7 +151,8 @@ def test_a_connectors_delayed_free_load_failure_and_pins_are_held_and_audited(vl
             h.cmd("connector", delay_free=False, load={"loads": 32})
             h.cmd("add", id="loads", prompt=[9] * 40, max_tokens=3)
             h.cmd("step")
-            rec = drain(src, lambda r: True)[-1]
+            at = h.cmd("dump")["step"]  # the step's own record, not the one the add sent before it (CI read that)
+            rec = drain(src, lambda r: src.mirror.vllm_step >= at)[-1]
             assert "being loaded" in rec.snapshot.request("loads").held_by
             h.cmd("kv_output", finished_recving=["loads"], failed_recving=["loads"])
             h.cmd("run")
