@@ -20,6 +20,7 @@ from .fused import LayerOps, fused_ops_for
 from .kv_quant import QuantizedKV, copy_blocks, part_formats, token_bytes
 from .memory import GiB, KVPoolPlan, weights_bytes, zeros
 from .models.llama import LlamaForCausalLM
+from .page_populate import PagePopulator
 from .sampler import sample
 
 logger = logging.getLogger("engine")
@@ -31,6 +32,13 @@ class DeviceCopyError(RuntimeError):
     def __init__(self, kind: str, cause: BaseException) -> None:
         super().__init__(f"{kind} copy failed: {type(cause).__name__}: {cause}")
         self.kind = kind
+
+
+def _tensors_of(cache: torch.Tensor | QuantizedKV) -> list[torch.Tensor]:
+    """One layer's K or V pool as tensors (a quantized pool's codes and scales)."""
+    if isinstance(cache, torch.Tensor):
+        return [cache]
+    return [t for t in (cache.data, cache.scale) if isinstance(t, torch.Tensor)]
 
 
 def dtype_size(dtype: torch.dtype) -> int:
@@ -68,6 +76,17 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         # zeros() on the CPU maps pages lazily: a 2 GiB pool costs nothing until used.
         self.kv_caches = [self._new_cache(self.num_blocks, i, device) for i in range(self.model.num_layers)]
+        # ...and a first write into a lazy page stalls a step (page_populate.py): the pages of the blocks a step may
+        # write next are made resident ahead of it, on a thread of its own
+        self.populator = (
+            PagePopulator(
+                [t for pair in self.kv_caches for c in pair for t in _tensors_of(c)],
+                self.num_blocks,
+                cdiv(config.max_num_batched_tokens, self.block_size) + config.max_num_seqs,
+            )
+            if device.type == "cpu"
+            else None
+        )
         self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
         self.decode_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and not config.enforce_eager:
@@ -399,6 +418,12 @@ class ModelRunner:
             seqs.append((c, n, s.block_ids))
             ids.extend(s.request.token_slice(c, c + n))
             pos.extend(range(c, c + n))
+        populator = self.populator
+        if populator is not None:
+            if populator.done:
+                self.populator = None
+            else:
+                populator.note(max((b[-1] for _, _, b in seqs if b), default=-1))
         shifted = self._shared_write_fault(sched) if self.config.fault == "shared-write" else frozenset()
         if self.write_observer is not None:
             self.write_observer(self._written_blocks(sched, seqs, shifted))

@@ -1,0 +1,117 @@
+"""The CPU pool's pages are made resident ahead of the blocks a step writes (engine/runner/page_populate.py): what
+the thread populates is resident (the kernel's ``mincore`` says so), what lies past it stays lazy, no byte changes,
+and a kernel that refuses the call leaves the pool lazy and the engine serving."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import pytest
+import torch
+
+from engine import LLM, LLMEngine, SamplingParams
+from engine.runner import page_populate
+from engine.runner.page_populate import PagePopulator
+
+PAGE = mmap.PAGESIZE
+
+
+def resident(t: torch.Tensor, lo: int, hi: int, num_blocks: int) -> list[bool]:
+    """Whether each page of blocks [lo, hi) of ``t`` is resident (``mincore``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    per_block = t.numel() // num_blocks * t.element_size()
+    start = t.data_ptr() + lo * per_block
+    first = start & ~(PAGE - 1)
+    length = t.data_ptr() + hi * per_block - first
+    pages = (length + PAGE - 1) // PAGE
+    vec = ctypes.create_string_buffer(pages)
+    assert libc.mincore(first, length, vec) == 0, ctypes.get_errno()
+    return [bool(b & 1) for b in vec.raw]
+
+
+BLOCK = 2 * PAGE  # bytes a block
+
+
+def pool(num_blocks: int) -> torch.Tensor:
+    """A tensor over an anonymous mapping of its own: lazy for certain (a calloc may reuse pages that are resident)
+    and in 4 KiB pages (no huge page brings a whole 2 MiB region in at once), so residency is exact."""
+    buf = mmap.mmap(-1, num_blocks * BLOCK)
+    return torch.frombuffer(buf, dtype=torch.float32).view(num_blocks, BLOCK // 4)
+
+
+def test_the_blocks_ahead_are_made_resident_and_the_rest_stays_lazy():
+    n = 4096
+    t = pool(n)
+    assert not any(resident(t, 0, n, n))
+    t[3] = 7.0  # written by "the engine" before the thread gets there: kept
+    p = PagePopulator([t], n, ahead=16)
+    assert p.wait() and not p.failed
+    assert p.upto == 16 and all(resident(t, 0, 16, n))
+    assert not any(resident(t, 16, n, n))  # past the first chunk: untouched
+    p.note(1000)  # a step wrote block 1000: 16 past it and a chunk more
+    assert p.wait() and p.upto == 1001 + 32 and all(resident(t, 0, p.upto, n))
+    assert not any(resident(t, p.upto, n, n))
+    assert torch.all(t[3] == 7.0) and torch.count_nonzero(t) == t.shape[1]  # no byte changed
+    p.note(n - 1)
+    assert p.wait() and p.done and p.upto == n and all(resident(t, 0, n, n))
+
+
+def test_a_kernel_that_refuses_leaves_the_pool_lazy(monkeypatch):
+    def refuse():
+        def madvise(addr, length, advice):
+            ctypes.set_errno(22)  # EINVAL: a kernel before 5.14
+            return -1
+
+        return madvise
+
+    monkeypatch.setattr(page_populate, "_madvise", refuse)
+    n = 64
+    t = pool(n)
+    p = PagePopulator([t], n, ahead=8)
+    assert p.wait() and p.failed == "madvise(MADV_POPULATE_WRITE): errno 22" and p.done
+    assert not any(resident(t, 0, n, n))
+    p.note(10)  # asked again: nothing more is tried
+    assert p.wait() and p.upto == 0
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["populated", "kernel refuses"])
+def test_the_blocks_a_step_writes_and_those_ahead_are_resident_and_the_tokens_do_not_change(
+    tiny_hf, tiny_tokenizer, monkeypatch, refused
+):
+    """By the end of each step, its blocks and ``ahead`` more are resident (asked before its forward, populated
+    beside it); where the kernel refuses, the engine serves as before. The same tokens either way."""
+    if refused:
+        monkeypatch.setattr(page_populate, "_madvise", lambda: None)
+    engine = LLMEngine.from_hf_model(
+        tiny_hf, tiny_tokenizer, num_gpu_blocks=256, block_size=4, max_num_seqs=2, max_num_batched_tokens=8
+    )
+    runner = engine.runner
+    p = runner.populator
+    assert p is not None and p.ahead == 8 // 4 + 2
+    written: list[int] = []
+    execute = runner.execute
+
+    def checked(sched):
+        top = max((s.block_ids[-1] for s in sched.scheduled if s.block_ids), default=-1)
+        out = execute(sched)
+        if not refused:
+            p.wait()
+            assert p.upto > top  # the step's blocks and those ahead of it: resident
+            k = runner.kv_caches[0][0]
+            assert all(resident(k, 0, top + 1, runner.num_blocks))
+        written.append(top)
+        return out
+
+    monkeypatch.setattr(runner, "execute", checked)
+    prompts = [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(6)]
+    outs = LLM.from_engine(engine).generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    assert max(written) > 2 * p.ahead  # the run went past the first chunks
+    assert (p.failed is not None) == refused
+    if refused:
+        assert p.upto == 0 and runner.populator is None  # given up after its first refusal
+    fresh = LLMEngine.from_hf_model(tiny_hf, tiny_tokenizer, num_gpu_blocks=256, block_size=4)
+    fresh.runner.populator = None  # pages left lazy, as before
+    again = LLM.from_engine(fresh).generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in again]
