@@ -86,8 +86,8 @@ def weights_bytes(module) -> int:
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, pin: bool = False) -> torch.Tensor:
     """A zeroed tensor; on the CPU its pages are mapped lazily (calloc), so a 2 GiB pool costs
-    nothing until blocks are written (``torch.zeros`` touches every page: ~0.5 s a GiB). A pool's pages are then
-    made resident just ahead of use, off the engine's thread (``page_populate.py``)."""
+    nothing until blocks are written (``torch.zeros`` touches every page: ~0.5 s a GiB). The engine's pool (not the
+    swap pool) then has its pages made resident just ahead of use, off the engine's thread (``page_populate.py``)."""
     device = torch.device(device)
     if device.type != "cpu" or pin:
         return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)

@@ -10,16 +10,19 @@ hands out every never-used block before it reuses one. vLLM's CPU pool is zero-f
 start-up pays for every page at once).
 
 Here ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) maps the pages of the next blocks in every layer's tensors from
-a thread: ctypes releases the GIL for the call, the engine's thread goes on, and the call changes no byte, so a
-block the engine writes meanwhile keeps what it wrote. The populated range runs ``ahead`` blocks past the highest
-block id a step has written (the free queue hands blocks out in id order until it first reuses one), so a pool that
-is never filled is never made resident. Where the kernel refuses the call, pages stay lazy, as before.
+a thread: ctypes releases the GIL for the call, the engine's thread goes on (on a spare core; with intra-op threads
+on every core it takes CPU from them), and the call changes no byte, so a block the engine writes meanwhile keeps
+what it wrote. The populated range stays within about two chunks of ``ahead`` blocks past the highest block id a
+step has written (the free queue hands blocks out in id order until it first reuses one; one chunk is populated
+when the engine is built), so a pool is made resident only as far as it is used. Where the kernel refuses the
+call, pages stay lazy, as before. The CPU swap pool is not populated.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import threading
 
 import torch
@@ -27,7 +30,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
-PAGE = 4096
+PAGE = mmap.PAGESIZE  # 4 KiB on x86; 16 or 64 KiB on some arm64 and ppc64le kernels
 
 
 def _madvise():
@@ -47,8 +50,10 @@ class PagePopulator:
     """
 
     def __init__(self, tensors: list[torch.Tensor], num_blocks: int, ahead: int) -> None:
-        # the tensors a block indexes (a quantized pool's scales too; not fp8's per-head scale)
-        self.tensors = [t for t in tensors if t.device.type == "cpu" and t.dim() and t.shape[0] == num_blocks]
+        # the tensors a block indexes, each block a stride of the first dimension
+        self.tensors = [
+            t for t in tensors if t.device.type == "cpu" and t.dim() and t.shape[0] == num_blocks and t.is_contiguous()
+        ]
         self.num_blocks, self.ahead = num_blocks, max(1, ahead)
         self.upto = 0  # blocks [0, upto) are resident in every tensor
         self.target = 0  # what the thread is asked to reach
@@ -56,14 +61,18 @@ class PagePopulator:
         self._lock = threading.Condition()
         self._running = False
         self._madvise = _madvise()
-        if self._madvise is None or not self.tensors or num_blocks <= 0:
-            self.failed = "no madvise"
+        if self._madvise is None:
+            self.failed = "no madvise in this C library"
+            return
+        if not self.tensors or num_blocks <= 0:
+            self.failed = "nothing to populate"
             return
         self._ask(self.ahead)  # the first step's blocks
 
     @property
     def done(self) -> bool:
-        """Nothing left to do: every block resident, or the kernel refused."""
+        """Nothing more to ask: every block asked for (a thread may still be populating the last chunk), or the
+        kernel refused."""
         return self.failed is not None or self.target >= self.num_blocks
 
     def note(self, block_id: int) -> None:
@@ -93,7 +102,10 @@ class PagePopulator:
                     self._lock.notify_all()
                     return
                 lo, hi = self.upto, self.target
-            error = self._populate(lo, hi)
+            try:
+                error = self._populate(lo, hi)
+            except Exception as e:  # noqa: BLE001 - ctypes' own errors: the pool stays lazy, the flag is cleared
+                error = f"{type(e).__name__}: {e}"
             with self._lock:
                 if error is None:
                     self.upto = hi
@@ -104,7 +116,7 @@ class PagePopulator:
     def _populate(self, lo: int, hi: int) -> str | None:
         assert self._madvise is not None
         for t in self.tensors:
-            per_block = t[0].numel() * t.element_size()
+            per_block = t.stride(0) * t.element_size()
             first = (t.data_ptr() + lo * per_block) & ~(PAGE - 1)
             end = t.data_ptr() + hi * per_block
             if self._madvise(first, end - first, MADV_POPULATE_WRITE) != 0:
