@@ -122,11 +122,15 @@ class QuantizedKV:
         """The data as bytes: CPU kernels (index_copy, gathers) do not all take float8."""
         return _raw(self.data)
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """The tensors indexed by block id: the codes, and the scales where they are per token (fp8's is per head)."""
+        return [self.data] if self.fmt == "fp8" else [self.data, self.scale]
+
     # -- block copies (copy-on-write, swap) ---------------------------------------------
     def copy_blocks(self, dst: torch.Tensor, src_cache: QuantizedKV, src: torch.Tensor) -> None:
-        self._raw()[dst.to(self.data.device)] = src_cache._raw()[src.to(src_cache.data.device)].to(self.data.device)
-        if self.fmt != "fp8":
-            self.scale[dst.to(self.data.device)] = src_cache.scale[src.to(src_cache.data.device)].to(self.data.device)
+        to, frm = dst.to(self.data.device), src.to(src_cache.data.device)
+        for mine, theirs in zip(self.block_tensors(), src_cache.block_tensors()):
+            _raw(mine)[to] = _raw(theirs)[frm].to(self.data.device)
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:

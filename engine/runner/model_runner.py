@@ -36,11 +36,7 @@ class DeviceCopyError(RuntimeError):
 
 def _tensors_of(cache: torch.Tensor | QuantizedKV) -> list[torch.Tensor]:
     """One layer's K or V pool as tensors (a quantized pool's codes and scales)."""
-    if isinstance(cache, torch.Tensor):
-        return [cache]
-    if cache.fmt == "fp8":  # its scale is per head, not per block
-        return [cache.data]
-    return [t for t in (cache.data, cache.scale) if isinstance(t, torch.Tensor)]
+    return [cache] if isinstance(cache, torch.Tensor) else cache.block_tensors()
 
 
 def dtype_size(dtype: torch.dtype) -> int:

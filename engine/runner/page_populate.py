@@ -21,6 +21,7 @@ call, pages stay lazy, as before. The CPU swap pool is not populated.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import threading
@@ -33,7 +34,9 @@ MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
 PAGE = mmap.PAGESIZE  # 4 KiB on x86; 16 or 64 KiB on some arm64 and ppc64le kernels
 
 
+@functools.cache
 def _madvise():
+    """libc's madvise, loaded once a process (None where the C library has none)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.madvise
