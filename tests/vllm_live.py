@@ -329,6 +329,13 @@ class VllmServer:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
+    def tokens(self, prompt: str) -> int:
+        """How many tokens ``prompt`` is to the served model (vLLM's own ``/tokenize``: nothing is scheduled)."""
+        body = json.dumps({"model": self.model, "prompt": prompt}).encode()
+        req = urllib.request.Request(self.url + "/tokenize", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(json.loads(r.read())["count"])
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
