@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ...messages import one_line
+from .gguf_once import gguf_parsed_once
 
 logger = logging.getLogger("engine")
 
@@ -467,7 +468,7 @@ def _drop_broken(folder: Path, e: Exception) -> None:
 
 
 def _load(source: ModelSource, dtype: str, device: torch.device):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     kwargs: dict = {}
     if source.gguf_file:
@@ -479,7 +480,9 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
     if device.type == "cuda":
         kwargs["device_map"] = str(device)  # straight to the device, layer by layer
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        with gguf_parsed_once():
+            model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+            tokenizer = _tokenizer(source)
     except torch.cuda.OutOfMemoryError as e:
         raise MemoryError(
             f"out of GPU memory while loading {source.name}: {e}. Try a lower "
@@ -488,13 +491,19 @@ def _load(source: ModelSource, dtype: str, device: torch.device):
     model.eval()
     if device.type != "cuda":
         model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to() for dtypes only
+    return model, tokenizer
+
+
+def _tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
     try:
         tok_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-        return model, AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
+        return AutoTokenizer.from_pretrained(source.path, **tok_kwargs)
     except Exception as e:  # noqa: BLE001 - a model without a tokenizer still runs token ids
         logger.warning(
             "no tokenizer for %s (%s): only token-id prompts will work",
             source.name,
             one_line(e),
         )
-    return model, None
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gguf
 import torch
 
 from engine.runner.models import loader
@@ -44,7 +45,12 @@ def test_a_conversion_that_cannot_be_cached_is_done_once_and_used(tmp_path, monk
     calls = []
     real = loader._load
     monkeypatch.setattr(loader, "_load", lambda s, d, dev: (calls.append(s.gguf_file), real(s, d, dev))[1])
+    parsed = []  # GGUF files parsed (gguf_once.py: transformers would parse it three times a load)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a, **k: (parsed.append(path), reader(path, *a, **k))[1])
+    counting = gguf.GGUFReader
     model, tok = loader.load_model(loader.embedded_source(), "auto", torch.device("cpu"))
     assert calls == [loader.embedded_source().gguf_file]  # one dequantization, not one per fallback
+    assert len(parsed) == 1 and gguf.GGUFReader is counting and gguf.get_tensor_name_map is name_map  # put back
     assert model.num_layers == 30 and tok is not None
     assert not (loader.gguf_cache_dir(loader.embedded_source()) / loader.COMPLETE).exists()
