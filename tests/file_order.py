@@ -1,4 +1,4 @@
-"""The test files in the order two workers finish soonest: the longest first (a pytest plugin, conftest's).
+"""The test files in the order the workers finish soonest: the longest first (a pytest plugin, conftest's).
 
 ``scripts/test.sh`` runs each file on one pytest-xdist worker (``--dist loadfile``) and hands the next file to
 the worker that runs low, in the collection's order (``--no-loadscope-reorder``: xdist's own order is by the
