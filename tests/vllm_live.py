@@ -66,28 +66,31 @@ def model_folder() -> str:
     return str(embedded_folder())
 
 
-class ForkedHarness:
-    """A harness forked from the zygote (tests/probe_vllm/zygote.py): ``subprocess.Popen``'s part that ``Harness``
-    uses (text pipes, ``poll``, ``wait``, ``kill``), for a process that is the zygote's child, not this one's."""
+class Forked:
+    """A harness or a server forked from a zygote (tests/probe_vllm/zygote.py): ``subprocess.Popen``'s part that
+    ``Harness`` and ``VllmServer`` use (text pipes, ``poll``, ``wait``, ``terminate``, ``kill``), for a process that
+    is the zygote's child, not this one's. ``merged``: its stderr goes to its stdout, and it has no stdin."""
 
-    def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str], merged: bool = False) -> None:
         ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
-        theirs = [ends[0][0], ends[1][1], ends[2][1]]
+        theirs = [ends[0][0], ends[1][1], ends[1][1] if merged else ends[2][1]]
         self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.conn.connect(zygote.path)
-            msg = json.dumps({"args": args, "env": env, "cwd": os.getcwd()}).encode()
+            msg = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "main": zygote.kind}).encode()
             socket.send_fds(self.conn, [msg], theirs)
         finally:
-            for fd in theirs:
+            for fd in {*theirs, ends[2][1]}:
                 os.close(fd)
         self.stdin = os.fdopen(ends[0][1], "w")
         self.stdout = os.fdopen(ends[1][0])
         self.stderr = os.fdopen(ends[2][0])
+        if merged:
+            self.stdin.close()  # the child reads an end of input, as from /dev/null
         self._buf = b""  # the socket read by hand: a buffered reader could hold the exit line where select cannot see
         first = self._line(block=True)
         if not first:
-            raise AssertionError("the harness zygote did not fork")
+            raise AssertionError("the zygote did not fork")
         self.pid = json.loads(first)["pid"]
         self.returncode: int | None = None
 
@@ -123,25 +126,32 @@ class ForkedHarness:
 
     def kill(self) -> None:
         """Asked of the zygote, which kills the child only while it has not reaped it (its pid cannot be reused)."""
+        self._signal(b"kill\n")
+
+    def terminate(self) -> None:
+        self._signal(b"term\n")
+
+    def _signal(self, what: bytes) -> None:
         if self.poll() is None:
             try:
-                self.conn.sendall(b"kill\n")
+                self.conn.sendall(what)
             except OSError:
                 pass
 
 
 class Zygote:
-    """vLLM imported once for this test process, harnesses forked from it (tests/probe_vllm/zygote.py). Started on
-    the first harness; it ends when this process does (its stdin closes). ``KVSCOPE_TEST_FORK_HARNESS=0``: every
-    harness a ``python harness.py`` of its own, as before."""
+    """vLLM imported once for this test process, harnesses (``kind`` "harness") or vLLM's API servers ("server")
+    forked from it (tests/probe_vllm/zygote.py). Started on the first of its kind; it ends when this process does
+    (its stdin closes). ``KVSCOPE_TEST_FORK_HARNESS=0``: every harness and server a process of its own, as before."""
 
-    _one: Zygote | None = None
+    _ones: dict[str, Zygote] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.dir = tempfile.mkdtemp(prefix="kvscope-zygote-")
         self.path = os.path.join(self.dir, "fork.sock")
         self.proc = subprocess.Popen(
-            [need_vllm(), str(ZYGOTE), self.path],
+            [need_vllm(), str(ZYGOTE), self.path, kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -150,16 +160,17 @@ class Zygote:
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             self.proc.kill()
-            raise AssertionError(f"the harness zygote did not start ({self.proc.wait()})")
+            raise AssertionError(f"the {kind} zygote did not start ({self.proc.wait()})")
         atexit.register(shutil.rmtree, self.dir, True)  # its socket's folder (the zygote ends with this process)
 
     @classmethod
-    def get(cls) -> Zygote | None:
+    def get(cls, kind: str = "harness") -> Zygote | None:
         if os.environ.get("KVSCOPE_TEST_FORK_HARNESS", "1") == "0":
             return None
-        if cls._one is None or cls._one.proc.poll() is not None:
-            cls._one = Zygote()
-        return cls._one
+        one = cls._ones.get(kind)
+        if one is None or one.proc.poll() is not None:
+            one = cls._ones[kind] = Zygote(kind)
+        return one
 
 
 class Harness:
@@ -182,9 +193,9 @@ class Harness:
         self.endpoint = endpoint
         argv = ["--num-blocks", str(num_blocks), "--block-size", str(block_size), *args]
         zygote = Zygote.get()
-        self.proc: subprocess.Popen | ForkedHarness
+        self.proc: subprocess.Popen | Forked
         if zygote is not None:
-            self.proc = ForkedHarness(zygote, argv, e)
+            self.proc = Forked(zygote, argv, e)
         else:
             self.proc = subprocess.Popen(
                 [need_vllm(), str(HARNESS), *argv],
@@ -274,31 +285,36 @@ class VllmServer:
             e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             extra = ("--distributed-executor-backend", "uni", *extra)
         self.log: deque[str] = deque(maxlen=2000)
-        self.proc = subprocess.Popen(
-            [
-                need_vllm(),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                self.model,
-                "--port",
-                str(self.port),
-                "--host",
-                "127.0.0.1",
-                "--enforce-eager",
-                "--dtype",
-                dtype,
-                "--max-model-len",
-                str(max_model_len),
-                *(("--block-size", str(block_size)) if block_size else ()),
-                "--disable-log-stats",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=e,
-        )
+        args = [
+            "--model",
+            self.model,
+            "--port",
+            str(self.port),
+            "--host",
+            "127.0.0.1",
+            "--enforce-eager",
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(max_model_len),
+            *(("--block-size", str(block_size)) if block_size else ()),
+            "--disable-log-stats",
+            *extra,
+        ]
+        # forked from a zygote that imported vLLM's API server (7 s of CPU a server saved), unless the hash seed is
+        # asked for: a fork keeps its parent's, PYTHONHASHSEED is read once, when Python starts
+        zygote = Zygote.get("server") if "PYTHONHASHSEED" not in (env or {}) else None
+        self.proc: subprocess.Popen | Forked
+        if zygote is not None:
+            self.proc = Forked(zygote, args, e, merged=True)
+        else:
+            self.proc = subprocess.Popen(
+                [need_vllm(), "-m", "vllm.entrypoints.openai.api_server", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=e,
+            )
         threading.Thread(target=self._read_log, daemon=True).start()
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:

@@ -1,15 +1,18 @@
-"""A fork server for the harness: vLLM imported once a test worker, each harness a fork of that process.
+"""A fork server for harnesses and vLLM API servers: vLLM imported once a test worker, each a fork of that process.
 
 A harness's own work takes under a second; importing torch and vLLM before it took 7-8 s of CPU, and the probe's
-tests start about thirty harnesses. This process imports what the harness imports, then waits on a Unix socket.
-For each request (a JSON line: the harness's arguments, its environment and working folder, with its stdin, stdout
-and stderr passed as file descriptors) it forks a child that takes those descriptors as 0, 1 and 2, replaces its
-environment and runs ``harness.main()`` exactly as ``python harness.py ARGS`` would. The child's pid goes back on
-the connection, and its exit status when it ends; the connection stays open until then. Nothing of the probe is
-imported before the fork: the probe reads its switches from the environment when it registers.
+tests start about thirty harnesses. A vLLM-CPU server's API process imports as much again before it spawns its
+engine core (the CPU platform forces ``spawn``, so that process imports vLLM afresh either way), and the live tests
+start eight servers. This process imports what one kind imports, then waits on a Unix socket. For each request (a
+JSON line: the child's arguments, its environment and working folder, with its stdin, stdout and stderr passed as
+file descriptors) it forks a child that takes those descriptors as 0, 1 and 2, replaces its environment and runs
+``harness.main()`` exactly as ``python harness.py ARGS`` would, or vLLM's API server as ``python -m
+vllm.entrypoints.openai.api_server ARGS`` would. The child's pid goes back on the connection, and its exit status
+when it ends; the connection stays open until then. Nothing of the probe is imported before the fork: the probe
+reads its switches from the environment when it registers.
 
-Runs in vLLM's Python (``tests/vllm_live.py`` starts one per test process and forks harnesses from it):
-    python zygote.py SOCKET_PATH
+Runs in vLLM's Python (``tests/vllm_live.py`` starts one of each kind a test process needs, and forks from it):
+    python zygote.py SOCKET_PATH [harness|server]
 It prints ``ready`` once it listens, and exits when its stdin closes (the test process is gone).
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -27,9 +31,26 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def preload() -> None:
-    """What ``harness.main`` imports, in its order of cost: torch and vLLM's config, scheduler and request."""
-    sys.path.insert(0, HERE)
+SERVER = "vllm.entrypoints.openai.api_server"  # the module ``python -m`` runs for a server
+
+
+def preload(kind: str) -> None:
+    """What the child's main imports: vLLM's API server and all it imports (``server``), or, in their order of cost,
+    what ``harness.main`` imports: torch and vLLM's config, scheduler and request."""
+    if kind == "server":
+        import vllm.entrypoints.launchers.api_server.entry  # noqa: F401 - what the module's __main__ runs
+        import vllm.entrypoints.openai.api_server  # noqa: F401
+    else:
+        _preload_harness()
+    # a fork copies only the calling thread: a thread started by an import would be missing in every child, holding
+    # whatever lock it held (this sees Python's threads; the native pools, OpenMP's, start on their first use, which
+    # no import here makes)
+    assert threading.active_count() == 1, f"threads after the imports: {threading.enumerate()}"
+    assert "kvscope_vllm_probe" not in sys.modules, "the probe must register after the fork, from its environment"
+
+
+def _preload_harness() -> None:
+    sys.path.insert(0, HERE)  # not a server's: its engine core, spawned, would have this folder on its path too
     import harness  # noqa: F401
     import torch  # noqa: F401
     import vllm  # noqa: F401
@@ -44,15 +65,10 @@ def preload() -> None:
     import vllm.v1.request  # noqa: F401
     import vllm.v1.structured_output  # noqa: F401
 
-    # a fork copies only the calling thread: a thread started by an import would be missing in every child, holding
-    # whatever lock it held (this sees Python's threads; the native pools, OpenMP's, start on their first use, which
-    # no import here makes)
-    assert threading.active_count() == 1, f"threads after the imports: {threading.enumerate()}"
-    assert "kvscope_vllm_probe" not in sys.modules, "the probe must register after the fork, from its environment"
-
 
 def run_child(request: dict, fds: list[int]) -> None:
-    """In the forked child: become ``python harness.py ARGS``, then exit with its status."""
+    """In the forked child: become ``python harness.py ARGS`` (or ``python -m SERVER ARGS``), then exit with its
+    status."""
     code = 1
     try:
         for target, fd in enumerate(fds):
@@ -63,11 +79,15 @@ def run_child(request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.argv = [os.path.join(HERE, "harness.py"), *request["args"]]
-        import harness
-
         try:
-            harness.main()
+            if request.get("main") == "server":
+                sys.argv = [SERVER, *request["args"]]
+                runpy.run_module(SERVER, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [os.path.join(HERE, "harness.py"), *request["args"]]
+                import harness
+
+                harness.main()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -100,14 +120,14 @@ def serve(path: str) -> None:
                     return
             elif key.data == "accept":
                 fork_one(listener, sel, children)
-            else:  # a connection of a child: "kill" (the test's kill()), or closed
+            else:  # a connection of a child: "kill" or "term" (the test's kill() or terminate()), or closed
                 pid = key.data
                 try:
                     data = key.fileobj.recv(64)
                 except OSError:
                     data = b""
-                if data.startswith(b"kill") and pid in children:  # not reaped yet: the pid is still this child's
-                    os.kill(pid, signal.SIGKILL)
+                if data[:4] in (b"kill", b"term") and pid in children:  # not reaped yet: the pid is still its own
+                    os.kill(pid, signal.SIGKILL if data.startswith(b"kill") else signal.SIGTERM)
                 elif not data:
                     sel.unregister(key.fileobj)
         while children:  # reap, and say each child's status to its asker
@@ -159,5 +179,5 @@ def fork_one(listener: socket.socket, sel: selectors.BaseSelector, children: dic
 
 
 if __name__ == "__main__":
-    preload()
+    preload(sys.argv[2] if len(sys.argv) > 2 else "harness")
     serve(sys.argv[1])
