@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ports import free_ports
-from vllm_live import VllmServer, probe_keyframe
+from vllm_live import VllmServer, post, probe_keyframe
 
 from kvscope.sources.fleet_metrics import parse_metrics
 
@@ -41,12 +41,6 @@ SYSTEMS = [
         "checks the student's understanding."
     ),
 ]
-
-
-def post(url: str, body: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 class KvscopeServer:

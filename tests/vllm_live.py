@@ -251,6 +251,13 @@ class Harness:
         self.close()
 
 
+def post(url: str, body: dict, timeout: float = 120) -> dict:
+    """``body`` as JSON to ``url``; the server's JSON answer."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
 class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` on the embedded SmolLM2 (float32, eager, block size 32), or
     on ``model`` (a folder) in ``dtype``, with the probe at ``probe`` if given; ``extra``: more of vLLM's flags."""
@@ -338,19 +345,12 @@ class VllmServer:
         return "\n".join(self.log)
 
     def complete(self, prompt, max_tokens: int = 8, timeout: float = 120) -> dict:
-        body = json.dumps(
-            {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        ).encode()
-        req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return post(self.url + "/v1/completions", body, timeout)
 
     def tokens(self, prompt: str) -> int:
         """How many tokens ``prompt`` is to the served model (vLLM's own ``/tokenize``: nothing is scheduled)."""
-        body = json.dumps({"model": self.model, "prompt": prompt}).encode()
-        req = urllib.request.Request(self.url + "/tokenize", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return int(json.loads(r.read())["count"])
+        return int(post(self.url + "/tokenize", {"model": self.model, "prompt": prompt}, 30)["count"])
 
     def healthy(self) -> bool:
         try:

@@ -90,9 +90,10 @@ def question(server, i: int) -> str:
 def crossing(server, n: int, block_size: int, max_tokens: int) -> int:
     """At least ``max_tokens``, and enough that every chat decodes 16 tokens past its first block's end, where a
     window slides or a state block is retired. A Mamba hybrid's block size is vLLM's choice from the state's page
-    size, which depends on the CPU: Qwen3-Next's is 384 tokens where vLLM-CPU keeps the SSM state in bf16, 640 on
-    a CPU with AVX512-BF16, where its accelerated GDN kernel resets the state to float32."""
-    longest = max(server.tokens(question(server, i)) for i in range(4))
+    size, which depends on the CPU: Qwen3-Next's is 384 tokens with its SSM state in bf16, 640 on a CPU with
+    AVX512-BF16 or AMX, where vLLM-CPU's accelerated GDN backend resets the state to float32 (``platforms/cpu.py``).
+    ``n``: the chats ``load`` asks."""
+    longest = max(server.tokens(question(server, i)) for i in range(n))
     return max(max_tokens, block_size - longest + 16)
 
 
