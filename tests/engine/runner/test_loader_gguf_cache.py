@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gguf
+import pytest
 import torch
 
 from engine.runner.models import loader
@@ -54,3 +55,15 @@ def test_a_conversion_that_cannot_be_cached_is_done_once_and_used(tmp_path, monk
     assert len(parsed) == 1 and gguf.GGUFReader is counting and gguf.get_tensor_name_map is name_map  # put back
     assert model.num_layers == 30 and tok is not None
     assert not (loader.gguf_cache_dir(loader.embedded_source()) / loader.COMPLETE).exists()
+
+
+def test_a_load_that_fails_puts_ggufs_names_back():
+    from engine.runner.models.gguf_once import gguf_parsed_once
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(OSError, match="^a truncated GGUF file$"), gguf_parsed_once():  # the load's own error
+        assert gguf.GGUFReader is not reader  # swapped for the load
+        raise OSError("a truncated GGUF file")
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    with gguf_parsed_once():  # and the next load takes the lock again: the failure did not hold it
+        pass
