@@ -23,6 +23,7 @@ PRELOAD = [
     "vllm.entrypoints.openai.api_server",
     "vllm.v1.engine.core",
     "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.executor.multiproc_executor",
     "vllm.v1.worker.cpu_worker",
     "vllm.v1.worker.cpu_model_runner",
     "vllm.model_executor.models.llama",
@@ -51,20 +52,27 @@ def _detach(dup) -> int:
     return dup.detach()
 
 
-def run_as_spawned(env: dict[str, str], cwd: str, out: int, err: int, target, args: tuple, kwargs: dict) -> None:
-    """In the forked child: the parent's environment, folder and output, then vLLM's own target."""
+def run_as_spawned(
+    env: dict[str, str], cwd: str, out: int, err: int, address: str, target, args: tuple, kwargs: dict
+) -> None:
+    """In the forked child: the parent's environment, folder and output, then vLLM's own target. What it would
+    spawn in turn (an engine core's worker process, with vLLM's ``mp`` executor) comes from the same fork server:
+    multiprocessing gave the child the pipe that keeps the fork server alive, and ``address`` says where it is."""
     for fd, target_fd in ((out, 1), (err, 2)):
         os.dup2(fd, target_fd)
         os.close(fd)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    forkserver._forkserver._forkserver_address = address
+    use_fork_server()
     target(*args, **kwargs)
 
 
 class _Process(context.ForkServerProcess):
     def start(self) -> None:
-        self._args = (dict(os.environ), os.getcwd(), _Fd(1), _Fd(2), self._target, self._args, self._kwargs)
+        address = forkserver._forkserver._forkserver_address
+        self._args = (dict(os.environ), os.getcwd(), _Fd(1), _Fd(2), address, self._target, self._args, self._kwargs)
         self._target, self._kwargs = run_as_spawned, {}
         super().start()
 
@@ -74,7 +82,8 @@ class _Context(context.ForkServerContext):
 
 
 def use_fork_server() -> None:
-    """In an API server forked from the zygote: what vLLM would spawn comes from the zygote's fork server."""
+    """In an API server forked from the zygote, and in what the fork server forks for it: what vLLM would spawn
+    comes from the zygote's fork server."""
     # the fork server is the zygote's child, not this process's: its waitpid() here would fail; its address and the
     # pipe that keeps it alive came with the fork
     forkserver._forkserver.ensure_running = lambda: None  # type: ignore[method-assign]
