@@ -102,7 +102,10 @@ class FleetIndex:
 
     # -- queries ---------------------------------------------------------------------------
     def holder_names(self, h: ExternalHash) -> list[str]:
-        return [self.cache_names[c] for c in sorted(self.holders.get(h, ()))]
+        """The caches holding ``h``, in fleet order (then by name: a data-parallel rank's after the one before it),
+        not in the order their first events came, which two instances' sockets race for."""
+        order = sorted(self.holders.get(h, ()), key=lambda c: (self.cache_owner[c], self.cache_names[c]))
+        return [self.cache_names[c] for c in order]
 
     def holder_instances(self, h: ExternalHash) -> list[int]:
         """The instances (places in the fleet) holding ``h``, each once, in fleet order."""

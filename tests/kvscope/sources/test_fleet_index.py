@@ -101,6 +101,16 @@ def test_one_instance_holding_a_block_in_two_media_is_one_holder():
     assert index.duplication().blocks == 2 and index.holder_names(hashes[0]) == ["a", "b"]
 
 
+def test_holders_are_named_in_fleet_order_whichever_instance_spoke_first():
+    """Each instance's cache joins the index at its first event, and two instances' sockets race for that: the
+    holders are still named in fleet order (a window's "held by a, b" read "held by b, a" on one run)."""
+    index = FleetIndex()
+    a, b = Instance(index, 0, "a"), Instance(index, 1, "b")
+    hashes = b.store(prompt(2, 2 * BS))  # b first
+    a.store(prompt(2, 2 * BS))
+    assert index.holder_names(hashes[0]) == ["a", "b"]
+
+
 def test_bytes_of_duplicates_with_different_block_sizes_and_unknown_ones():
     index = FleetIndex()
     a, b = Instance(index, 0, "a", bytes_per_block=100), Instance(index, 1, "b", bytes_per_block=300)
