@@ -66,6 +66,17 @@ def model_folder() -> str:
     return str(embedded_folder())
 
 
+def same_tokens(mirror, dump: dict) -> None:
+    """Every request vLLM holds has, in kvscope's mirror of its pool, vLLM's tokens and computed count (a harness's
+    ``dump``)."""
+    assert set(dump["tokens"]) <= set(mirror.requests), set(dump["tokens"]) - set(mirror.requests)
+    shown = {rid: (mirror.requests[rid].tokens, mirror.requests[rid].computed) for rid in dump["tokens"]}
+    held = {rid: (t, dump["computed"][rid]) for rid, t in dump["tokens"].items()}
+    assert shown == held, {
+        rid: (len(shown[rid][0]), shown[rid][1], len(t), c) for rid, (t, c) in held.items() if shown[rid] != (t, c)
+    }
+
+
 class Forked:
     """A harness or a server forked from a zygote (tests/probe_vllm/zygote.py): ``subprocess.Popen``'s part that
     ``Harness`` and ``VllmServer`` use (text pipes, ``poll``, ``wait``, ``terminate``, ``kill``), for a process that

@@ -252,6 +252,7 @@ class VllmPoolMirror:
         self.holders: dict[int, list[str]] = {}
         self.evictions = 0
         self.generated = 0
+        self.run_ids: list[str] | None = None  # the decode batch's request ids a Step said last (Step.run_ids)
         self.requests: dict[str, _Request] = {}
         self.finished: deque[RequestInfo] = deque(maxlen=KEEP_FINISHED)
         self._next_index = 0
@@ -271,6 +272,27 @@ class VllmPoolMirror:
         self.seq, self.vllm_step = kf.seq, kf.step
         self.counters = dict(kf.counters)
         self.paused, self.holder = kf.paused, kf.holder
+
+    def _apply_run(self, st: Step) -> None:
+        """A decode batch's step: each request of the batch decoded one token (Step.run_tokens)."""
+        if st.run_ids is not None:
+            self.run_ids = list(st.run_ids)
+        ids = self.run_ids
+        if ids is None or not len(ids) == len(st.run_tokens) == len(st.run_computed):
+            raise MirrorError(
+                f"the probe's step decoded {len(st.run_tokens)} tokens for a batch of "
+                f"{'no known' if ids is None else len(ids)} requests"
+            )
+        requests = self.requests
+        for rid in ids:
+            if rid not in requests:
+                raise MirrorError(f"the probe's step advanced request {rid}, which the mirror does not have")
+        for rid, token, computed in zip(ids, st.run_tokens, st.run_computed):
+            r = requests[rid]
+            r.tokens.append(token)
+            if len(r.tokens) > r.prompt:
+                self.generated += 1
+            r.computed = computed
 
     def _check(self, b: int) -> None:
         if not 0 <= b < self.n:
@@ -316,6 +338,10 @@ class VllmPoolMirror:
             r.tokens.extend(tokens)
             self.generated += max(0, len(r.tokens) - max(before, r.prompt))
             r.computed = computed
+        if st.run_tokens:
+            self._apply_run(st)
+        elif st.run_ids is not None:
+            self.run_ids = list(st.run_ids)
         for rid, status in st.gone:
             self._gone(rid, STATUS.get(status, "FINISHED_ERROR"), events)
         if st.deferred is not None:

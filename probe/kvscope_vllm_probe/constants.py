@@ -1,7 +1,8 @@
 """The probe wire's constants, importable without msgspec or ZeroMQ (``kvscope --help`` lists the faults)."""
 
-# 2: KV cache groups, connector pins (the fields added at the ends of the messages); 3: Step.nulled
-PROTOCOL = 3
+# 2: KV cache groups, connector pins (the fields added at the ends of the messages); 3: Step.nulled; 4: a decode
+# batch's tokens column by column (Step.run_ids, run_tokens, run_computed)
+PROTOCOL = 4
 ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
 ENV_FAULT = "KVSCOPE_PROBE_FAULT"
 ENV_ANY_RELEASE = "KVSCOPE_PROBE_ANY_RELEASE"  # try a vLLM release the probe was not checked against

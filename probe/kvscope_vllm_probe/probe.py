@@ -21,7 +21,7 @@ from .probe_io import ProbeIO
 from .recorder import Recorder
 from .rows import RowTracker
 from .security import Access
-from .wire import Held, Keyframe, PoolInfo, Step, encode, group_of
+from .wire import Held, Keyframe, PoolInfo, Step, encode, group_of, hash64
 
 logger = logging.getLogger("kvscope_vllm_probe")
 
@@ -95,7 +95,7 @@ class Probe:
         self.in_step = False
         msg = self._take_step(between=False)
         if msg is not None:
-            self.io.post(encode(msg))
+            self.io.post(encode(msg), now=False)  # may wait a few steps to go with the next (ProbeIO.post)
         if self.gate.holding:
             self.io.post(encode(Held(True, self.step, self.gate.holder)))
 
@@ -128,6 +128,9 @@ class Probe:
             self.recorder.take_pins(),
             self.rows.grown,
             self.rows.nulled,
+            self.rows.run_ids,
+            self.rows.run_tokens,
+            self.rows.run_computed,
         )
 
     def counters(self) -> dict[str, float]:
@@ -161,7 +164,7 @@ class Probe:
         for b in blocks:
             h = b._block_hash
             if h is not None and b.block_id >= 0:
-                hashes.append((b.block_id, _h64(h), rec.tokens_of.get(b.block_id, [])))
+                hashes.append((b.block_id, hash64(h), rec.tokens_of.get(b.block_id, [])))
                 hash_groups.append(group_of(h))
         entries = _map_entries(pool)
         free, node = [], pool.free_block_queue.fake_free_list_head.next_free_block
@@ -228,16 +231,12 @@ def _map_entries(pool) -> list[tuple[int, int, int]]:
     block, or to a dict of the blocks that share it)."""
     out = []
     for key, blocks in pool.cached_block_hash_to_block._cache.items():
-        h, g = _h64(key), group_of(key)
+        h, g = hash64(key), group_of(key)
         if isinstance(blocks, dict):
             out += [(h, b, g) for b in blocks]
         else:
             out.append((h, blocks.block_id, g))
     return out
-
-
-def _h64(key: bytes) -> int:
-    return int.from_bytes(key[-12:-4], "big")
 
 
 def _block_size(scheduler, managers) -> int:

@@ -15,9 +15,19 @@ grows; each table's ``live``: block -> its position). A position that now holds 
 position alone (``nulled``); a table changed any other way is sent whole. The cost follows the blocks given
 back, not the requests, nor the length of their tables (sending a sliding window's table whole each time a block
 left it cost 1.6 ms a step at GPU size: 256 requests, a 512-token window).
+
+Most steps of a decode batch change nothing but the running requests' tokens and computed counts: the same requests
+run, in the same order, none was worked for by the pool, and a table changed at most by one more block at its end.
+Such a step is read column by column (``_Batch``: vLLM's own lists of the running requests, held from the step
+before), with ``map`` and list comparisons that run in C, not a Python loop over the requests, and when each decoded
+one token it is sent so too: the tokens in one list, the computed counts in another, the batch's request ids once
+(``Step.run_ids``). Any other step takes the loop, and builds the columns again after it.
 """
 
 from __future__ import annotations
+
+from operator import sub
+from typing import Any
 
 from .groups import GROWING
 from .wire import RequestRow
@@ -68,6 +78,55 @@ class _Sent:
         self.more: list[_Table] | None = [_Table(r) for r in rewritable[1:]] if len(rewritable) > 1 else None
 
 
+class _Batch:
+    """The running requests as the last step left them, column by column (vLLM's own lists, held). While a batch is
+    kept, the tokens and computed counts sent are its ``lens`` and ``computed``, not its ``_Sent``s' (``settle``)."""
+
+    __slots__ = (
+        "running",
+        "ids",
+        "id_set",
+        "sents",
+        "group_sents",
+        "tables",
+        "nbs",
+        "tokens",
+        "lens",
+        "computed",
+        "ids_sent",
+    )
+
+    def __init__(self, running: list, sents: list[_Sent]) -> None:
+        self.running = list(running)  # a copy: vLLM changes its list in place
+        self.ids = [r.request_id for r in running]
+        self.id_set = set(self.ids)
+        self.sents = sents
+        # every group's tables, one column a group (group 0 first), and their lengths as sent
+        # each group's sent tables (group 0's are the _Sents themselves), vLLM's tables and their lengths as sent
+        self.group_sents: list[list[Any]] = [sents]
+        for g in range(len(sents[0].more or ()) if sents else 0):
+            self.group_sents.append([st.more[g] for st in sents])  # type: ignore[index]
+        self.tables: list[list[Any]] = [[t.table for t in gs] for gs in self.group_sents]
+        self.nbs = [[t.num_blocks for t in gs] for gs in self.group_sents]
+        self.tokens = [st.tokens for st in sents]
+        self.lens = [st.num_tokens for st in sents]
+        self.computed = [st.computed for st in sents]
+        self.ids_sent = False  # a Step's run_ids said them
+
+    @classmethod
+    def of(cls, running: list, sents: list[_Sent]) -> _Batch | None:
+        """The columns of these running requests, or None if one has no table in some group (its first blocks
+        come with no op for it: the loop looks at it)."""
+        if any(st.table is None or (st.more is not None and any(t.table is None for t in st.more)) for st in sents):
+            return None
+        return cls(running, sents)
+
+    def settle(self) -> None:
+        """Give the tokens and computed counts sent back to the ``_Sent``s (the loop reads those)."""
+        for st, n, c in zip(self.sents, self.lens, self.computed):
+            st.num_tokens, st.computed = n, c
+
+
 class RowTracker:
     def __init__(self, scheduler, groups=None, null_block: int = 0) -> None:
         self.scheduler = scheduler
@@ -90,6 +149,11 @@ class RowTracker:
         # the last ``changed``'s table positions that now hold the null block: (request id, group, positions)
         self.nulled: list[tuple[str, int, list[int]]] = []
         self._last_deferred: list[list[int]] | None = None
+        self._batch: _Batch | None = None
+        # the last ``changed``'s decode batch, column by column (Step.run_ids, run_tokens, run_computed)
+        self.run_ids: list[str] | None = None
+        self.run_tokens: list[int] = []
+        self.run_computed: list[int] = []
 
     @property
     def pending(self) -> bool:
@@ -97,6 +161,7 @@ class RowTracker:
 
     def forget(self) -> None:
         """Nobody listens: the next subscriber gets every row whole with its keyframe."""
+        self._batch = None
         self.sent.clear()
         self.added.clear()
         self.holders.clear()
@@ -300,21 +365,16 @@ class RowTracker:
                 self._unhold(t.live, (rid, g))
         self.rewrite.pop(rid, None)
 
-    def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
-        """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
-        table, status or prefix hit may have changed) or new; for a running request that only went on, the short
-        form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size)
-        with its tables' new blocks, if any, in ``self.grown``; and the requests gone from the scheduler."""
-        s = self.scheduler
-        requests = s.requests
-        rows: list[RequestRow] = []
+    def _loop(self, running: list, dirty: set[str], recorder, rows: list[RequestRow]) -> list[tuple]:
+        """``changed``'s running requests one by one (a step the columns cannot read), then the columns again."""
+        if self._batch is not None:
+            self._batch.settle()
+            self._batch = None
         advanced: list[tuple] = []
         sent = self.sent
-        self._rewritten(recorder)
-        dirty = dirty | self.added | self.rewrite.keys()
         get, add = sent.get, advanced.append
         grown = self.grown = []
-        for r in s.running:  # the hot loop: a few attribute reads a request (256 a decode step at GPU size)
+        for r in running:  # the hot loop: a few attribute reads a request (256 a decode step at GPU size)
             rid = r.request_id
             st = get(rid)
             # Its table changed other than by the pool's ops for it (those put it in ``dirty``): it grew, from
@@ -346,6 +406,91 @@ class RowTracker:
                 k = st.num_tokens
                 add((rid, k, tokens[k:n], c))
                 st.num_tokens, st.computed = n, c
+        self._batch = _Batch.of(running, [sent[r.request_id] for r in running])
+        return advanced
+
+    def _advanced(self, running: list, dirty: set[str]) -> list[tuple] | None:
+        """The running requests' advances when they only went on (the same requests in the same order, none in
+        ``dirty``, each table as sent or one block longer), read column by column; None: the loop must look."""
+        b = self._batch
+        if b is None or running != b.running or not dirty.isdisjoint(b.id_set):
+            return None
+        grew = []
+        for g, (tables, nbs) in enumerate(zip(b.tables, b.nbs)):
+            now = list(map(len, tables))
+            if now != nbs:
+                by = list(map(sub, now, nbs))
+                if by.count(1) + by.count(0) != len(by):
+                    return None  # one shrank, or grew by more than a block
+                grew.append((g, now, by))
+        if not grew:
+            self.grown = []
+        elif not self._grow(b, grew):
+            return None
+        lens = list(map(len, b.tokens))
+        computed = [r.num_computed_tokens for r in running]
+        was, was_computed = b.lens, b.computed
+        if lens == was and computed == was_computed:
+            return []
+        b.lens, b.computed = lens, computed
+        by = list(map(sub, lens, was))
+        if by.count(1) == len(by):  # each decoded one token (a decode step's): its last token, in the batch's order
+            self.run_tokens, self.run_computed = [t[-1] for t in b.tokens], computed
+            if not b.ids_sent:
+                self.run_ids, b.ids_sent = b.ids, True
+            return []
+        return [
+            (rid, k, t[k:n], c)
+            for rid, t, k, n, c, c0 in zip(b.ids, b.tokens, was, lens, computed, was_computed)
+            if n != k or c != c0
+        ]
+
+    def _grow(self, b: _Batch, grew: list[tuple[int, list[int], list[int]]]) -> bool:
+        """Tables that each grew by one block (a decode batch at a block's end): their new blocks to ``self.grown``
+        and to what was sent, as ``_grew`` does one by one; False, with nothing changed, if a table changed other
+        than by growing (the block before its new one is not the one sent last): the loop looks."""
+        todo = []
+        for g, _now, by in grew:
+            tables, sents = b.tables[g], b.group_sents[g]
+            for i in [i for i, d in enumerate(by) if d]:
+                t, st = tables[i], sents[i]
+                k = st.num_blocks
+                if k and t[k - 1].block_id != st.last_block:
+                    return False
+                todo.append((g, b.ids[i], t, st, k))
+        null, holders = self.null, self.holders
+        grown = self.grown = []
+        for g, rid, t, st, k in todo:
+            x = t[k].block_id
+            grown.append((rid, g, k, [x]))
+            st.num_blocks, st.last_block = k + 1, x
+            if st.live is not None and x != null:
+                st.live[x] = k
+                h = holders.get(x)
+                if h is None:
+                    holders[x] = {(rid, g)}
+                else:
+                    h.add((rid, g))
+        for g, now, _by in grew:
+            b.nbs[g] = now
+        return True
+
+    def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
+        """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
+        table, status or prefix hit may have changed) or new; for a running request that only went on, the short
+        form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size)
+        with its tables' new blocks, if any, in ``self.grown``; and the requests gone from the scheduler."""
+        s = self.scheduler
+        requests = s.requests
+        rows: list[RequestRow] = []
+        sent = self.sent
+        self._rewritten(recorder)
+        dirty = dirty | self.added | self.rewrite.keys()
+        running = s.running
+        self.run_ids, self.run_tokens, self.run_computed = None, [], []
+        advanced = self._advanced(running, dirty)
+        if advanced is None:
+            advanced = self._loop(running, dirty, recorder, rows)
         for rid in dirty:
             r = requests.get(rid)
             if r is None or r.status.name == "RUNNING":
@@ -372,6 +517,7 @@ class RowTracker:
 
     def all_rows(self, recorder) -> list[RequestRow]:
         """Every request the scheduler holds, whole (a keyframe's); what is sent from now on follows these."""
+        self._batch = None
         self.sent.clear()
         self.added.clear()
         self.holders.clear()

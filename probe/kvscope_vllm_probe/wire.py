@@ -177,6 +177,12 @@ class Step(Message):
     # table positions where vLLM put its null block this step (a sliding window's block that left the window, a
     # state group's retired state): (request id, group, positions), applied after ``rows`` and before ``grown``
     nulled: list[tuple[str, int, list[int]]] = []
+    # the running requests when each decoded one token and nothing else changed for it (most steps of a decode
+    # batch: no tuple a request), applied after ``advanced``: the batch's request ids in order (None: those of the
+    # last Step that said them, since the last keyframe), the token each decoded and each one's computed count
+    run_ids: list[str] | None = None
+    run_tokens: list[int] = []
+    run_computed: list[int] = []
 
 
 class Held(Message):
@@ -214,12 +220,21 @@ def decode_from_probe(data: bytes) -> FromProbe:
     return _from_probe.decode(data)
 
 
+# Where the numbers are in vLLM's block keys, big-endian: a key is a request's block hash with its KV cache group's
+# id appended in 4 bytes, and a block hash's low 64 bits are what vLLM's KV events carry (``maybe_convert_block_hash``).
+# The recorder's hooks read them inline with these (a call is a tenth of a hook's time); everything else calls the
+# functions below.
+KEY_HASH64 = slice(-12, -4)  # of a block key (hash + group id): the hash's low 64 bits
+KEY_GROUP = slice(-4, None)  # of a block key: the KV cache group
+REQUEST_HASH64 = slice(-8, None)  # of a request's block hash (no group id): its low 64 bits
+
+
 def group_of(block_hash: bytes) -> int:
-    """The KV cache group a vLLM block key is for (its last 4 bytes, big-endian)."""
-    return int.from_bytes(block_hash[-4:], "big")
+    """The KV cache group a vLLM block key is for (its last 4 bytes)."""
+    return int.from_bytes(block_hash[KEY_GROUP], "big")
 
 
 def hash64(block_hash: bytes) -> int:
     """A vLLM block key's hash as its KV events carry it: the low 64 bits of the hash (the key's last 4 bytes
     are the KV cache group's id), as ``maybe_convert_block_hash`` reads them."""
-    return int.from_bytes(block_hash[-12:-4], "big")
+    return int.from_bytes(block_hash[KEY_HASH64], "big")

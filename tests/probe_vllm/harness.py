@@ -224,6 +224,8 @@ def dump(s) -> dict:
         "deferred": [[b.block_id for b in blocks] for _fence, blocks in getattr(s, "deferred_frees", ())],
         "pinned": sorted(b.block_id for b in getattr(connector, "pinned", ())),
         "requests": {rid: r.status.name for rid, r in s.requests.items()},
+        "tokens": {rid: list(r.all_token_ids) for rid, r in s.requests.items()},
+        "computed": {rid: r.num_computed_tokens for rid, r in s.requests.items()},
         "ref_cnt": [b.ref_cnt for b in pool.blocks],
         "hashes": {
             str(b.block_id): int.from_bytes(b.block_hash[-12:-4], "big")

@@ -10,7 +10,18 @@ queue equal what vLLM holds; a leak is still found, named with its group.
 from __future__ import annotations
 
 import pytest
-from vllm_live import SYSTEM, Harness, chats, drain, endpoint, first_audit_problem, logged, need_vllm
+from vllm_live import (
+    CONTROL,
+    SYSTEM,
+    Harness,
+    chats,
+    drain,
+    endpoint,
+    first_audit_problem,
+    logged,
+    need_vllm,
+    same_tokens,
+)
 
 from engine.inspect.kv_groups import NO_GROUP
 from engine.inspect.snapshot import BlockState
@@ -22,14 +33,16 @@ def idle(src: ProbeSource):
     return lambda r: r.snapshot.counters["num_requests_running"] == 0 and not src.mirror.requests
 
 
-def same_as_vllm(rec, dump: dict) -> None:
-    """Every group's tables, the ref counts (but the null block's, which vLLM does not keep), the free queue."""
+def same_as_vllm(rec, dump: dict, src: ProbeSource) -> None:
+    """Every group's tables, the ref counts (but the null block's, which vLLM does not keep), the free queue, every
+    request's tokens and computed count."""
     snap = rec.snapshot
     assert snap.ref_cnt.tolist()[1:] == dump["ref_cnt"][1:]
     assert snap.free_queue.tolist() == dump["free_queue"]
     for g, tables in enumerate(dump["group_tables"]):
         shown = {r.request_id: list(r.tables[g]) for r in snap.requests if any(r.tables)}
         assert shown == {rid: t for rid, t in tables.items() if rid in shown or t}, f"group {g}"
+    same_tokens(src.mirror, dump)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +61,7 @@ def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, group
         return apply(self, st)
 
     monkeypatch.setattr(VllmPoolMirror, "apply", seen)
-    with Harness(ep, num_blocks=40, args=("--groups", groups)) as h:
+    with Harness(ep, num_blocks=40, args=("--groups", groups), env=CONTROL) as h:  # a hold that holds
         src = ProbeSource(ep, wait_s=30)
         try:
             kinds = [g.kind for g in src.mirror.groups]
@@ -60,7 +73,7 @@ def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, group
             recs += drain(src, lambda r: any(0 in r2.tables[0] for r2 in r.snapshot.requests))  # a block gave back
             recs += src.hold(True)
             rec = src.current()
-            same_as_vllm(rec, h.cmd("dump"))
+            same_as_vllm(rec, h.cmd("dump"), src)
             snap = rec.snapshot
             running = [r for r in snap.requests if r.status == "RUNNING"]
             assert running and all(len(r.group_block_ids) == 2 and r.block_ids == r.group_block_ids[1] for r in running)
@@ -71,7 +84,7 @@ def test_every_groups_tables_are_vllms_and_the_audit_is_clean(vllm_python, group
                     assert all(snap.block_group[b] == g for b in t if b != 0)
             src.hold(False)
             recs += drain(src, idle(src))
-            same_as_vllm(recs[-1], h.cmd("dump"))
+            same_as_vllm(recs[-1], h.cmd("dump"), src)
             kinds = {e.kind for r in recs for e in r.events}
             assert {"allocated", "freed", "stored", "admitted", "finished"} <= kinds
             freed = [e.request_id for r in recs for e in r.events if e.kind == "freed"]
@@ -104,7 +117,7 @@ def test_async_scheduling_every_step_recorded_and_audited(vllm_python):
     every step (one record a update_from_output), the audit is clean on each, and at a pause the tables are
     vLLM's."""
     ep = endpoint()
-    with Harness(ep, num_blocks=16, args=("--async",)) as h:
+    with Harness(ep, num_blocks=16, args=("--async",), env=CONTROL) as h:
         assert "AsyncScheduler" in h.ready["bases"]
         src = ProbeSource(ep, wait_s=30)
         try:
@@ -114,7 +127,7 @@ def test_async_scheduling_every_step_recorded_and_audited(vllm_python):
             chats(h, 6, max_tokens=40)
             recs = drain(src, lambda r: r.snapshot.counters["num_preemptions"] >= 1)  # the small pool ran out
             recs += src.hold(True)
-            same_as_vllm(src.current(), h.cmd("dump"))
+            same_as_vllm(src.current(), h.cmd("dump"), src)
             src.hold(False)
             recs += drain(src, idle(src))
             steps = [r.snapshot.counters["vllm_step"] for r in recs if r.step_output is not None]
@@ -139,7 +152,7 @@ def test_a_connectors_delayed_free_load_failure_and_pins_are_held_and_audited(vl
             sent = snap.request("sent")  # finished, its blocks kept for the transfer: held, with the reason
             assert sent.block_ids and "ScriptedConnector" in sent.held_by and "finished_sending" in sent.held_by
             assert all(snap.ref_cnt[b] == 1 for b in sent.block_ids) and src.mirror.audit().ok
-            same_as_vllm(src.current(), h.cmd("dump"))
+            same_as_vllm(src.current(), h.cmd("dump"), src)
             for _ in range(3):  # finished_sending comes late: the blocks stay held meanwhile
                 h.cmd("step")
                 assert drain(src, lambda r: True)[-1].snapshot.request("sent").block_ids
@@ -168,7 +181,7 @@ def test_a_connectors_delayed_free_load_failure_and_pins_are_held_and_audited(vl
             h.cmd("kv_output")
             h.cmd("run")
             rec = drain(src, lambda r: not r.snapshot.pinned and idle(src)(r))[-1]
-            same_as_vllm(rec, h.cmd("dump"))
+            same_as_vllm(rec, h.cmd("dump"), src)
             touched = {e.block_id for r in recs for e in r.events if hasattr(e, "block_id")}
             assert touched <= set(range(32))  # the connector's own pool's blocks are not this pool's
             assert all("connector:" not in (e.request_id or "") for r in recs for e in r.events if e.kind == "evicted")

@@ -29,13 +29,14 @@ from vllm_live import (
     first_audit_problem,
     logged,
     need_vllm,
+    same_tokens,
 )
 
 from kvscope.sources.probe import ProbeReplay, ProbeSource
 from kvscope_vllm_probe.wire import PROTOCOL
 
 
-def same_as_vllm(rec, dump: dict) -> None:
+def same_as_vllm(rec, dump: dict, src: ProbeSource) -> None:
     snap = rec.snapshot
     ref = snap.ref_cnt.tolist()
     assert ref[1:] == dump["ref_cnt"][1:]  # block 0 is vLLM's null block, whose count vLLM does not keep
@@ -43,6 +44,7 @@ def same_as_vllm(rec, dump: dict) -> None:
     assert {str(b): int(h, 16) for b, h in snap.block_hashes.items()} == dump["hashes"]
     shown = {r.request_id: list(r.block_ids) for r in snap.requests if r.block_ids}
     assert shown == {rid: t for rid, t in dump["tables"].items() if t}
+    same_tokens(src.mirror, dump)
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +64,11 @@ def test_kvscope_shows_what_vllm_holds_under_sharing_and_preemption(vllm_python)
             recs += src.hold(True)  # vLLM waits at its next schedule: read both sides there
             assert src.mirror.paused
             rec = src.current()
-            same_as_vllm(rec, h.cmd("dump"))
+            same_as_vllm(rec, h.cmd("dump"), src)
             assert any(r.block_ids for r in rec.snapshot.requests)  # read mid-run, with tables to compare
             src.hold(False)
             recs += drain(src, lambda r: r.snapshot.counters["num_requests_running"] == 0 and not src.mirror.requests)
-            same_as_vllm(recs[-1], h.cmd("dump"))
+            same_as_vllm(recs[-1], h.cmd("dump"), src)
             c = recs[-1].snapshot.counters
             assert c["prefix_cache_hits"] > 0 and c["evictions"] > 0 and c["num_preemptions"] >= 1
             kinds = {e.kind for r in recs for e in r.events}
@@ -180,7 +182,7 @@ def test_kvscope_started_before_vllm_and_vllm_restarted_while_watched(vllm_pytho
         assert any("has not answered" in n for n in notices), notices
         assert any(f"vLLM at {ep} restarted: its pool is read again" in n for n in notices), notices
         assert rec.step > last  # kvscope's steps go on from where they were
-        same_as_vllm(src.current(), h.cmd("dump"))
+        same_as_vllm(src.current(), h.cmd("dump"), src)
         h.kill()  # once more, now with another pool: kvscope says so and stops, it does not draw the wrong grid
         h = Harness(ep, num_blocks=16)
         deadline = time.monotonic() + 40
