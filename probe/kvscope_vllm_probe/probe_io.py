@@ -112,7 +112,6 @@ class ProbeIO:
         # records posted and not sent yet, each with the subscribers it is for (see _flush_locked; under sock_lock)
         self._pending: list[tuple[tuple[bytes, ...], bytes]] = []
         self._flushed_at = 0.0  # the last send of records (monotonic)
-        self._posted_at = 0.0  # the last record posted
         self._napping = False  # the I/O thread waits 0.1 s, not FLUSH_S (under sock_lock)
         self._fd = int(self.router.getsockopt(zmq.FD))
         self._wake_r, self._wake_w = os.pipe()  # stop(), and input the engine thread's send saw first
@@ -173,9 +172,7 @@ class ProbeIO:
             if self._closed:
                 return
             self._pending.append((subscribed, data))
-            t = time.monotonic()
-            self._posted_at = t
-            if not now and t - self._flushed_at < FLUSH_S:
+            if not now and time.monotonic() - self._flushed_at < FLUSH_S:
                 napping, self._napping = self._napping, False
                 if napping:  # the I/O thread waits long: once a burst, it is told to look every FLUSH_S
                     self._wake()
@@ -193,8 +190,8 @@ class ProbeIO:
         between sends). So a step's record that comes less than ``FLUSH_S`` after the last send waits, and goes
         with the next one that comes later than that: a vLLM that steps every 3 ms sends its records four at a time,
         one that steps every 10 ms or slower each at once, as before. While records wait, the I/O thread looks every
-        ``FLUSH_S`` (it sends them if vLLM stopped stepping); a pause, a command's answer, a keyframe and anything
-        the I/O thread sends go at once, after what waits."""
+        ``FLUSH_S`` (it sends them if vLLM stopped stepping; the first to wait wakes it); a pause, a command's
+        answer, a keyframe and anything the I/O thread sends go at once, after what waits."""
         self._flushed_at = time.monotonic()
         pending, self._pending = self._pending, []
         for subscribed, data in pending:
@@ -241,10 +238,11 @@ class ProbeIO:
                     if self._pending and now - self._flushed_at >= FLUSH_S:
                         self._flush_locked()  # vLLM stopped stepping: its last records go
                     waiting = self._input_waiting()
-                    # records may wait while vLLM steps: look again soon (a record that waits while this thread
-                    # waits long wakes it: _napping)
-                    wait_ms = FLUSH_S * 1000 if self._pending or now - self._posted_at < 0.1 else 100
-                    self._napping = wait_ms > FLUSH_S * 1000
+                    # records wait: look again in FLUSH_S; else wait long (a record that comes to wait meanwhile
+                    # wakes this thread: _napping), so that a vLLM stepping slower than FLUSH_S, whose records go at
+                    # once, wakes it no more often than before
+                    wait_ms = FLUSH_S * 1000 if self._pending else 100
+                    self._napping = not self._pending
                 if waiting or len(batch) == MAX_BATCH:
                     continue
                 ready = {fd for fd, _ in waiter.poll(wait_ms)}
