@@ -101,7 +101,6 @@ class _Batch:
         self.ids = [r.request_id for r in running]
         self.id_set = set(self.ids)
         self.sents = sents
-        # every group's tables, one column a group (group 0 first), and their lengths as sent
         # each group's sent tables (group 0's are the _Sents themselves), vLLM's tables and their lengths as sent
         self.group_sents: list[list[Any]] = [sents]
         for g in range(len(sents[0].more or ()) if sents else 0):
@@ -279,19 +278,10 @@ class RowTracker:
             return None
         if nb < k or (k and t[k - 1].block_id != sent.last_block):
             return False
-        live = sent.live
         if nb == k + 1:  # one new block (a decode step's): no slices, no comprehensions
-            b = t[k].block_id
-            out.append((rid, g, k, [b]))
-            sent.num_blocks, sent.last_block = nb, b
-            if live is not None and b != self.null:
-                live[b] = k
-                h = self.holders.get(b)
-                if h is None:
-                    self.holders[b] = {(rid, g)}
-                else:
-                    h.add((rid, g))
+            self._one_more(sent, rid, g, t[k].block_id, out)
             return True
+        live = sent.live
         ids = [b.block_id for b in t[k:]]
         out.append((rid, g, k, ids))
         sent.num_blocks, sent.last_block = nb, ids[-1]
@@ -301,6 +291,21 @@ class RowTracker:
             live.update(new)
             self._hold(new, (rid, g))
         return True
+
+    def _one_more(self, sent, rid: str, g: int, b: int, out: list) -> None:
+        """``sent``'s table (a _Sent for group 0, a _Table for the others) gained one block, ``b``, at its end: to
+        ``out`` as ``(request id, group, blocks_from, [b])``, and ``sent`` follows."""
+        k = sent.num_blocks
+        out.append((rid, g, k, [b]))
+        sent.num_blocks, sent.last_block = k + 1, b
+        live = sent.live
+        if live is not None and b != self.null:
+            live[b] = k
+            h = self.holders.get(b)
+            if h is None:
+                self.holders[b] = {(rid, g)}
+            else:
+                h.add((rid, g))
 
     def _hold(self, blocks, key: tuple[str, int]) -> None:
         holders = self.holders
@@ -447,7 +452,7 @@ class RowTracker:
 
     def _grow(self, b: _Batch, grew: list[tuple[int, list[int], list[int]]]) -> bool:
         """Tables that each grew by one block (a decode batch at a block's end): their new blocks to ``self.grown``
-        and to what was sent, as ``_grew`` does one by one; False, with nothing changed, if a table changed other
+        and to what was sent (``_one_more``, as ``_grew``'s); False, with nothing changed, if a table changed other
         than by growing (the block before its new one is not the one sent last): the loop looks."""
         todo = []
         for g, _now, by in grew:
@@ -458,19 +463,9 @@ class RowTracker:
                 if k and t[k - 1].block_id != st.last_block:
                     return False
                 todo.append((g, b.ids[i], t, st, k))
-        null, holders = self.null, self.holders
         grown = self.grown = []
         for g, rid, t, st, k in todo:
-            x = t[k].block_id
-            grown.append((rid, g, k, [x]))
-            st.num_blocks, st.last_block = k + 1, x
-            if st.live is not None and x != null:
-                st.live[x] = k
-                h = holders.get(x)
-                if h is None:
-                    holders[x] = {(rid, g)}
-                else:
-                    h.add((rid, g))
+            self._one_more(st, rid, g, t[k].block_id, grown)
         for g, now, _by in grew:
             b.nbs[g] = now
         return True

@@ -55,7 +55,7 @@ def preload(kind: str) -> None:
 
 
 def _preload_harness() -> None:
-    sys.path.insert(0, HERE)  # not a server's: its engine core, spawned, would have this folder on its path too
+    sys.path.insert(0, HERE)  # harness.py's folder (run as a script, the zygote has it first already)
     import harness  # noqa: F401
     import torch  # noqa: F401
     import vllm  # noqa: F401
