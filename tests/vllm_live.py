@@ -319,9 +319,10 @@ class VllmServer:
             "--disable-log-stats",
             *extra,
         ]
-        # forked from a zygote that imported vLLM's API server (7 s of CPU a server saved), unless the hash seed is
-        # asked for: a fork keeps its parent's, PYTHONHASHSEED is read once, when Python starts
-        zygote = Zygote.get("server") if "PYTHONHASHSEED" not in (env or {}) else None
+        # forked from a zygote that imported vLLM's API server (7 s of CPU a server saved). A PYTHONHASHSEED asked for
+        # holds there too: vLLM seeds its block hashes from the variable (os.getenv, in the engine core, which gets
+        # the server's environment), not from the interpreter's own str hashing, which a fork keeps from its parent
+        zygote = Zygote.get("server")
         self.proc: subprocess.Popen | Forked
         if zygote is not None:
             self.proc = Forked(zygote, args, e, merged=True)
