@@ -109,7 +109,7 @@ class Probe:
             return None
         if between and not ops and not touched and not self.rows.pending:
             return None
-        rows, advanced, gone = self.rows.changed(touched, self.recorder)
+        rows, advanced, gone = self.rows.changed(touched, self.recorder, pool_still=not ops)
         deferred = self.rows.deferred_if_changed()
         self.seq += 1
         seconds = 0.0 if between else time.perf_counter() - self._t0

@@ -26,11 +26,14 @@ one token it is sent so too: the tokens in one list, the computed counts in anot
 
 from __future__ import annotations
 
-from operator import sub
+from operator import attrgetter, itemgetter, sub
 from typing import Any
 
 from .groups import GROWING
 from .wire import RequestRow
+
+_computed = attrgetter("num_computed_tokens")
+_last = itemgetter(-1)
 
 
 class _Table:
@@ -414,14 +417,17 @@ class RowTracker:
         self._batch = _Batch.of(running, [sent[r.request_id] for r in running])
         return advanced
 
-    def _advanced(self, running: list, dirty: set[str]) -> list[tuple] | None:
+    def _advanced(self, running: list, dirty: set[str], pool_still: bool) -> list[tuple] | None:
         """The running requests' advances when they only went on (the same requests in the same order, none in
-        ``dirty``, each table as sent or one block longer), read column by column; None: the loop must look."""
+        ``dirty``, each table as sent or one block longer), read column by column; None: the loop must look.
+        ``pool_still``: the pool did nothing since the last step (no op): no table can have changed, so none is
+        read. At 65,536 blocks each table's length is a cache miss: 256 tables cost 40 us a group, a third of a
+        plain step's end on a hybrid pool."""
         b = self._batch
         if b is None or running != b.running or not dirty.isdisjoint(b.id_set):
             return None
         grew = []
-        for g, (tables, nbs) in enumerate(zip(b.tables, b.nbs)):
+        for g, (tables, nbs) in enumerate(zip(b.tables, b.nbs) if not pool_still else ()):
             now = list(map(len, tables))
             if now != nbs:
                 by = list(map(sub, now, nbs))
@@ -433,14 +439,14 @@ class RowTracker:
         elif not self._grow(b, grew):
             return None
         lens = list(map(len, b.tokens))
-        computed = [r.num_computed_tokens for r in running]
+        computed = list(map(_computed, running))
         was, was_computed = b.lens, b.computed
         if lens == was and computed == was_computed:
             return []
         b.lens, b.computed = lens, computed
         by = list(map(sub, lens, was))
         if by.count(1) == len(by):  # each decoded one token (a decode step's): its last token, in the batch's order
-            self.run_tokens, self.run_computed = [t[-1] for t in b.tokens], computed
+            self.run_tokens, self.run_computed = list(map(_last, b.tokens)), computed
             if not b.ids_sent:
                 self.run_ids, b.ids_sent = b.ids, True
             return []
@@ -470,11 +476,15 @@ class RowTracker:
             b.nbs[g] = now
         return True
 
-    def changed(self, dirty: set[str], recorder) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
+    def changed(
+        self, dirty: set[str], recorder, pool_still: bool = False
+    ) -> tuple[list[RequestRow], list[tuple], list[tuple[str, str]]]:
         """The rows that changed: whole-row deltas for the requests in ``dirty`` (the pool worked for them: their
         table, status or prefix hit may have changed) or new; for a running request that only went on, the short
         form ``(id, tokens_from, new tokens, computed)`` (most rows of most steps: 256 a decode step at GPU size)
-        with its tables' new blocks, if any, in ``self.grown``; and the requests gone from the scheduler."""
+        with its tables' new blocks, if any, in ``self.grown``; and the requests gone from the scheduler.
+        ``pool_still``: the recorder took no op since the last call. A table changes only with a ref count (a block
+        handed out, hit, or given back for a null block), so then none changed."""
         s = self.scheduler
         requests = s.requests
         rows: list[RequestRow] = []
@@ -483,7 +493,7 @@ class RowTracker:
         dirty = dirty | self.added | self.rewrite.keys()
         running = s.running
         self.run_ids, self.run_tokens, self.run_computed = None, [], []
-        advanced = self._advanced(running, dirty)
+        advanced = self._advanced(running, dirty, pool_still)
         if advanced is None:
             advanced = self._loop(running, dirty, recorder, rows)
         for rid in dirty:
