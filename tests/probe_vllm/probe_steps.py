@@ -45,8 +45,20 @@ def main() -> None:
     ap.add_argument("--endpoint", default=None, help="the probe's endpoint (none: no probe)")
     ap.add_argument("--no-subscriber", action="store_true", help="the probe on, nobody listening")
     ap.add_argument("--groups", default="full", help="KV cache groups (harness.py): e.g. sliding:512,full")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="one process, the probe switched off and on a cycle at a time (probe_switch.py): bare_step_s too",
+    )
     args = ap.parse_args()
     sub = None
+    switch = None
+    if args.interleave:
+        from probe_switch import ProbeSwitch
+        from vllm.v1.core.block_pool import BlockHashToBlockMap
+        from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+        switch = ProbeSwitch(KVCacheBlock, BlockHashToBlockMap)  # vLLM's own class attributes, before the probe
     if args.endpoint:
         os.environ["KVSCOPE_PROBE_ENDPOINT"] = args.endpoint
         from kvscope_vllm_probe.plugin import register
@@ -60,6 +72,9 @@ def main() -> None:
         groups=args.groups,
     )
     probe = getattr(s, "_kvscope_probe", None)
+    if switch is not None:
+        assert probe is not None, "--interleave needs the probe (--endpoint)"
+        switch.attach(s)
     if args.endpoint and not args.no_subscriber:
         assert probe is not None, "the probe did not start"
         sub = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, args.endpoint])
@@ -76,6 +91,8 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # as vLLM's engine core does once it is built (freeze_gc_heap): the pool is not scanned again
     end_step, end_step_cpu = [], []
+    kept_end: list[float] = []
+    kept_end_cpu: list[float] = []
     if probe is not None:
         original = probe.end_step
 
@@ -87,17 +104,44 @@ def main() -> None:
 
         probe.end_step = timed_end_step
     times, cpu = [], []
-    for _ in range(args.steps):
-        t, c = time.perf_counter(), time.process_time()
-        step(s)
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
+    bare_times, bare_cpu = [], []
+    if switch is None:
+        for _ in range(args.steps):
+            t, c = time.perf_counter(), time.process_time()
+            step(s)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+    else:
+        # Whole cycles of the load (all requests cross a block's end together: a cycle is a block's tokens), in
+        # turn: one without the probe, one with it untimed (it forgot what it sent: that step sends every row
+        # whole), one with it timed; ``--steps`` timed with the probe and as many without.
+        cycle = args.block_size
+        while len(times) < args.steps:
+            switch.off()
+            for _ in range(cycle):
+                t, c = time.perf_counter(), time.process_time()
+                step(s)
+                bare_times.append(time.perf_counter() - t)
+                bare_cpu.append(time.process_time() - c)
+            switch.on()
+            for _ in range(cycle):
+                step(s)
+            del end_step[:], end_step_cpu[:]  # the timed cycle's alone
+            for _ in range(cycle):
+                t, c = time.perf_counter(), time.process_time()
+                step(s)
+                times.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+            kept_end.extend(end_step), kept_end_cpu.extend(end_step_cpu)
+        end_step[:], end_step_cpu[:] = kept_end, kept_end_cpu
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
     print(
         json.dumps(
             {
                 "step_s": times,
                 "step_cpu_s": cpu,
+                "bare_step_s": bare_times,
+                "bare_step_cpu_s": bare_cpu,
                 "end_step_s": end_step,
                 "end_step_cpu_s": end_step_cpu,
                 "blocks_used": used,
