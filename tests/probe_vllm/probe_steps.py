@@ -91,8 +91,6 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # as vLLM's engine core does once it is built (freeze_gc_heap): the pool is not scanned again
     end_step, end_step_cpu = [], []
-    kept_end: list[float] = []
-    kept_end_cpu: list[float] = []
     if probe is not None:
         original = probe.end_step
 
@@ -105,12 +103,16 @@ def main() -> None:
         probe.end_step = timed_end_step
     times, cpu = [], []
     bare_times, bare_cpu = [], []
+
+    def timed_step(wall: list[float], cpu_s: list[float]) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        step(s)
+        wall.append(time.perf_counter() - t)
+        cpu_s.append(time.process_time() - c)
+
     if switch is None:
         for _ in range(args.steps):
-            t, c = time.perf_counter(), time.process_time()
-            step(s)
-            times.append(time.perf_counter() - t)
-            cpu.append(time.process_time() - c)
+            timed_step(times, cpu)
     else:
         # Whole cycles of the load (all requests cross a block's end together: a cycle is a block's tokens), in
         # turn: one without the probe, one with it untimed (it forgot what it sent: that step sends every row
@@ -119,21 +121,14 @@ def main() -> None:
         while len(times) < args.steps:
             switch.off()
             for _ in range(cycle):
-                t, c = time.perf_counter(), time.process_time()
-                step(s)
-                bare_times.append(time.perf_counter() - t)
-                bare_cpu.append(time.process_time() - c)
+                timed_step(bare_times, bare_cpu)
             switch.on()
+            mark = len(end_step)
             for _ in range(cycle):
                 step(s)
-            del end_step[:], end_step_cpu[:]  # the timed cycle's alone
+            del end_step[mark:], end_step_cpu[mark:]  # the untimed cycle's: the timed cycles' alone are kept
             for _ in range(cycle):
-                t, c = time.perf_counter(), time.process_time()
-                step(s)
-                times.append(time.perf_counter() - t)
-                cpu.append(time.process_time() - c)
-            kept_end.extend(end_step), kept_end_cpu.extend(end_step_cpu)
-        end_step[:], end_step_cpu[:] = kept_end, kept_end_cpu
+                timed_step(times, cpu)
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
     print(
         json.dumps(

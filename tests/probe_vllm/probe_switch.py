@@ -58,9 +58,8 @@ class ProbeSwitch:
         with p.lock:
             self._set(self.probed)
             rec = p.recorder
-            rec.ops, rec.touched, rec.admissions = [], set(), []
+            rec.take()  # whatever was recorded before the switch went off
             rec.loose.clear()
-            rec._said_request = ""
             rec.install()
             p.rows.forget()
             self.scheduler._kvscope_probe = p
