@@ -1,12 +1,14 @@
 """The probe's socket: one ROUTER at the endpoint, shared by two threads, safe to leave on a shared network.
 
-vLLM's engine core thread sends its steps itself, and the probe's I/O thread answers peers; they take turns on the
-socket under ``sock_lock`` (a ZeroMQ socket may pass between threads with a memory barrier between uses, which the
-lock is). The I/O thread never uses the socket to wait: it waits on the socket's file descriptor (``zmq.FD``), which
-ZeroMQ signals edge-triggered, so whoever used the socket last looks whether input is waiting and, if so, wakes it.
-Handing each step to the I/O thread instead (through an inproc PAIR) cost that thread's wake-up every step, 0.07 to
-0.13 ms of CPU a step at GPU size (``bench/probe_cost.py``). Lock order: the probe's lock, then ``sock_lock``; the
-I/O thread never waits for the probe's lock while it holds ``sock_lock``.
+vLLM's engine core thread leaves its steps' records in a queue, and the probe's I/O thread sends them every
+``FLUSH_S`` and answers peers. Both threads may send (a pause's ``Held`` goes at once, from whichever thread made it),
+taking turns on the socket under ``sock_lock`` (a ZeroMQ socket may pass between threads with a memory barrier
+between uses, which the lock is). The I/O thread never uses the socket to wait: it waits on the socket's file
+descriptor (``zmq.FD``), which ZeroMQ signals edge-triggered, so whoever used the socket last looks whether input is
+waiting and, if so, wakes it. The I/O thread is woken by its own timeout while vLLM steps, not by vLLM's thread:
+handing it each step through an inproc PAIR cost that thread's wake-up every step, 0.07 to 0.13 ms of CPU a step at
+GPU size (``bench/probe_cost.py``). Lock order: the probe's lock, then ``sock_lock``; the I/O thread never waits for
+the probe's lock while it holds ``sock_lock``.
 
 What a peer may do (``security.py``): nothing before ``Hello``; then watch (a keyframe, every step); pause, step and
 run only if vLLM allows control; switch faults only if vLLM allows them. Whatever a peer sends, vLLM is not the
@@ -28,6 +30,7 @@ import os
 import select
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 import zmq
@@ -63,7 +66,7 @@ KEYFRAME_EVERY_S = 1.0  # to one peer (a Resync or Hello sooner is answered when
 KEYFRAME_GAP_S = 0.25  # between any two keyframes
 ANSWER_EVERY_S = 1.0  # a Refused to one peer, a Refused to strangers in all
 PONG_EVERY_S = 0.5  # a Pong to one peer (its heartbeats come every second)
-FLUSH_S = 0.01  # a step's record waits to go with the next ones if a send was this recent (ProbeIO.post)
+FLUSH_S = 0.01  # the I/O thread sends the steps' records this often while vLLM steps (ProbeIO._flush_locked)
 MAX_STEP = 10_000  # schedules one Step command may ask for
 NAME_CHARS = 80  # of a peer's name, kept for vLLM's log
 
@@ -109,10 +112,12 @@ class ProbeIO:
             raise
         self.sock_lock = threading.Lock()  # every use of ``router`` (see the module's docstring)
         self._closed = False  # the router is closed (under sock_lock): the engine thread sends nothing more
-        # records posted and not sent yet, each with the subscribers it is for (see _flush_locked; under sock_lock)
-        self._pending: list[tuple[tuple[bytes, ...], bytes]] = []
+        # records posted and not sent yet, each with the subscribers it is for (see _flush_locked): the engine core's
+        # thread appends its steps' with no lock (a deque's append and popleft are atomic), whoever sends pops them
+        # under sock_lock
+        self._pending: deque[tuple[tuple[bytes, ...], bytes]] = deque()
         self._flushed_at = 0.0  # the last send of records (monotonic)
-        self._napping = False  # the I/O thread waits 0.1 s, not FLUSH_S (under sock_lock)
+        self._napping = False  # the I/O thread waits 0.1 s, not FLUSH_S (see _send_due_locked)
         self._fd = int(self.router.getsockopt(zmq.FD))
         self._wake_r, self._wake_w = os.pipe()  # stop(), and input the engine thread's send saw first
         os.set_blocking(self._wake_r, False)
@@ -160,23 +165,24 @@ class ProbeIO:
         self.ctx.destroy(linger=0)
 
     def post(self, data: bytes, but: bytes | None = None, now: bool = True) -> None:
-        """To every subscriber (but ``but``), from any thread: the engine core's sends its steps through this.
-        ``now`` False (a step's record): if the last send was less than ``FLUSH_S`` ago, it waits to go with the
-        next (see ``_flush_locked``); whatever is sent after it goes after it."""
+        """To every subscriber (but ``but``), from any thread: the engine core's steps go through this. ``now``
+        False (a step's record, from the engine core's thread): it waits for the I/O thread, which sends what waits
+        every ``FLUSH_S`` (see ``_flush_locked``); whatever is sent after it goes after it."""
         subscribed = tuple(self.subscribed)  # one read: the I/O thread may add or drop a peer meanwhile
         if but is not None:
             subscribed = tuple(i for i in subscribed if i != but)
         if not subscribed:
             return
+        if not now:
+            self._pending.append((subscribed, data))  # no lock: the engine core's thread does not wait on the I/O
+            if self._napping:  # the I/O thread waits long: the first record after a quiet spell wakes it
+                self._napping = False
+                self._wake()
+            return
         with self.sock_lock:
             if self._closed:
                 return
             self._pending.append((subscribed, data))
-            if not now and time.monotonic() - self._flushed_at < FLUSH_S:
-                napping, self._napping = self._napping, False
-                if napping:  # the I/O thread waits long: once a burst, it is told to look every FLUSH_S
-                    self._wake()
-                return
             waiting = self._flush_locked()
         if waiting:  # the send took the descriptor's signal of input the I/O thread has not read
             self._wake()
@@ -185,16 +191,17 @@ class ProbeIO:
         """Send what waits, in order, each to the subscribers it was posted to (under ``sock_lock``); whether a
         peer's message is waiting to be read.
 
-        A send that finds ZeroMQ's I/O thread asleep wakes it, and that wake-up is most of a send's cost to the
-        engine's thread: 20-50 us here where the send itself is 2 (a ROUTER, a 4 KB record, 3 ms of other work
-        between sends). So a step's record that comes less than ``FLUSH_S`` after the last send waits, and goes
-        with the next one that comes later than that: a vLLM that steps every 3 ms sends its records four at a time,
-        one that steps every 10 ms or slower each at once, as before. While records wait, the I/O thread looks every
-        ``FLUSH_S`` (it sends them if vLLM stopped stepping; the first to wait wakes it); a pause, a command's
-        answer, a keyframe and anything the I/O thread sends go at once, after what waits."""
+        The engine core's thread does not send its steps' records itself: the I/O thread sends them every
+        ``FLUSH_S``, woken by its own timeout, so that vLLM's thread makes no system call for the probe. A send wakes
+        ZeroMQ's I/O thread, and each step's send cost vLLM's thread 60-100 us (0.11 ms of wall time a step at GPU
+        size on a hybrid pool, ``bench/probe_cost.py``, 2026-12-07); sending every second or third step, 20-50 us
+        (the design before). While vLLM steps, the I/O thread wakes every ``FLUSH_S`` and sends whatever its records
+        are; after a ``FLUSH_S`` with none it naps, and the next record wakes it through the pipe. A pause, a
+        command's answer, a keyframe and anything the I/O thread sends go at once, after what waits."""
         self._flushed_at = time.monotonic()
-        pending, self._pending = self._pending, []
-        for subscribed, data in pending:
+        pending = self._pending
+        while pending:  # what the engine core's thread appends meanwhile goes too, in order
+            subscribed, data = pending.popleft()
             for ident in subscribed:
                 self._send_locked(ident, data)
         return self._input_waiting()
@@ -234,15 +241,8 @@ class ProbeIO:
                 with self.sock_lock:  # our own sends may have taken the descriptor's signal: look before waiting
                     if self._closed:
                         return
-                    now = time.monotonic()
-                    if self._pending and now - self._flushed_at >= FLUSH_S:
-                        self._flush_locked()  # vLLM stopped stepping: its last records go
+                    wait_ms = self._send_due_locked()
                     waiting = self._input_waiting()
-                    # records wait: look again in FLUSH_S; else wait long (a record that comes to wait meanwhile
-                    # wakes this thread: _napping), so that a vLLM stepping slower than FLUSH_S, whose records go at
-                    # once, wakes it no more often than before
-                    wait_ms = FLUSH_S * 1000 if self._pending else 100
-                    self._napping = not self._pending
                 if waiting or len(batch) == MAX_BATCH:
                     continue
                 ready = {fd for fd, _ in waiter.poll(wait_ms)}
@@ -261,6 +261,21 @@ class ProbeIO:
                 self._pending.clear()
                 self._closed = True
                 self.router.close(0)
+
+    def _send_due_locked(self) -> float:
+        """The steps' records that waited ``FLUSH_S`` go (under ``sock_lock``); how long to wait for the next look,
+        in ms: what is left of ``FLUSH_S`` while vLLM steps, 100 once a whole ``FLUSH_S`` passed with no record (a
+        nap: the next record wakes this thread, ``post``)."""
+        since = time.monotonic() - self._flushed_at
+        if since >= FLUSH_S:
+            if not self._pending:
+                self._napping = True  # then looked at again: a record appended before this was set wakes nobody
+                if not self._pending:
+                    return 100.0
+            self._flush_locked()
+            since = 0.0
+        self._napping = False
+        return (FLUSH_S - since) * 1000
 
     def _send(self, ident: bytes, data: bytes) -> None:
         with self.sock_lock:

@@ -12,6 +12,7 @@ import resource
 import threading
 import time
 
+import msgspec
 import zmq
 from ports import free_port
 from raw_peer import RawPeer
@@ -75,6 +76,64 @@ def test_steps_from_the_engine_thread_and_answers_from_the_io_thread_share_the_s
         io.stop()
     assert not io._thread.is_alive()
     io.post(b"\x91\xa4Step")  # after stop: sent nowhere, no error (a step that ends while vLLM shuts down)
+
+
+def test_the_engine_threads_records_are_sent_by_the_io_thread_in_order_and_soon():
+    """A step's record (``post(now=False)``) is left in a queue by vLLM's thread, which makes no send and no system
+    call for it while the I/O thread is awake: the I/O thread sends what waits every ``FLUSH_S``, in the order posted.
+    After a quiet spell the I/O thread naps (0.1 s waits), and the next record wakes it through its pipe, once."""
+    probe = StandInProbe(f"tcp://127.0.0.1:{free_port()}")
+    io = ProbeIO(probe)
+    senders: set[int] = set()
+    send_locked = io._send_locked
+
+    def recorded_send(ident: bytes, data: bytes) -> None:
+        if data.startswith(b"\x92\xa4Step"):
+            senders.add(threading.get_ident())
+        send_locked(ident, data)
+
+    io._send_locked = recorded_send
+    wakes = []
+    wake = io._wake
+
+    def counted_wake() -> None:
+        wakes.append(threading.get_ident())
+        wake()
+
+    io._wake = counted_wake
+    io.start()
+    peer = RawPeer(probe.endpoint)
+    try:
+        peer.hello("a peer of a stepping vLLM")
+        assert peer.wait_for("Keyframe", 5) is not None
+        deadline = time.monotonic() + 5
+        while not io.has_subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        def engine_core() -> None:  # 400 steps, one every 2 ms
+            for i in range(400):
+                with probe.lock:
+                    io.post(msgspec.msgpack.encode(["Step", i]), now=False)
+                time.sleep(0.002)
+
+        engine = threading.Thread(target=engine_core)
+        wakes.clear()
+        engine.start()
+        got = [m[1] for m in peer.received(3.0) if m[0] == "Step"]
+        engine.join(5)
+        assert got == list(range(400))  # every record, in order
+        assert senders == {io._thread.ident}  # each sent by the I/O thread, none by vLLM's
+        assert len(wakes) <= 1  # the first record may find it napping; then its own timeout wakes it
+
+        time.sleep(0.5)  # quiet: the I/O thread naps
+        assert io._napping
+        wakes.clear()
+        io.post(msgspec.msgpack.encode(["Step", 400]), now=False)
+        assert wakes == [threading.get_ident()]  # vLLM's thread woke it
+        assert peer.wait_for("Step", 2) == ["Step", 400]
+    finally:
+        peer.close()
+        io.stop()
 
 
 def test_a_send_that_finds_input_waiting_wakes_the_io_thread():
