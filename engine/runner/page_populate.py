@@ -20,11 +20,13 @@ call, pages stay lazy, as before. The CPU swap pool is not populated.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import logging
 import mmap
 import threading
+import weakref
 
 import torch
 
@@ -46,6 +48,19 @@ def _madvise():
     return fn
 
 
+_live: weakref.WeakSet[PagePopulator] = weakref.WeakSet()  # for the exit hook (an engine dropped drops its own)
+
+
+@atexit.register
+def stop_all() -> None:
+    """At exit, before Python finalizes: every populating thread stops after its chunk and is waited for. A daemon
+    thread still inside its ``madvise`` when the interpreter finalizes is ended by ``pthread_exit`` as it takes the GIL
+    back, and that forced unwinding aborted a process now and then ("terminate called without an active exception",
+    exit -6: a script that built an engine and exited at once, in a test under load)."""
+    for p in list(_live):
+        p.stop()
+
+
 class PagePopulator:
     """Keeps every tensor's first ``upto`` blocks resident, ``upto`` running ``ahead`` blocks past ``note``'s.
 
@@ -63,6 +78,7 @@ class PagePopulator:
         self.failed: str | None = None  # why the kernel refused (the pool stays lazy)
         self._lock = threading.Condition()
         self._running = False
+        self._stopped = False  # at exit (stop): no thread starts again
         self._madvise = _madvise()
         if self._madvise is None:
             self.failed = "no madvise in this C library"
@@ -70,6 +86,7 @@ class PagePopulator:
         if not self.tensors or num_blocks <= 0:
             self.failed = "nothing to populate"
             return
+        _live.add(self)
         self._ask(self.ahead)  # the first step's blocks
 
     @property
@@ -88,7 +105,7 @@ class PagePopulator:
     def _ask(self, target: int) -> None:
         with self._lock:
             self.target = min(self.num_blocks, max(self.target, target))
-            if not self._running:
+            if not self._running and not self._stopped:
                 self._running = True
                 threading.Thread(target=self._run, name="kv-page-populate", daemon=True).start()
 
@@ -97,10 +114,16 @@ class PagePopulator:
         with self._lock:
             return self._lock.wait_for(lambda: not self._running, timeout)
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """The thread stops after the chunk it is populating, and is waited for; none starts again."""
+        with self._lock:
+            self._stopped = True
+        self.wait(timeout)
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                if self.upto >= self.target or self.failed is not None:
+                if self.upto >= self.target or self.failed is not None or self._stopped:
                     self._running = False
                     self._lock.notify_all()
                     return

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from engine.runner import page_populate
 from engine.runner.page_populate import PagePopulator
 
 PAGE = mmap.PAGESIZE
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def resident(t: torch.Tensor, lo: int, hi: int, num_blocks: int) -> list[bool]:
@@ -121,3 +125,36 @@ def test_the_blocks_a_step_writes_and_those_ahead_are_resident_and_the_tokens_do
     fresh.runner.populator = None  # pages left lazy, as before
     again = LLM.from_engine(fresh).generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in again]
+
+
+def test_at_exit_the_thread_ends_its_chunk_and_is_waited_for(tmp_path):
+    """A script that builds a pool and exits at once: the exit hook (``stop_all``) waits for the populating thread,
+    which ends after the chunk it is in. Left to Python's finalization, a daemon thread still inside ``madvise`` is
+    ended by ``pthread_exit`` as it takes the GIL back, which aborted a process now and then (exit -6). Here the
+    chunk is a slow stand-in ``madvise`` that writes a file when it returns: the file is there once the process has
+    exited, and the exit status is 0."""
+    done = tmp_path / "chunk-done"
+    script = f"""
+import time, torch
+from engine.runner import page_populate
+def slow(addr, length, advice):
+    time.sleep(0.5)
+    open({str(done)!r}, "w").close()
+    return 0
+page_populate._madvise = lambda: slow
+p = page_populate.PagePopulator([torch.zeros(64, 1024)], 64, ahead=8)
+assert p._running
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert done.exists()
+
+
+def test_a_stopped_populator_starts_no_thread(monkeypatch):
+    monkeypatch.setattr(page_populate, "_madvise", lambda: lambda addr, length, advice: 0)
+    n = 64
+    p = PagePopulator([pool(n)], n, ahead=8)
+    page_populate.stop_all()
+    assert not p._running
+    p.note(40)
+    assert not p._running and p.upto <= 8  # asked for more after the exit hook: nothing started
