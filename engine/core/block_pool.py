@@ -55,12 +55,18 @@ class BlockPool:
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
-    def get_cached_block(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVCacheBlock | None:
-        b = self.cached.get(block_hash)
-        # A hash collision must never serve wrong KV: compare the tokens too.
-        if b is None or b.token_ids != token_ids:
-            return None
-        return b
+    def cached_prefix(self, hashes: list[BlockHash], token_ids: list[tuple[int, ...]]) -> list[KVCacheBlock]:
+        """The cached blocks of the longest prefix of ``hashes`` whose tokens are ``token_ids`` (a block's each; the
+        lookup ends where either list does)."""
+        out: list[KVCacheBlock] = []
+        get, hit = self.cached.get, out.append
+        for h, tokens in zip(hashes, token_ids):
+            b = get(h)
+            # A hash collision must never serve wrong KV: compare the tokens too.
+            if b is None or b.token_ids != tokens:
+                break
+            hit(b)
+        return out
 
     # -- state changes ------------------------------------------------------------
     def get_new_blocks(self, n: int, request_id: str) -> list[KVCacheBlock]:

@@ -113,6 +113,29 @@ def test_hash_collision_never_serves_wrong_kv(monkeypatch):
     assert n == 0 and hits == []
 
 
+def test_a_request_looked_up_again_reads_the_pool_as_it_is_now():
+    """A request waiting for room is looked up every step. Its blocks' tokens are kept between lookups (they never
+    change), but what hits is read from the pool each time: a block evicted since is a miss, one cached since a hit,
+    and a prefix longer than the tokens kept so far is read whole."""
+    kv = manager(num_blocks=40)
+    a = req("0", range(64))  # 16 full blocks cached
+    admit(kv, a)
+    kv.free(a)
+    w = req("1", list(range(64)) + [7])
+    hits, n = kv.get_computed_blocks(w)
+    assert n == 64 and [h.block_id for h in hits] == list(range(16))
+    assert kv.get_computed_blocks(w) == (hits, 64)  # again: the same
+    # the pool evicts a's last three blocks (the free queue's head after the never-used ones: a's tail first)
+    admit(kv, req("2", range(1000, 1000 + 4 * 27)))
+    assert kv.get_computed_blocks(w)[1] == 4 * 13
+    other = req("3", [5, 5, 5, 5, 6])
+    assert kv.get_computed_blocks(other)[1] == 0  # another request looked up in between
+    assert kv.get_computed_blocks(w)[1] == 4 * 13
+    # and a collision is refused on a second lookup too
+    kv.pool.cached[kv.block_hashes(w, 4)[0]].token_ids = (9, 9, 9, 9)
+    assert kv.get_computed_blocks(w) == ([], 0)
+
+
 def test_cache_salt_separates_tenants():
     kv = manager()
     admit(kv, req("0", range(9), salt="alice"))
