@@ -174,6 +174,8 @@ class ProbeIO:
         if not subscribed:
             return
         if not now:
+            if self._closed:  # read with no lock: a record posted as the socket closes goes nowhere, either way
+                return
             self._pending.append((subscribed, data))  # no lock: the engine core's thread does not wait on the I/O
             if self._napping:  # the I/O thread waits long: the first record after a quiet spell wakes it
                 self._napping = False
@@ -193,11 +195,12 @@ class ProbeIO:
 
         The engine core's thread does not send its steps' records itself: the I/O thread sends them every
         ``FLUSH_S``, woken by its own timeout, so that vLLM's thread makes no system call for the probe. A send wakes
-        ZeroMQ's I/O thread, and each step's send cost vLLM's thread 60-100 us (0.11 ms of wall time a step at GPU
-        size on a hybrid pool, ``bench/probe_cost.py``, 2026-12-07); sending every second or third step, 20-50 us
-        (the design before). While vLLM steps, the I/O thread wakes every ``FLUSH_S`` and sends whatever its records
-        are; after a ``FLUSH_S`` with none it naps, and the next record wakes it through the pipe. A pause, a
-        command's answer, a keyframe and anything the I/O thread sends go at once, after what waits."""
+        ZeroMQ's I/O thread: when vLLM's thread sent its records itself (every second or third step's, batched by
+        ``FLUSH_S``), a post cost it 113 us of wall time a step, 72 of CPU, at GPU size on a hybrid pool
+        (2026-12-07); leaving the record in the queue costs it 8.5 us. While vLLM steps, the I/O thread wakes every
+        ``FLUSH_S`` and sends whatever its records are; after a ``FLUSH_S`` with none it naps, and the next record
+        wakes it through the pipe. A pause, a command's answer, a keyframe and anything the I/O thread sends go at
+        once, after what waits."""
         self._flushed_at = time.monotonic()
         pending = self._pending
         while pending:  # what the engine core's thread appends meanwhile goes too, in order

@@ -76,6 +76,8 @@ def test_steps_from_the_engine_thread_and_answers_from_the_io_thread_share_the_s
         io.stop()
     assert not io._thread.is_alive()
     io.post(b"\x91\xa4Step")  # after stop: sent nowhere, no error (a step that ends while vLLM shuts down)
+    io.post(b"\x91\xa4Step", now=False)  # a step's record too: not kept for a socket that is gone
+    assert not io._pending
 
 
 def test_the_engine_threads_records_are_sent_by_the_io_thread_in_order_and_soon():
