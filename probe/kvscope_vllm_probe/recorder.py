@@ -102,6 +102,8 @@ class Recorder:
         self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
         # during cache_full_blocks: block id -> (request, index in its group's table, group's block size)
         self._store: dict[int, tuple[Any, int, int]] = {}  # a vLLM Request, its block index, block size
+        self._last_key: object = None  # the last hash on_hash recorded, and its (hash64, group)
+        self._last_split: tuple[int, int] = (0, 0)
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
         self._saved: list[tuple[object, str, object]] = []
 
@@ -293,12 +295,16 @@ class Recorder:
         self.tokens_of[b] = tokens
         # wire.hash64 and wire.group_of, inline (a call each is a tenth of this hook's time)
         h64, group = int.from_bytes(value[KEY_HASH64], "big"), int.from_bytes(value[KEY_GROUP], "big")
+        self._last_key, self._last_split = value, (h64, group)  # the map's insert of the same key comes next
         self.ops.append([OP_HASH, b, h64, tokens, parent, group])
 
     def on_map(self, code: int, key: bytes, block) -> None:
         if self.request != self._said_request:
             self._say_request()
-        h64, group = int.from_bytes(key[KEY_HASH64], "big"), int.from_bytes(key[KEY_GROUP], "big")  # as on_hash
+        if key is self._last_key:  # vLLM hashes a block, then inserts it under the same key object
+            h64, group = self._last_split
+        else:
+            h64, group = int.from_bytes(key[KEY_HASH64], "big"), int.from_bytes(key[KEY_GROUP], "big")  # as on_hash
         self.ops.append([code, h64, block.block_id, group])
 
     def on_queue(self, code: int, blocks) -> None:
