@@ -26,10 +26,10 @@ from vllm_live import (
 )
 
 from engine.inspect.kv_groups import NO_GROUP
-from kvscope_vllm_probe.hook_build import ENV_PURE_PYTHON, compiled_hook
 from engine.inspect.snapshot import BlockState
 from kvscope.sources.probe import ProbeSource
 from kvscope.sources.probe_mirror import VllmPoolMirror
+from kvscope_vllm_probe.hook_build import ENV_PURE_PYTHON, compiled_hook
 
 
 def idle(src: ProbeSource):

@@ -121,8 +121,10 @@ def test_the_audit_is_clean_and_kvscope_shows_what_vllm_holds(server):
         c = records[-1].snapshot.counters
         assert c["num_preemptions"] >= 1, "the pool was meant to run out"
         assert c["prefix_cache_hits"] > 0 and c["generation_tokens"] >= 8 * 48
-        # mid-run: hold vLLM while requests still hold blocks, and read both sides at the same step
-        threads = load(server, 4, max_tokens=200)
+        # mid-run: hold vLLM while requests still hold blocks, and read both sides at the same step (100 tokens
+        # each: a hundred steps and more, what this needs; with 200 the four outgrew the pool's 640 tokens far more,
+        # and every token past it is a preempted request's prompt computed again)
+        threads = load(server, 4, max_tokens=100)
         while src.step().snapshot.counters["num_requests_running"] < 2:
             pass
         held(src)
@@ -146,12 +148,13 @@ def test_the_audit_is_clean_and_kvscope_shows_what_vllm_holds(server):
 
 def test_step_runs_one_schedule_and_a_window_gone_while_held_leaves_vllm_serving(server):
     src = ProbeSource(server.probe, wait_s=30)
-    threads = load(server, 3, max_tokens=300)
+    threads = load(server, 3, max_tokens=100)  # a hundred steps and more: still running when held, two steps on
     while src.step().snapshot.counters["num_requests_running"] < 3:
         pass
     held(src)
     at = src.mirror.vllm_step
     computed = {r.request_id: r.num_computed_tokens for r in src.current().snapshot.requests if r.status == "RUNNING"}
+    assert len(computed) == 3, computed  # the three are held mid-answer
     time.sleep(1.0)  # a stretch in which nothing may happen: vLLM held schedules no step
     assert fresh_keyframe(server.probe).step == at, "vLLM scheduled while held"
     assert server.healthy()  # held at schedule(): vLLM still answers
