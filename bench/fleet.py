@@ -3,7 +3,8 @@
     python bench/fleet.py [--quick] [--workers 2]
 
 On the full traces in ../shared/traces/mooncake/ (the quick run: the 200-line excerpts in resources/workloads/,
-their first 80 requests, N = 1, 2, 4), llama-3.1-8b on simulated H100s (the cost model's defaults):
+their first 40 requests, N = 1, 2, 4: a check that every point runs and both references hold), llama-3.1-8b on
+simulated H100s (the cost model's defaults):
 
 1. reference: round robin at N = 2, 4, 8, 16, one request at a time, every pool one that never evicts (block
    size 512, the traces' own), caches exactly what ``reference.round_robin_sharing`` says: each instance a
@@ -68,7 +69,7 @@ class Plan:
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan(True, (1, 2, 4), 2e5, 4e5, 2, (2, 4), 80)
+        return Plan(True, (1, 2, 4), 2e5, 4e5, 2, (2, 4), 40)
     return Plan(False, (1, 2, 4, 8, 16), CARD_TOKENS, 8 * CARD_TOKENS, 8, (2, 4, 8, 16), None)
 
 
