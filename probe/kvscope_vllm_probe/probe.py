@@ -18,7 +18,7 @@ from . import __version__
 from .faults import Faults
 from .gate import Gate
 from .probe_io import ProbeIO
-from .recorder import Recorder, block_hook_kind
+from .recorder import Recorder
 from .rows import RowTracker
 from .security import Access
 from .wire import Held, Keyframe, PoolInfo, Step, encode, group_of, hash64
@@ -68,7 +68,7 @@ class Probe:
         self.io.start()
         a = self.access
         logger.info(
-            "kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s (%s; %s%s; %s)%s",
+            "kvscope probe %s: publishing vLLM %s's block pool (%d blocks of %d tokens) at %s%s (%s; %s%s)%s",
             __version__,
             vllm_version,
             len(pool.blocks),
@@ -78,7 +78,6 @@ class Probe:
             "CURVE keys" if a.keys else "loopback, no keys",
             "pause and step allowed" if a.control else "read-only",
             ", faults from subscribers allowed" if a.remote_faults else "",
-            block_hook_kind(),
             f"; fault {fault} on" if fault else "",
         )
         for note in self.notes:

@@ -43,7 +43,6 @@ from .constants import (
     OP_REQUEST,
 )
 from .groups import describe
-from .hook_build import compiled_hook
 from .wire import KEY_GROUP, KEY_HASH64, REQUEST_HASH64
 
 QUEUE_OPS = {
@@ -70,7 +69,6 @@ CONNECTOR = "connector:"  # the request name of the ops a KV connector makes (``
 
 _active: Recorder | None = None  # one scheduler a process (vLLM's engine core); the class hooks route here
 _installed = False
-_compiled: Any = None  # the compiled block hook's module where the block hook is that one (hook_build.py)
 
 
 class Recorder:
@@ -124,8 +122,6 @@ class Recorder:
             for name, fn in _connector_methods(self.connector):
                 self._wrap(self.connector, name, self._for_connector(fn))
         _active = self
-        if _compiled is not None:
-            _compiled.set_callbacks(self.on_ref, self.on_hash)  # bound: no frame between the hook and the recorder
 
     def uninstall(self) -> None:
         """Put vLLM's own methods back (the class hooks stay, recording nothing)."""
@@ -138,8 +134,6 @@ class Recorder:
         self._saved.clear()
         if _active is self:
             _active = None
-            if _compiled is not None:
-                _compiled.set_callbacks(None, None)
 
     def _wrap(self, obj, name: str, wrapper) -> None:
         self._saved.append((obj, name, getattr(obj, name)))
@@ -248,8 +242,6 @@ class Recorder:
 
     def on_ref(self, block, value: int, old: int) -> None:
         b = block.block_id
-        if not (0 <= b < self.num_blocks and self.blocks[b] is block):  # a connector's pool, not the scheduler's
-            return
         request = self.request
         if request != self._said_request:
             self._say_request()
@@ -269,8 +261,6 @@ class Recorder:
 
     def on_hash(self, block, value) -> None:
         b = block.block_id
-        if not (0 <= b < self.num_blocks and self.blocks[b] is block):
-            return
         if self.request != self._said_request:
             self._say_request()
         if value is None:
@@ -393,28 +383,11 @@ def _install_map_hooks(cls) -> None:
     _map_installed = True
 
 
-def block_hook_kind() -> str:
-    """What vLLM's log says of the block hook in use (after a recorder installed it)."""
-    if not _installed:
-        return "no block hook"
-    return "compiled block hook" if _compiled is not None else "block hook in Python (not compiled here: slower)"
-
-
 def _install_block_hooks(cls) -> None:
-    """Make ``cls.ref_cnt`` and ``cls._block_hash`` record their changes (once a process): through the compiled
-    hook where it was built (``_blockhook.c``), else through a ``__setattr__`` in Python with the same rule."""
-    global _installed, _compiled
+    """Make ``cls.ref_cnt`` and ``cls._block_hash`` record their changes (once a process)."""
+    global _installed
     if _installed:
         return
-    _compiled = compiled_hook()
-    if _compiled is not None:
-        _compiled.install(cls)  # it calls the active recorder's on_ref and on_hash (Recorder.install names them)
-    else:
-        _install_python_hook(cls)
-    _installed = True
-
-
-def _install_python_hook(cls) -> None:
     ref_slot, hash_slot = cls.__dict__["ref_cnt"], cls.__dict__["_block_hash"]
     ref_set, hash_set = ref_slot.__set__, hash_slot.__set__
     base_setattr = cls.__setattr__
@@ -424,8 +397,7 @@ def _install_python_hook(cls) -> None:
     # hashed or freed), and a property's read, even with the slot's own C getter, took 100 ns against the slot's
     # 12 (measured with timeit on vLLM 0.32's KVCacheBlock). The slots stay the class's own descriptors. It is one
     # Python frame with the two names tested inline (a dict of setters and a frame each cost 0.2 us more a
-    # recorded write): every write to a block passes through it, the free queue's links too (which is why the
-    # compiled hook is used where it was built).
+    # recorded write): every write to a block passes through it, the free queue's links too.
     def recorded_setattr(self, name, value):
         if name == "ref_cnt":
             rec = _active
@@ -439,7 +411,9 @@ def _install_python_hook(cls) -> None:
                 return
             ref_set(self, value)
             if value != old:
-                rec.on_ref(self, value, old)
+                b = self.block_id
+                if 0 <= b < rec.num_blocks and rec.blocks[b] is self:  # the scheduler's pool, not a connector's
+                    rec.on_ref(self, value, old)
         elif name == "_block_hash":
             rec = _active
             if rec is None:
@@ -452,8 +426,11 @@ def _install_python_hook(cls) -> None:
                 return
             hash_set(self, value)
             if value != old:
-                rec.on_hash(self, value)
+                b = self.block_id
+                if 0 <= b < rec.num_blocks and rec.blocks[b] is self:
+                    rec.on_hash(self, value)
         else:
             base_setattr(self, name, value)  # the free queue's links and the rest: as vLLM wrote them
 
     cls.__setattr__ = recorded_setattr
+    _installed = True

@@ -8,15 +8,12 @@ the load's steps with the probe and one without, so both sides share the process
 minute.
 
 Off is vLLM as it runs with no probe: the scheduler's probe is unset (its subclass's methods then only call
-vLLM's), the recorder's instance wrappers are removed and the class hooks (``KVCacheBlock.__setattr__`` or the
-compiled hook's class slot, the hash map's ``insert`` and ``pop``) are put back as vLLM defines them. On puts all
-of them back, and the probe forgets what it sent, as it does when a subscriber leaves: the next step sends every
-row whole (a cycle that is not timed).
+vLLM's), the recorder's instance wrappers are removed and the class hooks (``KVCacheBlock.__setattr__``, the hash
+map's ``insert`` and ``pop``) are put back as vLLM defines them. On puts all of them back, and the probe forgets
+what it sent, as it does when a subscriber leaves: the next step sends every row whole (a cycle that is not timed).
 """
 
 from __future__ import annotations
-
-from kvscope_vllm_probe import recorder
 
 _MISSING = object()
 
@@ -53,8 +50,6 @@ class ProbeSwitch:
             self.scheduler._kvscope_probe = None
             p.recorder.uninstall()
             self._set(self.own)
-            if recorder._compiled is not None:
-                recorder._compiled.uninstall(self.classes[0])  # the compiled block hook: the class's own writes back
         # nothing of the probe's is left in vLLM's way
         assert not p.recorder._saved and all(c.__dict__.get(n, _MISSING) is v for (c, n), v in self.own.items())
 
@@ -62,8 +57,6 @@ class ProbeSwitch:
         p = self.probe
         with p.lock:
             self._set(self.probed)
-            if recorder._compiled is not None:
-                recorder._compiled.install(self.classes[0])
             rec = p.recorder
             rec.take()  # whatever was recorded before the switch went off
             rec.loose.clear()
