@@ -42,12 +42,16 @@ from kvscope_vllm_probe import __version__ as PROBE_VERSION
 from kvscope_vllm_probe.client import Link, ProbeClient
 from kvscope_vllm_probe.endpoints import base_endpoint, rank_endpoint
 from kvscope_vllm_probe.wire import (
+    OP_HASH,
+    OP_MAP_INSERT,
+    OP_MAP_POP,
     Held,
     Keyframe,
     Pong,
     Refused,
     Step,
     Welcome,
+    block_key,
     decode_from_probe,
     encode,
 )
@@ -572,13 +576,16 @@ class ProbeReplay(_Base):
         """``scenario``: a lab's (kvscope.scenario.Scenario) title, notes and view, shown over the recording."""
         super().__init__()
         self.path = path
-        read_versioned_header(path, TRACE_FORMAT, TRACE_VERSION, "a probe trace")  # one line if it is not one
+        header = read_versioned_header(path, TRACE_FORMAT, TRACE_VERSION, "a probe trace")  # one line if not one
         lines = Path(path).read_text(encoding="utf-8").splitlines()
         self._messages = []
         for n, line in enumerate(lines[1:], start=2):
             try:
-                self._messages.append(decode_from_probe(base64.b64decode(json.loads(line)["payload"])))
-            except (ValueError, KeyError, TypeError) as e:
+                msg = decode_from_probe(base64.b64decode(json.loads(line)["payload"]))
+                if header["version"] == 1 and isinstance(msg, Step):
+                    msg.ops = _keyed_ops(msg.ops)
+                self._messages.append(msg)
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
                 if n == len(lines):
                     break  # a torn last line (the recording was cut): the rest plays
                 raise ValueError(f"{path}:{n}: not a probe message ({one_line(e)})") from None
@@ -620,3 +627,18 @@ def _tokenizer(model: str):
         return AutoTokenizer.from_pretrained(model, local_files_only=True)
     except Exception:  # noqa: BLE001 - no tokenizer: rows show token ids
         return None
+
+
+def _keyed_ops(ops: list[list]) -> list[list]:
+    """The ops of a trace of version 1 (probe protocol 4), which named a block key by its two numbers (the hash's
+    low 64 bits, the group), as the probe now sends them: vLLM's key bytes."""
+    out = []
+    for op in ops:
+        code = op[0]
+        if code == OP_HASH:
+            key = None if op[2] is None else block_key(op[2], op[5] if len(op) > 5 else 0)
+            op = [code, op[1], key, op[3], None if op[4] is None else op[4].to_bytes(8, "big")]
+        elif code in (OP_MAP_INSERT, OP_MAP_POP):
+            op = [code, block_key(op[1], op[3] if len(op) > 3 else 0), op[2]]
+        out.append(op)
+    return out

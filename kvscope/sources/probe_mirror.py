@@ -51,6 +51,9 @@ from kvscope_vllm_probe.wire import (
     Keyframe,
     RequestRow,
     Step,
+    group_of,
+    hash64,
+    parent64,
 )
 
 KEEP_FINISHED = 64  # finished requests kept in the snapshot, as kvscope's engine keeps them
@@ -435,30 +438,32 @@ class VllmPoolMirror:
                             holders.pop()
                     events.append(BlockFreed(b, who, v))
             elif code == OP_HASH:
-                b, h = op[1], op[2]
+                b, key = op[1], op[2]
                 self._check(b)
                 old = self.hashes.get(b)
-                if h is None:
+                if key is None:
                     if old is None:
                         continue
                     ev = BlockEvicted(b, old)
                     self.evictions += 1
                 else:
-                    g = op[5] if len(op) > 5 else 0
-                    parent = grouped_hash(hex64(op[4]), g) if op[4] is not None else None
-                    ev = BlockStored(b, grouped_hash(hex64(h), g), request, tuple(op[3]), parent)
+                    g = group_of(key)
+                    parent = grouped_hash(hex64(parent64(op[4])), g) if op[4] is not None else None
+                    ev = BlockStored(b, grouped_hash(hex64(hash64(key)), g), request, tuple(op[3]), parent)
                 apply_cache_event(ev, self.tokens, self.hashes)  # the cache's rules, as every copy of it keeps them
                 events.append(ev)
                 mapped.add(b)
             elif code == OP_MAP_INSERT:
+                key = op[1]
                 self._check(op[2])
-                self.map_keys.setdefault(op[2], set()).add(grouped_hash(hex64(op[1]), op[3] if len(op) > 3 else 0))
+                self.map_keys.setdefault(op[2], set()).add(grouped_hash(hex64(hash64(key)), group_of(key)))
                 mapped.add(op[2])
             elif code == OP_MAP_POP:
+                key = op[1]
                 self._check(op[2])
                 keys = self.map_keys.get(op[2])
                 if keys is not None:
-                    keys.discard(grouped_hash(hex64(op[1]), op[3] if len(op) > 3 else 0))
+                    keys.discard(grouped_hash(hex64(hash64(key)), group_of(key)))
                     if not keys:
                         del self.map_keys[op[2]]
                 mapped.add(op[2])

@@ -12,7 +12,7 @@ import time
 from engine.inspect.jsonl import JsonLinesWriter, file_format
 
 TRACE_FORMAT = "kvscope-probe-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: the ops carry vLLM's block keys as bytes (probe protocol 5); 1 is read too
 
 
 class ProbeTraceWriter(JsonLinesWriter):

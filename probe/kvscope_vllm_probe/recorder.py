@@ -43,7 +43,6 @@ from .constants import (
     OP_REQUEST,
 )
 from .groups import describe
-from .wire import KEY_GROUP, KEY_HASH64, REQUEST_HASH64
 
 QUEUE_OPS = {
     "popleft": OP_POP,
@@ -98,10 +97,9 @@ class Recorder:
         self.admissions: list[tuple[str, int, int]] = []  # (request id, tokens asked, tokens hit) since the last take
         self.tokens_of: dict[int, list[int]] = {}  # hashed block -> its tokens (for a keyframe)
         self.preemptions = 0  # frees of a request still running: vLLM preempts before it sets the status
-        # during cache_full_blocks: block id -> (request, index in its group's table, group's block size)
-        self._store: dict[int, tuple[Any, int, int]] = {}  # a vLLM Request, its block index, block size
-        self._last_key: object = None  # the last hash on_hash recorded, and its (hash64, group)
-        self._last_split: tuple[int, int] = (0, 0)
+        # during cache_full_blocks: [request, its group's table, the next index to look at, the group's block size]
+        # (vLLM hashes a table's new full blocks in order: on_hash finds each from where the last one was)
+        self._storing: list[Any] | None = None
         self.before_free: Callable[[object], None] | None = None  # a fault's hook (faults.py)
         self._saved: list[tuple[object, str, object]] = []
 
@@ -210,17 +208,14 @@ class Recorder:
         def wrapper(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs):
             if num_full_blocks <= num_cached_blocks:  # nothing new to hash: every request, every step
                 return fn(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
-            store = self._store
             bs = kwargs.get("block_size", args[0] if args else self.block_size)
-            for i in range(num_cached_blocks, min(num_full_blocks, len(blocks))):
-                store[blocks[i].block_id] = (request, i, bs)
-            outer = self.request
+            outer, outer_storing = self.request, self._storing
             self.request = request.request_id
+            self._storing = [request, blocks, num_cached_blocks, bs]
             try:
                 return fn(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             finally:
-                self.request = outer
-                store.clear()
+                self.request, self._storing = outer, outer_storing
 
         return wrapper
 
@@ -260,42 +255,44 @@ class Recorder:
         self.ops.append([OP_REF, b, value])
 
     def on_hash(self, block, value) -> None:
+        """vLLM's key goes on the wire as vLLM made it (bytes: the hash, then the group), and so does the parent's
+        hash: the subscriber splits them (``wire.hash64``, ``wire.group_of``), not vLLM's thread."""
         b = block.block_id
         if self.request != self._said_request:
             self._say_request()
         if value is None:
             self.tokens_of.pop(b, None)
-            self.ops.append([OP_HASH, b, None, [], None, 0])
+            self.ops.append([OP_HASH, b, None, [], None])
             return
         tokens: list[int] = []
         parent = None
-        where = self._store.get(b)
-        if where is not None:
-            request, i, bs = where
-            # the request's own token list where vLLM keeps one (a slice of it is a new list; its read-only
-            # all_token_ids view slices in Python): a hashed block's tokens at a few steps' every block
-            ids = getattr(request, "_all_token_ids", None)
-            tokens = (
-                ids[i * bs : (i + 1) * bs] if type(ids) is list else list(request.all_token_ids[i * bs : (i + 1) * bs])
-            )
-            # the group's block hashes are the request's (made every hash_block_size tokens) at its block ends
-            k = i * (bs // self.hash_block_size or 1) - 1
-            if i > 0 and 0 <= k < len(request.block_hashes):
-                parent = int.from_bytes(request.block_hashes[k][REQUEST_HASH64], "big")
+        storing = self._storing
+        if storing is not None:
+            request, table, i, bs = storing
+            n = len(table)
+            while i < n and table[i] is not block:  # the blocks vLLM skips (null, masked, hashed before)
+                i += 1
+            if i < n:
+                storing[2] = i + 1
+                # the request's own token list where vLLM keeps one (a slice of it is a new list; its read-only
+                # all_token_ids view slices in Python)
+                ids = getattr(request, "_all_token_ids", None)
+                tokens = (
+                    ids[i * bs : (i + 1) * bs]
+                    if type(ids) is list
+                    else list(request.all_token_ids[i * bs : (i + 1) * bs])
+                )
+                # the group's block hashes are the request's (made every hash_block_size tokens) at its block ends
+                k = i * (bs // self.hash_block_size or 1) - 1
+                if i > 0 and 0 <= k < len(request.block_hashes):
+                    parent = request.block_hashes[k]
         self.tokens_of[b] = tokens
-        # wire.hash64 and wire.group_of, inline (a call each is a tenth of this hook's time)
-        h64, group = int.from_bytes(value[KEY_HASH64], "big"), int.from_bytes(value[KEY_GROUP], "big")
-        self._last_key, self._last_split = value, (h64, group)  # the map's insert of the same key comes next
-        self.ops.append([OP_HASH, b, h64, tokens, parent, group])
+        self.ops.append([OP_HASH, b, value, tokens, parent])
 
     def on_map(self, code: int, key: bytes, block) -> None:
         if self.request != self._said_request:
             self._say_request()
-        if key is self._last_key:  # vLLM hashes a block, then inserts it under the same key object
-            h64, group = self._last_split
-        else:
-            h64, group = int.from_bytes(key[KEY_HASH64], "big"), int.from_bytes(key[KEY_GROUP], "big")  # as on_hash
-        self.ops.append([code, h64, block.block_id, group])
+        self.ops.append([code, key, block.block_id])
 
     def on_queue(self, code: int, blocks) -> None:
         if self.request != self._said_request:

@@ -222,11 +222,21 @@ def decode_from_probe(data: bytes) -> FromProbe:
 
 # Where the numbers are in vLLM's block keys, big-endian: a key is a request's block hash with its KV cache group's
 # id appended in 4 bytes, and a block hash's low 64 bits are what vLLM's KV events carry (``maybe_convert_block_hash``).
-# The recorder's hooks read them inline with these (a call is a tenth of a hook's time); everything else calls the
-# functions below.
+# The probe sends a step's keys as vLLM made them, and the subscriber splits them with the functions below: vLLM's
+# thread does no arithmetic for it.
 KEY_HASH64 = slice(-12, -4)  # of a block key (hash + group id): the hash's low 64 bits
 KEY_GROUP = slice(-4, None)  # of a block key: the KV cache group
 REQUEST_HASH64 = slice(-8, None)  # of a request's block hash (no group id): its low 64 bits
+
+
+def block_key(h64: int, group: int = 0) -> bytes:
+    """A block key as vLLM makes one, from its low 64 bits and its group (tests, and recorded traces)."""
+    return h64.to_bytes(8, "big") + group.to_bytes(4, "big")
+
+
+def parent64(request_hash: bytes) -> int:
+    """A request's block hash (no group id) as vLLM's KV events carry it: its low 64 bits."""
+    return int.from_bytes(request_hash[REQUEST_HASH64], "big")
 
 
 def group_of(block_hash: bytes) -> int:

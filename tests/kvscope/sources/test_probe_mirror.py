@@ -35,6 +35,7 @@ from kvscope_vllm_probe.wire import (
     Resync,
     Step,
     Welcome,
+    block_key,
     decode_to_probe,
     encode,
 )
@@ -83,8 +84,8 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
             [OP_POP, [1, 2]],
             [OP_REF, 1, 1],
             [OP_REF, 2, 1],
-            [OP_HASH, 1, h0, [10, 11, 12, 13], None],
-            [OP_MAP_INSERT, h0, 1],
+            [OP_HASH, 1, block_key(h0), [10, 11, 12, 13], None],
+            [OP_MAP_INSERT, block_key(h0), 1],
             [OP_REQUEST, "b"],
             [OP_REF, 1, 2],
             [OP_POP, [3]],
@@ -146,7 +147,7 @@ def test_a_step_becomes_kvscopes_events_and_snapshot():
     # a cached free block handed out again: its hash leaves the cache (an eviction), then it is allocated
     m.apply(Step(3, 3, 0.0, [[OP_REQUEST, "c"], [OP_REF, 1, 0], [OP_APPEND, [1]]], [], [], None, {}, False))
     order = m.snapshot(3).free_queue.tolist()
-    ops = [[OP_REQUEST, "d"], [OP_POP, order], [OP_MAP_POP, h0, 1], [OP_HASH, 1, None, [], None]]
+    ops = [[OP_REQUEST, "d"], [OP_POP, order], [OP_MAP_POP, block_key(h0), 1], [OP_HASH, 1, None, [], None]]
     ops += [[OP_REF, b, 1] for b in order]
     events = m.apply(Step(4, 4, 0.0, ops, [], [], None, {}, False))
     assert BlockEvicted(1, f"{h0:016x}") in events and BlockAllocated(1, "d") in events
@@ -234,7 +235,12 @@ def test_deferred_frees_count_as_held_and_the_hash_map_is_checked():
             3,
             3,
             0.0,
-            [[OP_REF, 1, 0], [OP_APPEND, [1]], [OP_HASH, 1, 5, [1, 2, 3, 4], None], [OP_MAP_INSERT, 9, 2]],
+            [
+                [OP_REF, 1, 0],
+                [OP_APPEND, [1]],
+                [OP_HASH, 1, block_key(5), [1, 2, 3, 4], None],
+                [OP_MAP_INSERT, block_key(9), 2],
+            ],
             [],
             [],
             None,
@@ -243,7 +249,7 @@ def test_deferred_frees_count_as_held_and_the_hash_map_is_checked():
         )
     )
     assert sorted((p.block_id, p.problem) for p in m.audit().problems) == [(1, "hash_map"), (2, "hash_map")]
-    m.apply(Step(4, 4, 0.0, [[OP_MAP_INSERT, 5, 1], [OP_MAP_POP, 9, 2]], [], [], None, {}, False))
+    m.apply(Step(4, 4, 0.0, [[OP_MAP_INSERT, block_key(5), 1], [OP_MAP_POP, block_key(9), 2]], [], [], None, {}, False))
     assert m.audit().ok
     m.apply(Step(5, 5, 0.0, [[OP_HASH, 1, None, [], None], [OP_MAP_CLEAR]], [], [], None, {}, False))
     assert m.audit().ok
@@ -427,7 +433,7 @@ def test_every_groups_tables_pins_and_a_delayed_free_are_audited():
     m = VllmPoolMirror(Keyframe(0, 0, info, [0] * N, [], [], list(range(1, N)), [], [], False, "", {}))
     assert [g.kind for g in m.groups] == ["sliding_window", "full"] and m.primary == 1
     ops = [[OP_REQUEST, "a"], [OP_POP, [1, 2, 3]], [OP_REF, 1, 1], [OP_REF, 2, 1], [OP_REF, 3, 1]]
-    ops += [[OP_HASH, 2, 0xAB, [1, 2, 3, 4], None, 1], [OP_MAP_INSERT, 0xAB, 2, 1]]
+    ops += [[OP_HASH, 2, block_key(0xAB, 1), [1, 2, 3, 4], None], [OP_MAP_INSERT, block_key(0xAB, 1), 2]]
     a = RequestRow("a", "RUNNING", 6, 0, [1, 2, 3, 4, 5, 6], 6, 0, 0, [1], 1.0, groups=[(1, 0, [2, 3])])
     m.apply(Step(1, 1, 0.0, ops, [a], [], None, {}, False))
     snap = m.snapshot(1)
