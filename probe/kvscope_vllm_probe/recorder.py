@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from .constants import (
@@ -64,6 +65,7 @@ REQUEST_METHODS = (
     "pop_blocks_for_free",
 )
 LOOKUPS = ("get_computed_blocks", "get_computed_blocks_for_connector")
+_block_id = attrgetter("block_id")
 CONNECTOR = "connector:"  # the request name of the ops a KV connector makes (``connector:ExampleConnector``)
 
 _active: Recorder | None = None  # one scheduler a process (vLLM's engine core); the class hooks route here
@@ -294,14 +296,6 @@ class Recorder:
             self._say_request()
         self.ops.append([code, key, block.block_id])
 
-    def on_queue(self, code: int, blocks) -> None:
-        if self.request != self._said_request:
-            self._say_request()
-        if code == OP_REMOVE:
-            self.ops.append([OP_REMOVE, blocks.block_id])
-        else:
-            self.ops.append([code, [b.block_id for b in blocks]])
-
     def take(self) -> tuple[list[list], set[str], list[tuple[str, int, int]]]:
         """The ops, the requests the pool worked for and the admissions since the last take (``loose``, the
         blocks freed for no named request, is the rows' to clear: they look up whose table held them)."""
@@ -329,12 +323,17 @@ def _connector_methods(connector) -> list[tuple[str, Callable]]:
 
 
 def _queue_wrapper(rec: Recorder, fn, code: int):
+    """The free queue's mutator ``fn``, recording where its blocks went as one op (``code``). Inline and with no
+    comprehension (each a Python frame): vLLM pops a block a request a group, 512 a step at GPU size on a hybrid
+    pool."""
     if code == OP_POP:
 
         @functools.wraps(fn)
         def pop(*args, **kwargs):
             out = fn(*args, **kwargs)
-            rec.on_queue(OP_POP, out if isinstance(out, list) else [out])
+            if rec.request != rec._said_request:
+                rec._say_request()
+            rec.ops.append([OP_POP, list(map(_block_id, out)) if isinstance(out, list) else [out.block_id]])
             return out
 
         return pop
@@ -343,12 +342,16 @@ def _queue_wrapper(rec: Recorder, fn, code: int):
     def put(arg, *args, **kwargs):
         fn(arg, *args, **kwargs)
         if code == OP_REMOVE:
-            rec.on_queue(OP_REMOVE, arg)
+            ids: Any = arg.block_id
         elif isinstance(arg, list):
-            if arg:
-                rec.on_queue(code, arg)
+            if not arg:
+                return
+            ids = list(map(_block_id, arg))
         else:
-            rec.on_queue(code, [arg])  # append(block)
+            ids = [arg.block_id]  # append(block)
+        if rec.request != rec._said_request:
+            rec._say_request()
+        rec.ops.append([code, ids])
 
     return put
 
