@@ -130,6 +130,8 @@ def main() -> None:
             for _ in range(cycle):
                 timed_step(times, cpu)
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
+    if len(s.running) != args.running:  # the load ran past the pool: the steps measured preemption, not the probe
+        raise SystemExit(f"{len(s.running)} of {args.running} requests still running: fewer --steps, or more blocks")
     print(
         json.dumps(
             {
