@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -514,3 +515,31 @@ def test_a_restarted_vllms_steps_wait_for_its_keyframe():
         rec = rank._handle(Step(4, 4, 0.0, alloc, [], [], None, {}, False))
         assert rec is not None and src.mirror.seq == 4 and src.mirror.ref[1] == 1
         src.close()
+
+
+def test_a_version_1_traces_ops_are_read_as_the_probes_keys_now():
+    """Probe traces of version 1 (protocol 4) named a block key by its two numbers; a replay reads them as the
+    bytes vLLM made, which the probe sends now, and the shipped lab's recording (version 1) plays with its hashes."""
+    from kvscope.sources.probe import ProbeReplay, _keyed_ops
+
+    v1 = [
+        [OP_HASH, 1, 0xAB, [1, 2], 0xCD, 1],
+        [OP_HASH, 2, None, [], None, 0],
+        [OP_HASH, 3, 0xEF, [3], None],  # before KV cache groups: no group
+        [OP_MAP_INSERT, 0xAB, 1, 1],
+        [OP_MAP_POP, 0xEF, 3],
+        [OP_REF, 1, 1],
+    ]
+    assert _keyed_ops(v1) == [
+        [OP_HASH, 1, block_key(0xAB, 1), [1, 2], (0xCD).to_bytes(8, "big")],
+        [OP_HASH, 2, None, [], None],
+        [OP_HASH, 3, block_key(0xEF), [3], None],
+        [OP_MAP_INSERT, block_key(0xAB, 1), 1],
+        [OP_MAP_POP, block_key(0xEF), 3],
+        [OP_REF, 1, 1],
+    ]
+    src = ProbeReplay(str(Path(__file__).resolve().parents[3] / "resources" / "probe" / "vllm-leak.jsonl"))
+    hashes: dict = {}
+    while src.has_work() and not hashes:
+        hashes = src.step().snapshot.block_hashes
+    assert hashes and all(len(h) == 16 and int(h, 16) >= 0 for h in hashes.values()), hashes
