@@ -84,6 +84,12 @@ def hex64(h: int) -> str:
     return f"{h:016x}"
 
 
+def key_name(key: bytes) -> str:
+    """A vLLM block key (its hash, then its group's id: the probe's ops carry them as vLLM made them) as kvscope
+    names a block hash."""
+    return grouped_hash(hex64(hash64(key)), group_of(key))
+
+
 class FreeList:
     """vLLM's free queue as a doubly linked list over block ids (O(1) pops, removals, appends, prepends)."""
 
@@ -447,23 +453,20 @@ class VllmPoolMirror:
                     ev = BlockEvicted(b, old)
                     self.evictions += 1
                 else:
-                    g = group_of(key)
-                    parent = grouped_hash(hex64(parent64(op[4])), g) if op[4] is not None else None
-                    ev = BlockStored(b, grouped_hash(hex64(hash64(key)), g), request, tuple(op[3]), parent)
+                    parent = grouped_hash(hex64(parent64(op[4])), group_of(key)) if op[4] is not None else None
+                    ev = BlockStored(b, key_name(key), request, tuple(op[3]), parent)
                 apply_cache_event(ev, self.tokens, self.hashes)  # the cache's rules, as every copy of it keeps them
                 events.append(ev)
                 mapped.add(b)
             elif code == OP_MAP_INSERT:
-                key = op[1]
                 self._check(op[2])
-                self.map_keys.setdefault(op[2], set()).add(grouped_hash(hex64(hash64(key)), group_of(key)))
+                self.map_keys.setdefault(op[2], set()).add(key_name(op[1]))
                 mapped.add(op[2])
             elif code == OP_MAP_POP:
-                key = op[1]
                 self._check(op[2])
                 keys = self.map_keys.get(op[2])
                 if keys is not None:
-                    keys.discard(grouped_hash(hex64(hash64(key)), group_of(key)))
+                    keys.discard(key_name(op[1]))
                     if not keys:
                         del self.map_keys[op[2]]
                 mapped.add(op[2])
