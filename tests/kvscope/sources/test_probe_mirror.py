@@ -543,3 +543,21 @@ def test_a_version_1_traces_ops_are_read_as_the_probes_keys_now():
     while src.has_work() and not hashes:
         hashes = src.step().snapshot.block_hashes
     assert hashes and all(len(h) == 16 and int(h, 16) >= 0 for h in hashes.values()), hashes
+
+
+def test_a_version_1_trace_whose_op_cannot_be_read_is_refused_in_one_line(tmp_path):
+    """A version-1 trace with a hash op kvscope cannot convert (a parent that is not a number) is refused when read,
+    naming the file and line, not applied half-way."""
+    import base64
+    import json
+
+    from kvscope.sources.probe import ProbeReplay
+
+    lines = (Path(__file__).resolve().parents[3] / "resources" / "probe" / "vllm-leak.jsonl").read_text().splitlines()
+    bad = Step(1, 1, 0.0, [[OP_HASH, 1, 0xAB, [1, 2], "not a hash", 0]], [], [], None, {}, False)
+    line = json.dumps({"t": 0.0, "payload": base64.b64encode(encode(bad)).decode()})
+    trace = tmp_path / "v1.probe.jsonl"
+    trace.write_text("\n".join([lines[0], lines[1], line, lines[2]]) + "\n")
+    with pytest.raises(ValueError) as e:
+        ProbeReplay(str(trace))
+    assert str(e.value).startswith(f"{trace}:3: not a probe message") and "\n" not in str(e.value)
