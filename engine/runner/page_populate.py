@@ -33,6 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
+JOIN_S = 30.0  # the longest a stop waits: one chunk's madvise, a fraction of a second even for a large pool
 PAGE = mmap.PAGESIZE  # 4 KiB on x86; 16 or 64 KiB on some arm64 and ppc64le kernels
 
 
@@ -51,14 +52,25 @@ def _madvise():
 _live: weakref.WeakSet[PagePopulator] = weakref.WeakSet()  # for the exit hook (an engine dropped drops its own)
 
 
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every populating thread not yet ended
+
+
 @atexit.register
 def stop_all() -> None:
-    """At exit, before Python finalizes: every populating thread stops after its chunk and is waited for. A daemon
-    thread still inside its ``madvise`` when the interpreter finalizes is ended by ``pthread_exit`` as it takes the GIL
-    back, and that forced unwinding aborted a process now and then ("terminate called without an active exception",
-    exit -6: a script that built an engine and exited at once, in a test under load)."""
+    """At exit, before Python finalizes: every populator stops after its chunk, and every populating thread is
+    joined. A thread that takes the GIL back once Python is finalizing is ended by ``pthread_exit``, whose forced
+    unwinding through PyTorch's C++ aborts the process ("terminate called without an active exception", exit -6,
+    about 1 run in 40 of a script that built an engine and exited at once, on a loaded machine). Two core dumps
+    showed how: the engine gone, the thread held the pool's last reference and freed it as it ended; freeing a
+    numpy-backed tensor gives the GIL up and takes it back (``THPVariable_clear``, the storage's deleter). While it
+    had the GIL given up, the populator was already half freed, out of ``_live`` (its weak references are
+    cleared first), so waiting for the populators missed it. So the threads are joined themselves, their teardown
+    included."""
     for p in list(_live):
         p.stop()
+    for t in list(_threads):
+        if t is not threading.current_thread():
+            t.join(JOIN_S)
 
 
 class PagePopulator:
@@ -79,6 +91,7 @@ class PagePopulator:
         self._lock = threading.Condition()
         self._running = False
         self._stopped = False  # at exit (stop): no thread starts again
+        self._thread: threading.Thread | None = None  # the one running or last run (stop joins it)
         self._madvise = _madvise()
         if self._madvise is None:
             self.failed = "no madvise in this C library"
@@ -107,18 +120,23 @@ class PagePopulator:
             self.target = min(self.num_blocks, max(self.target, target))
             if not self._running and not self._stopped:
                 self._running = True
-                threading.Thread(target=self._run, name="kv-page-populate", daemon=True).start()
+                self._thread = threading.Thread(target=self._run, name="kv-page-populate", daemon=True)
+                _threads.add(self._thread)
+                self._thread.start()
 
     def wait(self, timeout: float = 30.0) -> bool:
         """Until the thread has reached its target or stopped (tests)."""
         with self._lock:
             return self._lock.wait_for(lambda: not self._running, timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """The thread stops after the chunk it is populating, and is waited for; none starts again."""
+    def stop(self, timeout: float = JOIN_S) -> None:
+        """The thread stops after the chunk it is populating and is joined, its teardown included (it may free the
+        pool, see ``stop_all``); none starts again. The wait is one chunk's ``madvise`` at most."""
         with self._lock:
             self._stopped = True
-        self.wait(timeout)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _run(self) -> None:
         while True:
