@@ -17,18 +17,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import add, make_scheduler, step  # noqa: E402
 
-from kvscope_vllm_probe.constants import (  # noqa: E402
-    OP_APPEND,
-    OP_HASH,
-    OP_MAP_CLEAR,
-    OP_MAP_INSERT,
-    OP_MAP_POP,
-    OP_POP,
-    OP_PREPEND,
-    OP_REF,
-    OP_REMOVE,
-    OP_REQUEST,
-)
+import kvscope_vllm_probe.constants as c  # noqa: E402
 from kvscope_vllm_probe.recorder import Recorder  # noqa: E402
 
 
@@ -44,30 +33,30 @@ class Model:
     def apply(self, ops: list[list]) -> None:
         for op in ops:
             code = op[0]
-            if code == OP_REF:
+            if code == c.OP_REF:
                 self.ref[op[1]] = op[2]
-            elif code == OP_HASH:
+            elif code == c.OP_HASH:
                 self.hash[op[1]] = op[2]
-            elif code == OP_POP:
+            elif code == c.OP_POP:
                 for b in op[1]:
                     assert self.free[0] == b, f"popped {b}, the queue's head is {self.free[0]}"
                     self.free.pop(0)
-            elif code == OP_REMOVE:
+            elif code == c.OP_REMOVE:
                 self.free.remove(op[1])
-            elif code == OP_APPEND:
+            elif code == c.OP_APPEND:
                 self.free.extend(op[1])
-            elif code == OP_PREPEND:
+            elif code == c.OP_PREPEND:
                 self.free[:0] = op[1]
-            elif code == OP_MAP_INSERT:
+            elif code == c.OP_MAP_INSERT:
                 self.map[(op[1], op[2])] += 1
-            elif code == OP_MAP_POP:
+            elif code == c.OP_MAP_POP:
                 self.map[(op[1], op[2])] -= 1
                 if not self.map[(op[1], op[2])]:
                     del self.map[(op[1], op[2])]
-            elif code == OP_MAP_CLEAR:
+            elif code == c.OP_MAP_CLEAR:
                 self.map.clear()
             else:
-                assert code == OP_REQUEST, code
+                assert code == c.OP_REQUEST, code
 
     def differences(self, pool) -> list[str]:
         out = []
