@@ -168,14 +168,24 @@ def _digest(path: str, _size: int, _mtime_ns: int) -> str:
     return h.hexdigest()
 
 
+def _gguf_key(source: ModelSource) -> str:
+    """A GGUF file's name and content hash: the part of its conversion's folder name that names the weights."""
+    assert source.gguf_file is not None  # only a GGUF source is converted
+    gguf = Path(source.path) / source.gguf_file
+    return f"{gguf.stem}-{file_digest(gguf)[:16]}"
+
+
 def gguf_cache_dir(source: ModelSource) -> Path:
     """The converted copy of a GGUF file: keyed by the file's hash and the converter's version."""
     import transformers
 
-    assert source.gguf_file is not None  # only a GGUF source is converted
-    gguf = Path(source.path) / source.gguf_file
-    key = f"{gguf.stem}-{file_digest(gguf)[:16]}-transformers{transformers.__version__}"
-    return cache_root() / "gguf" / f"{key}-f{CACHE_FORMAT}"
+    return cache_root() / "gguf" / f"{_gguf_key(source)}-transformers{transformers.__version__}-f{CACHE_FORMAT}"
+
+
+def is_conversion_of(folder: str, source: ModelSource) -> bool:
+    """``folder`` (a path from another machine, say, that need not exist here) is a conversion of ``source``'s GGUF
+    file, whatever transformers or cache format made it: the same weights, so the same tokenizer."""
+    return bool(source.gguf_file) and Path(folder).name.startswith(_gguf_key(source) + "-transformers")
 
 
 def _save_converted(model, tokenizer, folder: Path) -> None:

@@ -67,3 +67,17 @@ def test_a_load_that_fails_puts_ggufs_names_back():
     assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
     with gguf_parsed_once():  # and the next load takes the lock again: the failure did not hold it
         pass
+
+
+def test_a_conversion_made_elsewhere_is_known_by_its_weights_not_its_converter():
+    """A folder named on another machine (another transformers, another cache format: a probe recording names the
+    folder vLLM served from) is a conversion of the embedded GGUF when its name says the same file and content."""
+    src = loader.embedded_source()
+    here = loader.gguf_cache_dir(src)
+    assert loader.is_conversion_of(str(here), src)
+    weights = here.name.split("-transformers")[0]
+    assert loader.is_conversion_of(f"/home/someone/.cache/kvscope/gguf/{weights}-transformers4.57.0", src)
+    assert loader.is_conversion_of(f"{weights}-transformers5.25.0-f1", src)
+    stem, digest = weights.rsplit("-", 1)
+    assert not loader.is_conversion_of(f"/x/{stem}-{'0' * len(digest)}-transformers5.25.0-f2", src)  # other bytes
+    assert not loader.is_conversion_of(f"/x/{weights}", src)  # not a conversion's folder name

@@ -33,6 +33,33 @@ def test_the_lab_plays_a_real_vllms_leak_as_its_notes_tell_it():
         assert at in records, f"a note at step {at}, which the recording does not have"
 
 
+def test_the_recorded_chats_read_as_text_on_a_machine_without_the_recorders_model_folder():
+    """The recording names the model folder vLLM served from on the machine that made it (a conversion of the
+    embedded GGUF, named by that machine's transformers and cache format). Here that folder does not exist; the
+    same GGUF's tokenizer reads the chats (before, the lab showed bare token ids), and another model's folder
+    still gets none."""
+    import base64
+    from pathlib import Path
+
+    from engine import EngineConfig
+    from kvscope.sources.probe import _tokenizer
+    from kvscope_vllm_probe.wire import decode_from_probe
+
+    trace = Path(__file__).resolve().parents[3] / "resources" / "probe" / "vllm-leak.jsonl"
+    keyframe = decode_from_probe(base64.b64decode(json.loads(trace.read_text().splitlines()[1])["payload"]))
+    recorded = keyframe.info.model  # the folder vLLM served from, on the recording's machine
+    assert Path(recorded).name.startswith("SmolLM2-135M-Instruct.") and not Path(recorded).is_dir()
+    src = build_source(SourceSpec(EngineConfig(), scenario="lab-vllm-leak"))
+    assert src.tokenizer is not None
+    rec = src.step()
+    while src.has_work() and not rec.snapshot.requests:
+        rec = src.step()
+    text = src.decode(rec.snapshot.requests[0].token_ids)
+    assert text is not None and text.startswith("You are the on-call assistant of a small web shop.")
+    assert src.vocab()[1] == "<|im_start|>"
+    assert _tokenizer("/elsewhere/gguf/Another-Model.Q4_0-0123456789abcdef-transformers5.25.0-f2") is None
+
+
 def test_every_consumer_of_the_cache_follows_a_recorded_vllm():
     """The timeline, a KV-event subscriber (kvscope's encoder, vLLM's wire format) and the miss explainer, fed the
     events kvscope makes of vLLM's ops, keep the cache the mirror holds, step after step."""
