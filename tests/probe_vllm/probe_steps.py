@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +34,27 @@ while True:
     if time.monotonic() - beat > 1:
         s.send(encode(Heartbeat())); beat = time.monotonic()
 """
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """Each thread of this process: its name and CPU seconds so far (Linux's /proc; empty elsewhere). The clock
+    ticks every 10 ms here: read over hundreds of steps."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return out
 
 
 def main() -> None:
@@ -103,6 +125,7 @@ def main() -> None:
         probe.end_step = timed_end_step
     times, cpu = [], []
     bare_times, bare_cpu = [], []
+    threads_before = thread_cpu()
 
     def timed_step(wall: list[float], cpu_s: list[float]) -> None:
         t, c = time.perf_counter(), time.process_time()
@@ -129,6 +152,17 @@ def main() -> None:
             del end_step[mark:], end_step_cpu[mark:]  # the untimed cycle's: the timed cycles' alone are kept
             for _ in range(cycle):
                 timed_step(times, cpu)
+    threads_after = thread_cpu()
+    # the CPU of the threads that are not vLLM's (the probe's I/O thread, ZeroMQ's) over the steps timed: the share
+    # of the step's process CPU that a wake-up of theirs costs, read per thread (in --interleave, over both turns)
+    io_tid = probe.io._thread.native_id if probe is not None else None
+    main_tid = threading.get_native_id()
+    io_cpu = threads_after.get(io_tid, (0, 0.0))[1] - threads_before.get(io_tid, (0, 0.0))[1] if io_tid else 0.0
+    zmq_cpu = sum(
+        cpu_s - threads_before.get(tid, ("", 0.0))[1]
+        for tid, (name, cpu_s) in threads_after.items()
+        if name.startswith("ZMQbg") and tid != main_tid
+    )
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
     if len(s.running) != args.running:  # the load ran past the pool: the steps measured preemption, not the probe
         raise SystemExit(f"{len(s.running)} of {args.running} requests still running: fewer --steps, or more blocks")
@@ -142,6 +176,9 @@ def main() -> None:
                 "end_step_s": end_step,
                 "end_step_cpu_s": end_step_cpu,
                 "blocks_used": used,
+                "cycle": args.block_size if switch is not None else 0,  # the steps of a turn (--interleave)
+                "probe_io_cpu_s": io_cpu,
+                "zmq_cpu_s": zmq_cpu,
                 "running": len(s.running),
             }
         )
