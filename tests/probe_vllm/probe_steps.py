@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -155,14 +154,10 @@ def main() -> None:
     threads_after = thread_cpu()
     # the CPU of the threads that are not vLLM's (the probe's I/O thread, ZeroMQ's) over the steps timed: the share
     # of the step's process CPU that a wake-up of theirs costs, read per thread (in --interleave, over both turns)
-    io_tid = probe.io._thread.native_id if probe is not None else None
-    main_tid = threading.get_native_id()
-    io_cpu = threads_after.get(io_tid, (0, 0.0))[1] - threads_before.get(io_tid, (0, 0.0))[1] if io_tid else 0.0
-    zmq_cpu = sum(
-        cpu_s - threads_before.get(tid, ("", 0.0))[1]
-        for tid, (name, cpu_s) in threads_after.items()
-        if name.startswith("ZMQbg") and tid != main_tid
-    )
+    before = {tid: cpu_s for tid, (_name, cpu_s) in threads_before.items()}
+    spent = {tid: (name, cpu_s - before.get(tid, 0.0)) for tid, (name, cpu_s) in threads_after.items()}
+    io_cpu = spent.get(probe.io._thread.native_id, ("", 0.0))[1] if probe is not None else 0.0
+    zmq_cpu = sum(cpu_s for name, cpu_s in spent.values() if name.startswith("ZMQbg"))
     used = args.num_blocks - s.kv_cache_manager.block_pool.get_num_free_blocks()
     if len(s.running) != args.running:  # the load ran past the pool: the steps measured preemption, not the probe
         raise SystemExit(f"{len(s.running)} of {args.running} requests still running: fewer --steps, or more blocks")
